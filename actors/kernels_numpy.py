@@ -1,0 +1,121 @@
+"""The CPU actor's kernels: numpy over the pool's arena. They are also the executable
+specification every other backend (OpenCL, OpenVINO) is tested against, op by op.
+
+All kernels share one signature style: byte offsets into the arena (a flat uint8 array), static
+sizes, and the two runtime values N (rows this step) and pos0 (tokens already in the KV cache).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from socllm.models.quant import QK, dequant_q8_0, unpack_nibbles
+
+
+class NumpyKernels:
+    def __init__(self, arena: np.ndarray):
+        self.arena = arena  # uint8 [bytes]
+
+    # -- views ---------------------------------------------------------------------------------
+    def f32(self, off: int, rows: int, cols: int) -> np.ndarray:
+        return self.arena[off: off + rows * cols * 4].view(np.float32).reshape(rows, cols)
+
+    def _arr(self, off, shape, dtype):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.arena[off: off + n].view(dtype).reshape(shape)
+
+    def out_rows(self, ref, N, pos0, cols):
+        """An output ref -> a writable [N, cols] view; KV refs start at row pos0 (in place)."""
+        kind, off = ref[0], ref[1]
+        return self.f32(off + (pos0 * cols * 4 if kind == "kv" else 0), N, cols)
+
+    def w4(self, ref, M, K):
+        _, qs, d, m = ref
+        return (self._arr(qs, (M, K // 2), np.uint8), self._arr(d, (M, K // QK), np.float16),
+                self._arr(m, (M, K // QK), np.float16))
+
+    def w8(self, ref, V, D):
+        _, qs, d = ref
+        return self._arr(qs, (V, D), np.int8), self._arr(d, (V, D // QK), np.float16)
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def run(self, op: str, a: dict, N: int, pos0: int):
+        getattr(self, op)(a, N, pos0)
+
+    # -- ops -----------------------------------------------------------------------------------
+    def embed(self, a, N, pos0):
+        """ids int32 [N], table Q8_0 [V, D] -> out [N, D]"""
+        ids = self._arr(a["ids"][1], (N,), np.int32)
+        qs, d = self.w8(a["table"], a["V"], a["D"])
+        self.f32(a["out"][1], N, a["D"])[:] = dequant_q8_0(qs[ids], d[ids])
+
+    def rmsnorm(self, a, N, pos0):
+        """x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w"""
+        D = a["D"]
+        x = self.f32(a["x"][1], N, D)
+        w = self.f32(a["w"][1], 1, D)[0]
+        r = 1.0 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + np.float32(a["eps"]))
+        self.f32(a["out"][1], N, D)[:] = x * r * w
+
+    def linear(self, a, N, pos0):
+        """x [N, K], W Q4_1 [M, K] -> out [N, M] = x @ W.T (out may be a KV ref)."""
+        K, M = a["K"], a["M"]
+        qs, d, m = self.w4(a["w"], M, K)
+        x = self.f32(a["x"][1], N, K)
+        # y = sum_b d_b * (x_b . q_b) + m_b * sum(x_b): dequantize per matrix, never the model.
+        q = unpack_nibbles(qs).reshape(M, K // QK, QK).astype(np.float32)
+        w = (q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]).reshape(M, K)
+        self.out_rows(a["out"], N, pos0, M)[:] = x @ w.T
+
+    def rope(self, a, N, pos0):
+        """x [N, heads*hd] -> out (may be a KV ref): rotate pairs (2i, 2i+1) by pos * theta^(-2i/hd)
+        (GGML's NORM rope, which the GGUF's permuted Q/K weights expect)."""
+        H, hd = a["heads"], a["head_dim"]
+        x = self.f32(a["x"][1], N, H * hd).reshape(N, H, hd // 2, 2)
+        inv = np.float32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=np.float32) / hd)
+        ang = np.arange(pos0, pos0 + N, dtype=np.float32)[:, None] * inv[None, :]   # [N, hd/2]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        x0, x1 = x[..., 0], x[..., 1]
+        y = np.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(N, H * hd)
+        self.out_rows(a["out"], N, pos0, H * hd)[:] = y
+
+    def attention(self, a, N, pos0):
+        """q [N, H*hd], K/V cache [pos0+N, KVH*hd] (rows pos0.. already written) -> out [N, H*hd];
+        causal: row n sees keys 0 .. pos0+n; GQA: head h reads kv head h // (H/KVH)."""
+        H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
+        L = pos0 + N
+        q = self.f32(a["q"][1], N, H * hd).reshape(N, H, hd)
+        k = self.f32(a["k"][1], L, KVH * hd).reshape(L, KVH, hd)
+        v = self.f32(a["v"][1], L, KVH * hd).reshape(L, KVH, hd)
+        g = H // KVH
+        qh = q.reshape(N, KVH, g, hd).transpose(1, 2, 0, 3)            # [KVH, g, N, hd]
+        s = np.einsum("kgnd,lkd->kgnl", qh, k) / np.float32(np.sqrt(hd))
+        mask = np.arange(L)[None, :] > (pos0 + np.arange(N))[:, None]  # [N, L] future keys
+        s = np.where(mask, np.float32(-np.inf), s)
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = s / s.sum(axis=-1, keepdims=True)
+        o = np.einsum("kgnl,lkd->nkgd", p, v).reshape(N, H * hd)
+        self.f32(a["out"][1], N, H * hd)[:] = o
+
+    def silu_mul(self, a, N, pos0):
+        """g, u [N, F] -> out = silu(g) * u"""
+        F = a["F"]
+        g, u = self.f32(a["g"][1], N, F), self.f32(a["u"][1], N, F)
+        self.f32(a["out"][1], N, F)[:] = g / (1.0 + np.exp(-g)) * u
+
+    def add(self, a, N, pos0):
+        """a, b [N, D] -> out = a + b"""
+        D = a["D"]
+        self.f32(a["out"][1], N, D)[:] = self.f32(a["a"][1], N, D) + self.f32(a["b"][1], N, D)
+
+    def lm_head(self, a, N, pos0):
+        """x [N, D] (last row used), table Q8_0 [V, D] -> out [V] logits of row N-1"""
+        D, V = a["D"], a["V"]
+        qs, d = self.w8(a["table"], V, D)
+        x = self.f32(a["x"][1], N, D)[N - 1]
+        # per block: sum_j x_j q_j scaled by d, in row chunks: never a [V, D] f32 copy of the table
+        xb = x.reshape(D // QK, QK)
+        out = self.f32(a["out"][1], 1, V)[0]
+        for lo in range(0, V, 4096):
+            hi = min(V, lo + 4096)
+            dots = np.einsum("vbj,bj->vb", qs[lo:hi].reshape(hi - lo, D // QK, QK).astype(np.float32), xb)
+            out[lo:hi] = (dots * d[lo:hi].astype(np.float32)).sum(axis=1)

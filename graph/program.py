@@ -1,0 +1,69 @@
+"""Step programs: what the planner installs in a processor actor (DESIGN.md §3).
+
+A StepProgram is, for one phase and one shape bucket, one ordered task list per processor. A task
+names a kernel and where its tensors live in the pool, as byte offsets into the arena:
+
+  ("a", off)              activation / io rows, contiguous, row-major, f32 (ids: int32)
+  ("kv", off)             base of one layer's K or V cache [L_cap, kv_heads*head_dim] f32; as an
+                          output, the kernel writes rows pos0 .. pos0+N (in place, no concatenation)
+  ("w4", qs, d, m)        a Q4_1 weight [M, K] in the planar layout of models/quant.py
+  ("w8", qs, d)           a Q8_0 weight [V, D]
+  ("wf", off)             an f32 vector weight
+
+Static sizes (D, K, M, heads, eps, theta, ...) are task attributes; the two runtime values every
+kernel gets are N (rows in this step) and pos0 (tokens already in the KV cache).
+
+Synchronization is data, not calls: `waits` lists (word, value) pairs the task waits for
+(word >= value) before it runs; `signals` lists (word, value) pairs it stores after it finished.
+Values are relative to the step's epoch base (see memory/ready.py). `rows` is the output row range
+of a split op (HeteroLLM §4.1 row-cut): None means the whole output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgpack
+
+OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "silu_mul", "add", "lm_head")
+
+
+@dataclass
+class Task:
+    op: str
+    args: dict              # name -> int | float | ref tuple (see module doc)
+    waits: list = field(default_factory=list)    # [(word, value)]
+    signals: list = field(default_factory=list)  # [(word, value)]
+    rows: tuple | None = None                     # (lo, hi) output rows of a row-cut, else None
+    layer: int = -1                               # for profiles and readable dumps
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"unknown op {self.op!r}")
+
+
+@dataclass
+class StepProgram:
+    phase: str              # "prefill" | "decode"
+    bucket: int             # static row count the program was planned for (NPU graphs use it)
+    tasks: dict             # processor name -> [Task]
+    live_out: dict = field(default_factory=dict)  # processor -> [offsets read by another processor]
+    final: tuple = (0, 0)   # (word, value): the step is complete when word >= value
+
+    def to_bytes(self) -> bytes:
+        def task(t: Task):
+            return [t.op, {k: list(v) if isinstance(v, tuple) else v for k, v in t.args.items()},
+                    t.waits, t.signals, list(t.rows) if t.rows else None, t.layer]
+        return msgpack.packb({"phase": self.phase, "bucket": self.bucket,
+                              "tasks": {p: [task(t) for t in ts] for p, ts in self.tasks.items()},
+                              "live_out": self.live_out, "final": list(self.final)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "StepProgram":
+        d = msgpack.unpackb(data, strict_map_key=False)
+
+        def task(op, args, waits, signals, rows, layer):
+            args = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
+            return Task(op, args, [tuple(w) for w in waits], [tuple(s) for s in signals],
+                        tuple(rows) if rows else None, layer)
+        return cls(d["phase"], d["bucket"], {p: [task(*t) for t in ts] for p, ts in d["tasks"].items()},
+                   d["live_out"], tuple(d["final"]))
