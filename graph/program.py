@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+WEIGHT_REFS = ("w4", "w8", "wf")
 OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "silu_mul", "add", "lm_head")
 
 
@@ -35,6 +36,7 @@ class Task:
     signals: list = field(default_factory=list)  # [(word, value)]
     rows: tuple | None = None                     # (lo, hi) output rows of a row-cut, else None
     layer: int = -1                               # for profiles and readable dumps
+    seq: int = 0                                  # position in the step's global order (1-based)
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -46,24 +48,51 @@ class StepProgram:
     phase: str              # "prefill" | "decode"
     bucket: int             # static row count the program was planned for (NPU graphs use it)
     tasks: dict             # processor name -> [Task]
-    live_out: dict = field(default_factory=dict)  # processor -> [offsets read by another processor]
-    final: tuple = (0, 0)   # (word, value): the step is complete when word >= value
+    final: dict = field(default_factory=dict)     # processor -> seq of its last task
 
     def to_bytes(self) -> bytes:
         def task(t: Task):
             return [t.op, {k: list(v) if isinstance(v, tuple) else v for k, v in t.args.items()},
-                    t.waits, t.signals, list(t.rows) if t.rows else None, t.layer]
+                    t.waits, t.signals, list(t.rows) if t.rows else None, t.layer, t.seq]
         return msgpack.packb({"phase": self.phase, "bucket": self.bucket,
                               "tasks": {p: [task(t) for t in ts] for p, ts in self.tasks.items()},
-                              "live_out": self.live_out, "final": list(self.final)})
+                              "final": self.final})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "StepProgram":
         d = msgpack.unpackb(data, strict_map_key=False)
 
-        def task(op, args, waits, signals, rows, layer):
+        def task(op, args, waits, signals, rows, layer, seq):
             args = {k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}
             return Task(op, args, [tuple(w) for w in waits], [tuple(s) for s in signals],
-                        tuple(rows) if rows else None, layer)
+                        tuple(rows) if rows else None, layer, seq)
         return cls(d["phase"], d["bucket"], {p: [task(*t) for t in ts] for p, ts in d["tasks"].items()},
-                   d["live_out"], tuple(d["final"]))
+                   d["final"])
+
+    def ordered(self) -> list:
+        """Every processor's tasks in the step's global order."""
+        return sorted((t for ts in self.tasks.values() for t in ts), key=lambda t: t.seq)
+
+
+def reads(t: Task) -> list:
+    """Activation / KV / io refs a task reads (weights are never hazards)."""
+    return [v for k, v in t.args.items() if k != "out" and isinstance(v, tuple) and v[0] not in WEIGHT_REFS]
+
+
+def segment_live_out(prog: StepProgram, seqs: set) -> set:
+    """Offsets written by the tasks `seqs` (one fused segment) whose last value there is read by a
+    task outside the segment before being overwritten; KV and io outputs always count. A processor
+    that fuses tasks into one graph must write exactly these back to the pool."""
+    order = prog.ordered()
+    last_writer: dict = {}
+    live = set()
+    for t in order:
+        for ref in reads(t):
+            w = last_writer.get(ref[1])
+            if w is not None and w in seqs and t.seq not in seqs:
+                live.add(ref[1])
+        out = t.args["out"]
+        last_writer[out[1]] = t.seq
+        if t.seq in seqs and (out[0] == "kv" or t.op == "lm_head"):
+            live.add(out[1])
+    return live

@@ -1,0 +1,108 @@
+"""`socllm` command line: generate, info.
+
+Bad input (a missing model, an empty prompt, a bad option value) gets one line on stderr and
+exit status 2, before any actor or segment exists, or after all of them are torn down.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from socllm.policies.placement import PLANS
+
+PRECISIONS = ("f32", "f16", "bf16")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="socllm", description="LLM inference across the CPU, GPU and NPU of this device")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="generate a continuation of PROMPT")
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--plan", choices=PLANS, default=None, help="default: the fastest plan for this device")
+    g.add_argument("--precision", choices=PRECISIONS, default=None)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    g.add_argument("--context", type=int, default=2048)
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    sub.add_parser("info", help="list the processors found and which actor uses which")
+    return p
+
+
+def _validate(a):
+    from socllm.policies.sampling import SamplingParams
+    SamplingParams(a.max_tokens, a.temperature, a.top_p, a.seed)   # raises ValueError
+    if not a.prompt.strip():
+        raise ValueError("the prompt is empty")
+    if a.model is not None and not os.path.isfile(a.model):
+        raise ValueError(f"model file not found: {a.model}")
+
+
+def _generate(a) -> int:
+    from socllm.actors.engine import Engine
+    from socllm.models.gguf_file import open_gguf
+    if a.model:
+        open_gguf(a.model)           # fail fast, before Ray starts
+    eng = Engine(model=a.model, context=a.context)
+    try:
+        sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
+        if a.json:
+            out = eng.generate(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision, **sampling)
+            print(json.dumps({k: out[k] for k in ("text", "tokens", "prompt_tokens", "plan", "precision", "timings")}))
+        else:
+            for piece in eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision, **sampling):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            t = eng.last["timings"]
+            print(f"[{eng.last['plan']}/{eng.last['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
+                  f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]",
+                  file=sys.stderr)
+    finally:
+        eng.close()
+    return 0
+
+
+def _info(a) -> int:
+    from socllm.actors.devices import describe_devices
+    print(json.dumps(describe_devices(), indent=2))
+    return 0
+
+
+def main(argv=None) -> int:
+    # Ctrl-C and SIGTERM unwind through the engine's `finally`: actors killed, segment unlinked.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        a = _parser().parse_args(argv)
+        if a.cmd == "generate":
+            _validate(a)
+            return _generate(a)
+        return _info(a)
+    except UsageError as e:
+        print(f"socllm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("socllm: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, NotImplementedError, FileNotFoundError, PermissionError) as e:
+        print(f"socllm: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The CPU control actor: step control and sampling (and the CPU's own kernels).
+
+A generation is one Ray call; inside it every step is a few words written into the pool's control
+block and the go words of the processors the step's program uses; the actor then waits for their
+done words, samples from the logits in the pool and appends the token to the pool's token ring,
+which the client reads as a stream. No Ray call per step or token.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import ray
+
+from socllm.memory.kvcache import KVCache
+from socllm.memory.layout import W_FIRST_LOC, W_TOKENS
+from socllm.memory.ready import MAX_EPOCH, STEP
+from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
+from socllm.policies.sampling import Sampler, SamplingParams
+
+from .processor import ProcessorCore
+
+PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2}
+
+
+class ControlCore(ProcessorCore):
+    def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict):
+        super().__init__("cpu", arena_name, layout, threads)
+        self.planner, self.peers = planner, dict(peers)
+        self.epoch = 0
+        self.installed: dict = {}    # (plan, phase, bucket, precision) -> (pid, procs, final seqs)
+        lay = self.lay
+        self.ids = self.arena.buf[lay.io["ids"]: lay.io["ids"] + lay.max_rows * 4].view(np.int32)
+        self.logits = self.arena.buf[lay.io["logits"]: lay.io["logits"] + lay.vocab * 4].view(np.float32)
+        self.ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
+        self.kv = KVCache(lay.kv_rows, len(lay.kv) // 2, lay.kv_cols)
+
+    # -- programs ------------------------------------------------------------------------------
+    def _program(self, plan, phase, bucket, precision):
+        key = (plan, phase, bucket, precision)
+        if key not in self.installed:
+            pid, blob, procs = ray.get(self.planner.program.remote(plan, phase, bucket))
+            code = PRECISIONS[precision]
+            refs = [self.peers[p].install.remote(pid, blob, code, precision) for p in procs if p != "cpu"]
+            if "cpu" in procs:
+                self.install(pid, blob, code, precision)
+            ray.get(refs)
+            from socllm.graph.program import StepProgram
+            final = StepProgram.from_bytes(blob).final
+            self.installed[key] = (pid, procs, final)
+        return self.installed[key]
+
+    def prepare(self, plan: str, precision: str, buckets=(32,)) -> bool:
+        """Install (and, on the NPU, compile) the programs of a plan ahead of the first request."""
+        self._program(plan, "decode", DECODE_BUCKET, precision)
+        for b in buckets:
+            self._program(plan, "prefill", b, precision)
+        return True
+
+    # -- one step ------------------------------------------------------------------------------
+    def _step(self, prog, n: int, pos0: int, precision: str):
+        pid, procs, final = prog
+        self.epoch += 1
+        if self.epoch > MAX_EPOCH:       # stamps would wrap: every processor is idle, reset them
+            self.words.words[W_FIRST_LOC:] = 0
+            self.epoch = 1
+        ctl, words, base = self.ctl, self.words, self.epoch * STEP
+        ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = self.epoch, pid, n, pos0
+        ctl["precision"] = PRECISIONS[precision]
+        for p in procs:
+            words.store(self.lay.go(p), self.epoch)
+        for p in procs:
+            while not words.wait(self.lay.done(p), base + final[p], timeout_s=0.25):
+                self._check_errors(procs)
+        self._check_errors(procs)
+
+    def _check_errors(self, procs):
+        if self.ctl["error"]:
+            msgs = [self.worker.error] + [ray.get(self.peers[p].last_error.remote())
+                                          for p in procs if p != "cpu"]
+            self.ctl["error"] = 0
+            raise RuntimeError("; ".join(m for m in msgs if m))
+
+    # -- a generation --------------------------------------------------------------------------
+    def generate(self, request_id: int, prompt: list, params: dict, plan: str, precision: str,
+                 stop_ids: list) -> dict:
+        sp = SamplingParams(**params)
+        sample = Sampler(sp)
+        lay, words = self.lay, self.words
+        if len(prompt) >= lay.context:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {lay.context}")
+        self.ctl["request"], self.ctl["finished"] = request_id, 0
+        words.store(W_TOKENS, 0)
+        out, t0 = [], time.perf_counter()
+        with self.kv.acquire(request_id):
+            pos = 0
+            for rows, bucket in prefill_chunks(len(prompt)):
+                prog = self._program(plan, "prefill", bucket, precision)
+                self.ids[:rows] = prompt[pos: pos + rows]
+                self._step(prog, rows, pos, precision)
+                pos += rows
+            t_prefill = time.perf_counter()
+            decode = self._program(plan, "decode", DECODE_BUCKET, precision)
+            tok = sample(self.logits)
+            while True:
+                self.ring[len(out)] = tok
+                out.append(tok)
+                words.store(W_TOKENS, len(out))
+                if tok in stop_ids or len(out) >= sp.max_tokens or pos >= lay.context:
+                    break
+                self.ids[0] = tok
+                self._step(decode, 1, pos, precision)
+                pos += 1
+                tok = sample(self.logits)
+            t_end = time.perf_counter()
+        self.ctl["finished"] = request_id
+        words.store(W_TOKENS, len(out) + (1 << 30))   # wakes the reader; the high bit says "done"
+        n_dec = len(out) - 1
+        return {"tokens": out, "prompt_tokens": list(prompt), "plan": plan, "precision": precision,
+                "timings": {"ttft_s": t_prefill - t0,
+                            "prefill_tok_s": len(prompt) / max(t_prefill - t0, 1e-9),
+                            "decode_tok_s": n_dec / (t_end - t_prefill) if n_dec > 0 else 0.0}}
+
+    def logits_after(self, ids: list, plan: str, precision: str) -> np.ndarray:
+        """Teacher-forced logits [len(ids), V] through decode steps (for numerical checks)."""
+        rows = []
+        with self.kv.acquire(-1):
+            prog = self._program(plan, "decode", DECODE_BUCKET, precision)
+            for pos, t in enumerate(ids):
+                self.ids[0] = t
+                self._step(prog, 1, pos, precision)
+                rows.append(self.logits.copy())
+        return np.stack(rows)
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class ControlActor(ControlCore):
+    pass

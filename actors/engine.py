@@ -1,0 +1,219 @@
+"""The client side of socllm: load a model into the pool, start the actors, generate.
+
+    with Engine() as eng:                       # the default model, the fastest plan here
+        for piece in eng.stream("The capital of France is", max_tokens=16):
+            print(piece, end="")
+
+The engine starts a local Ray instance when none is running (and stops it on close) or joins the
+running one (`ray start --head`). It creates the pool, writes the weights into it once, starts
+the planner, the CPU control actor and the GPU and NPU actors, and tears all of it down on close,
+on errors and on Ctrl-C: no actor, process or shared-memory segment is left behind.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import numpy as np
+import ray
+
+from socllm.memory.arena import Arena
+from socllm.memory.layout import W_TOKENS, PoolLayout, plan_layout, write_weights
+from socllm.memory.ready import ReadyWords
+from socllm.models.chat import chat_prompt
+from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model
+from socllm.models.llama import load_config, load_weights
+from socllm.models.tokenizer import Tokenizer
+from socllm.policies.buckets import MAX_CHUNK
+from socllm.policies.placement import PLANS, default_plan, processors
+from socllm.policies.sampling import SamplingParams
+from socllm.policies.threads import actor_env, machine_budget
+
+from .control import PRECISIONS, ControlActor
+from .planner import Planner
+from .processor import ProcessorActor
+
+OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
+DEFAULT_PRECISION = "f32"          # measured fastest on PoCL + OpenVINO-CPU (README)
+
+
+def ensure_ray(threads: int) -> bool:
+    """Join a running Ray cluster, else start a local one. Returns True if we started it."""
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS") or os.path.exists("/tmp/ray/ray_current_cluster"):
+        try:
+            ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
+            return False
+        except (ConnectionError, RuntimeError, ValueError):
+            pass    # a stale record of a cluster that is gone: start our own
+    ray.init(num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR")
+    return True
+
+
+class Engine:
+    def __init__(self, model: str | None = None, context: int = 2048,
+                 processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
+                 n_layers: int | None = None):
+        self._closed = True
+        path = model or default_model_path()
+        if model is None:
+            verify_default_model(path)
+        reader = open_gguf(path)
+        self.cfg = load_config(reader)
+        self.tokenizer = Tokenizer(reader)
+        self.template = reader
+        if context < 16 or context > self.cfg.context_length:
+            raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
+        self.context, self.model_path = context, path
+        self.threads = threads or machine_budget()
+        self.stop_ids = sorted({self.tokenizer.eos_id, *self._stop_tokens()})
+        weights = load_weights(reader, self.cfg)
+
+        self._started_ray = ensure_ray(self.threads)
+        self._actors, self.arena = [], None
+        self._closed = False
+        try:
+            self._start(weights, processors_, n_layers)
+        except BaseException:
+            self.close()
+            raise
+
+    def _stop_tokens(self):
+        ids = []
+        for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            enc = self.tokenizer.encode(text)
+            if len(enc) == 1:
+                ids.append(enc[0])
+        return ids
+
+    def _start(self, weights, procs, n_layers):
+        env = {"env_vars": actor_env(self.threads)}
+        self.planner = Planner.options(runtime_env=env).remote(self.cfg, n_layers)
+        self._actors.append(self.planner)
+        slot_bytes = ray.get(self.planner.slot_bytes.remote(MAX_CHUNK))
+        if n_layers is not None:      # a truncated model (tests): only the first layers' weights
+            weights = {k: v for k, v in weights.items()
+                       if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
+        lay = plan_layout(weights, self.cfg.n_layers if n_layers is None else n_layers,
+                          self.cfg.n_kv_heads * self.cfg.head_dim, slot_bytes, MAX_CHUNK,
+                          self.context, self.cfg.vocab)
+        self.layout = lay
+        self.arena = Arena.create(lay.size, lay.readonly_bytes)
+        write_weights(self.arena.buf, lay, weights)
+        del weights
+        self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
+        ray.get(self.planner.set_layout.remote(lay.to_dict()))
+        peers = {p: ProcessorActor.options(runtime_env=env).remote(p, self.arena.name, lay.to_dict(),
+                                                                   self.threads)
+                 for p in procs if p != "cpu"}
+        self._actors += list(peers.values())
+        self.control = ControlActor.options(runtime_env=env).remote(
+            self.arena.name, lay.to_dict(), self.threads, self.planner, peers)
+        self._actors.append(self.control)
+        self.peers = peers
+        ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached
+        self.available = {"cpu", *peers}
+        self._ids = itertools.count(1)
+
+    # -- generation ----------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str, chat: bool = False) -> list:
+        if not prompt or not prompt.strip():
+            raise ValueError("the prompt is empty")
+        text = chat_prompt(self.template, prompt) if chat else prompt
+        ids = self.tokenizer.encode(text, bos=self.tokenizer.add_bos)
+        if len(ids) >= self.context:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.context}")
+        return ids
+
+    def _check(self, plan, precision):
+        plan = plan or default_plan(self.available)
+        if plan not in PLANS:
+            raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(PLANS)})")
+        missing = processors(plan) - self.available
+        if missing:
+            raise ValueError(f"plan {plan!r} needs the {', '.join(sorted(missing))} actor(s), not started")
+        precision = precision or DEFAULT_PRECISION
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+        return plan, precision
+
+    def submit(self, ids: list, plan=None, precision=None, **sampling):
+        plan, precision = self._check(plan, precision)
+        params = SamplingParams(**sampling).__dict__
+        return self.control.generate.remote(next(self._ids), ids, params, plan, precision,
+                                            self.stop_ids)
+
+    def stream(self, prompt: str, chat: bool = False, plan=None, precision=None, **sampling):
+        """Yields text pieces as tokens arrive (read from the pool's token ring); the final result
+        dict is in `self.last`."""
+        ids = self.encode_prompt(prompt, chat)
+        ref = self.submit(ids, plan, precision, **sampling)
+        lay = self.layout
+        ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
+        dec, seen, done = self.tokenizer.stream(), 0, False
+        while not done:
+            cur = self.words.wait_change(W_TOKENS, seen, 0.25)
+            if cur == seen:
+                ready, _ = ray.wait([ref], timeout=0)    # only while nothing arrives: errors
+                if ready:
+                    break
+                continue
+            done, count = cur >= (1 << 30), cur & ((1 << 30) - 1)
+            for t in ring[seen & ((1 << 30) - 1): count]:
+                piece = dec.feed(int(t))
+                if piece:
+                    yield piece
+            seen = cur
+        self.last = ray.get(ref)
+        tail = dec.flush()
+        if tail:
+            yield tail
+        self.last["text"] = self.tokenizer.decode(self.last["tokens"])
+
+    def generate(self, prompt: str, chat: bool = False, plan=None, precision=None, **sampling) -> dict:
+        ids = self.encode_prompt(prompt, chat)
+        out = ray.get(self.submit(ids, plan, precision, **sampling))
+        out["text"] = self.tokenizer.decode(out["tokens"])
+        return out
+
+    def generate_ids(self, ids: list, plan=None, precision=None, **sampling) -> dict:
+        return ray.get(self.submit(ids, plan, precision, **sampling))
+
+    def logits_after(self, ids: list, plan=None, precision=None) -> np.ndarray:
+        plan, precision = self._check(plan, precision)
+        return ray.get(self.control.logits_after.remote(ids, plan, precision))
+
+    def prepare(self, plan=None, precision=None, buckets=(32,)):
+        plan, precision = self._check(plan, precision)
+        return ray.get(self.control.prepare.remote(plan, precision, tuple(buckets)))
+
+    def info(self) -> list:
+        return ray.get([a.info.remote() for a in [self.control, *self.peers.values()]])
+
+    def pids(self) -> list:
+        return [os.getpid()] + ray.get([a.pid.remote() for a in self._actors])
+
+    # -- teardown ------------------------------------------------------------------------------
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        for a in self._actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+        self._actors = []
+        if self.arena is not None:
+            self.arena.unlink()
+        if self._started_ray:
+            ray.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

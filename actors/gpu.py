@@ -1,0 +1,38 @@
+"""GPU processor backend: OpenCL kernels (pyopencl) on one buffer that wraps the whole pool.
+
+On a device that shares host memory (an iGPU; PoCL on this machine) the buffer is the pool
+itself (CL_MEM_USE_HOST_PTR): no copies. Kernels are enqueued without waiting; the queue is
+finished only where another processor needs a result (a signal) and at the end of the step.
+"""
+from __future__ import annotations
+
+from socllm.graph.program import StepProgram
+
+from .worker import Unit
+
+
+class GPUBackend:
+    name = "gpu"
+
+    def __init__(self, arena_buf, lay, threads: int):
+        from .kernels_cl import CLKernels, make_context, wrap_arena
+        self.ctx, self.queue, self.device = make_context()
+        if not self.device.host_unified_memory:
+            raise RuntimeError(f"{self.device.name}: discrete GPUs need an upload path (not built yet)")
+        self.buf = wrap_arena(self.ctx, arena_buf)
+        self.kernels = CLKernels(self.ctx, self.queue, self.buf)
+        self.threads = threads
+
+    def build_units(self, prog: StepProgram, precision: str) -> list:
+        k = self.kernels
+        return [Unit(t.waits, (lambda n, p, t=t: k.run(t.op, t.args, n, p)), t.signals, (t.seq,))
+                for t in prog.tasks.get(self.name, [])]
+
+    def finish(self):
+        self.kernels.finish()
+
+    def describe(self) -> dict:
+        d = self.device
+        return {"processor": "gpu", "api": "OpenCL", "platform": d.platform.name, "device": d.name,
+                "type": "CPU (PoCL: OpenCL on the CPU, not a GPU)" if d.type & 2 else "GPU",
+                "host_unified_memory": bool(d.host_unified_memory), "threads": self.threads}

@@ -1,0 +1,69 @@
+"""NPU processor backend: OpenVINO graphs compiled ahead of time under NPU rules (DESIGN.md §1).
+
+Consecutive tasks with no synchronization between them are fused into one static-shape graph (a
+segment) per shape bucket; a segment's inputs and outputs are OpenVINO tensors over the pool.
+Compile times are recorded; compiled blobs are cached on disk (OpenVINO's CACHE_DIR).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from socllm.graph.program import StepProgram, segment_live_out
+
+from .worker import Unit
+
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "openvino")
+
+
+def segments(tasks: list) -> list:
+    """Split a task list where the NPU must stop: before a task that waits, after one that signals."""
+    segs, cur = [], []
+    for t in tasks:
+        if t.waits and cur:
+            segs.append(cur)
+            cur = []
+        cur.append(t)
+        if t.signals:
+            segs.append(cur)
+            cur = []
+    if cur:
+        segs.append(cur)
+    return segs
+
+
+class NPUBackend:
+    name = "npu"
+
+    def __init__(self, arena_buf, lay, threads: int):
+        import openvino as ov
+        from .ov_segment import pick_device
+        self.core = ov.Core()
+        self.device = pick_device(self.core)
+        self.arena = arena_buf
+        self.kv_rows = lay.kv_rows
+        self.threads = threads
+        self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
+        os.makedirs(CACHE_DIR, exist_ok=True)
+
+    def build_units(self, prog: StepProgram, precision: str) -> list:
+        from .ov_segment import OVSegment
+        units, t0 = [], time.perf_counter()
+        for seg in segments(prog.tasks.get(self.name, [])):
+            seqs = {t.seq for t in seg}
+            ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
+                               segment_live_out(prog, seqs), self.kv_rows, precision,
+                               {"INFERENCE_NUM_THREADS": self.threads}, CACHE_DIR)
+            units.append(Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs))))
+        key = f"{prog.phase}/{prog.bucket}/{precision}"
+        self.compile_s[key] = self.compile_s.get(key, 0.0) + time.perf_counter() - t0
+        return units
+
+    def finish(self):
+        pass
+
+    def describe(self) -> dict:
+        return {"processor": "npu", "api": "OpenVINO", "device": self.device,
+                "rules": "NPU rules (static shapes, ahead-of-time compiled buckets)"
+                + ("" if self.device == "NPU" else f" on OpenVINO's {self.device} device"),
+                "threads": self.threads, "compile_s": self.compile_s}

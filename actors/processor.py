@@ -1,0 +1,62 @@
+"""ProcessorActor: the Ray actor that owns one processor's kernels (cpu, gpu or npu).
+
+Ray creates, places and supervises it and carries its few control messages (install a program,
+report stats); tensors and step synchronization go through the pool (DESIGN.md §3).
+"""
+from __future__ import annotations
+
+import os
+
+import ray
+
+from socllm.graph.program import StepProgram
+from socllm.memory.arena import Arena
+from socllm.memory.layout import Control, PoolLayout
+from socllm.memory.ready import ReadyWords
+
+BACKENDS = {"cpu": ("socllm.actors.cpu", "CPUBackend"), "gpu": ("socllm.actors.gpu", "GPUBackend"),
+            "npu": ("socllm.actors.npu", "NPUBackend")}
+
+
+class ProcessorCore:
+    """Everything a processor actor holds; the control actor extends it."""
+
+    def __init__(self, kind: str, arena_name: str, layout: dict, threads: int):
+        import importlib
+        self.kind = kind
+        self.lay = PoolLayout.from_dict(layout)
+        self.arena = Arena.attach(arena_name, self.lay.size, self.lay.readonly_bytes)
+        self.words = ReadyWords(self.arena.buf[self.lay.words: self.lay.words + self.lay.n_words * 4])
+        self.ctl = Control(self.arena.buf, self.lay)
+        mod, cls = BACKENDS[kind]
+        self.backend = getattr(importlib.import_module(mod), cls)(self.arena.buf, self.lay, threads)
+        from .worker import Worker
+        self.worker = Worker(kind, self.backend, self.words, self.ctl, self.lay)
+
+    def install(self, pid: int, blob: bytes, precision: int, precision_name: str) -> bool:
+        """Install a step program once (msgpack); the NPU compiles its graphs here, ahead of use."""
+        key = (pid, precision)
+        if key not in self.worker.units:
+            prog = StepProgram.from_bytes(blob)
+            self.worker.units[key] = self.backend.build_units(prog, precision_name)
+            self.worker.final[pid] = prog.final.get(self.kind, 0)
+        return True
+
+    def info(self) -> dict:
+        d = self.backend.describe()
+        d.update(pid=os.getpid(), steps=self.worker.steps, error=self.worker.error)
+        return d
+
+    def last_error(self) -> str | None:
+        return self.worker.error
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def stop(self):
+        self.worker.stop()
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class ProcessorActor(ProcessorCore):
+    pass

@@ -1,0 +1,75 @@
+"""The per-token loop of a processor actor: no Ray call per step, op or token (DESIGN.md §3).
+
+The control actor starts a step by writing the control block and bumping this processor's go
+word; the worker thread wakes (futex), runs its installed units in order — waiting on the ready
+words its program names, signalling the ones it must — and stores its done word. A unit is one
+kernel launch (CPU, GPU) or one fused compiled graph (NPU).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+from socllm.memory.layout import W_ERROR, Control, PoolLayout
+from socllm.memory.ready import STEP, ReadyWords
+
+
+class Unit:
+    __slots__ = ("waits", "run", "signals", "seqs")
+
+    def __init__(self, waits, run, signals, seqs=()):
+        self.waits, self.run, self.signals, self.seqs = waits, run, signals, seqs
+
+
+class Worker:
+    def __init__(self, name: str, backend, words: ReadyWords, ctl: Control, lay: PoolLayout):
+        self.name, self.backend, self.words, self.ctl = name, backend, words, ctl
+        self.go, self.done = lay.go(name), lay.done(name)
+        self.units: dict = {}              # (program id, precision) -> [Unit]
+        self.final: dict = {}              # program id -> seq of the last task
+        self.error: str | None = None
+        self.busy_s = 0.0                  # time spent running units (not waiting)
+        self.steps = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"socllm-{name}", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _loop(self):
+        seen = self.words.get(self.go)
+        while not self._stop.is_set():
+            cur = self.words.wait_change(self.go, seen, 0.25)
+            if cur == seen:
+                continue
+            seen = cur
+            try:
+                self._step()
+            except Exception as e:  # report through the pool; the control actor raises it
+                self.error = f"{self.name}: {type(e).__name__}: {e}"
+                traceback.print_exc()
+                self.ctl["error"] = 1
+                self.words.store(W_ERROR, self.words.get(W_ERROR) + 1)
+
+    def _step(self):
+        ctl, words = self.ctl, self.words
+        base = ctl["epoch"] * STEP
+        pid, n, pos0, prec = ctl["program"], ctl["n"], ctl["pos0"], ctl["precision"]
+        units = self.units[(pid, prec)]
+        t0 = time.perf_counter()
+        for u in units:
+            for w, v in u.waits:
+                if not words.wait(w, base + v, timeout_s=300):
+                    raise TimeoutError(f"waited 300 s for ready word {w}")
+            u.run(n, pos0)
+            if u.signals:
+                self.backend.finish()
+                for w, v in u.signals:
+                    words.store(w, base + v)
+        self.backend.finish()
+        self.busy_s += time.perf_counter() - t0
+        self.steps += 1
+        words.store(self.done, base + self.final[pid])

@@ -1,0 +1,65 @@
+"""Shape inference of the op set (the semantics are actors/kernels_numpy.py).
+
+Each rule checks its inputs' shapes symbolically and gives the output shape; outputs that the
+builder declared beforehand (KV caches, io) are checked against it instead.
+"""
+from __future__ import annotations
+
+import sympy
+
+from .ir import Graph, Op
+
+
+def _shape(g: Graph, name):
+    return g.tensors[name].shape
+
+
+def _expect(cond, op: Op, what: str):
+    if not cond:
+        raise ValueError(f"{op.kind} (layer {op.layer}): {what}")
+
+
+def _eq(a, b) -> bool:
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def _rows(g, op, name):
+    return _shape(g, op.inputs[name])[0]
+
+
+RULES = {
+    # op: (inputs, attrs) -> output shape
+    "embed": lambda g, op: (_shape(g, op.inputs["ids"])[0], op.attrs["D"]),
+    "rmsnorm": lambda g, op: _shape(g, op.inputs["x"]),
+    "linear": lambda g, op: (_rows(g, op, "x"), op.attrs["M"]),
+    "rope": lambda g, op: _shape(g, op.inputs["x"]),
+    "attention": lambda g, op: _shape(g, op.inputs["q"]),
+    "silu_mul": lambda g, op: _shape(g, op.inputs["g"]),
+    "add": lambda g, op: _shape(g, op.inputs["a"]),
+    "lm_head": lambda g, op: (op.attrs["V"],),
+}
+
+CHECKS = {
+    "linear": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["K"]),
+    "rmsnorm": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["D"]),
+    "silu_mul": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["g"]), _shape(g, op.inputs["u"]))),
+    "add": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["a"]), _shape(g, op.inputs["b"]))),
+    "attention": lambda g, op: _eq(_shape(g, op.inputs["q"])[1], op.attrs["heads"] * op.attrs["head_dim"]),
+}
+
+
+def infer_shapes(g: Graph, op: Op):
+    for role, name in op.inputs.items():
+        _expect(name in g.tensors, op, f"input {role}={name} is not defined")
+    if op.kind in CHECKS:
+        _expect(CHECKS[op.kind](g, op), op, "input shapes do not match the op's sizes")
+    shape = tuple(RULES[op.kind](g, op))
+    (role, name), = op.outputs.items()
+    t = g.tensors.get(name)
+    if t is None:
+        g.tensor(name, shape)
+    elif t.kind == "kv":
+        # a KV cache is [L_cap, cols]; the op writes its rows P .. P+N
+        _expect(_eq(t.shape[1], shape[1]), op, f"{name} has {t.shape[1]} columns, op makes {shape[1]}")
+    else:
+        _expect(all(_eq(a, b) for a, b in zip(t.shape, shape)), op, f"{name} shape mismatch")

@@ -1,0 +1,123 @@
+"""Where everything lives in the arena. Offsets are bytes from the arena's start.
+
+  [ weights (read-only, written once) | KV cache | activation slots | io | control | ready words ]
+
+  weights   planar Q4_1 / Q8_0 arrays and f32 vectors (models/quant.py)     read by every actor
+  kv        [n_layers, 2, kv_rows, kv_cols] f32, kv_rows = context + largest bucket (a padded
+            NPU chunk writes up to a bucket of rows past the real ones)
+  slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py)
+  io        ids int32 [max_rows], logits f32 [vocab], token ring int32 [context]
+  control   int64 fields of the current step (CTL_*)
+  words     u32 ready words: go and done word per processor, then one per tensor location
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arena import ALIGN, align
+
+PROCESSORS = ("cpu", "gpu", "npu")
+CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished")
+W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
+
+
+@dataclass
+class PoolLayout:
+    weights: dict = field(default_factory=dict)    # name -> ref tuple ("w4", ...) etc.
+    readonly_bytes: int = 0
+    kv: dict = field(default_factory=dict)         # "kcache.3" -> offset
+    kv_rows: int = 0
+    kv_cols: int = 0
+    slots: list = field(default_factory=list)      # slot id -> offset
+    slot_bytes: list = field(default_factory=list)
+    io: dict = field(default_factory=dict)         # "ids" | "logits" | "ring" -> offset
+    max_rows: int = 0
+    context: int = 0
+    vocab: int = 0
+    ctl: int = 0
+    words: int = 0
+    n_words: int = 0
+    locations: dict = field(default_factory=dict)  # location key -> ready word index
+    size: int = 0
+
+    def word(self, loc: str) -> int:
+        return self.locations[loc]
+
+    @staticmethod
+    def go(proc: str) -> int:
+        return W_GO + PROCESSORS.index(proc)
+
+    @staticmethod
+    def done(proc: str) -> int:
+        return W_DONE + PROCESSORS.index(proc)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PoolLayout":
+        d = dict(d)
+        d["weights"] = {k: tuple(v) for k, v in d["weights"].items()}
+        return cls(**d)
+
+
+def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, max_rows: int,
+                context: int, vocab: int) -> PoolLayout:
+    """weights: name -> planar dict of arrays (quantized) or an f32 array."""
+    lay = PoolLayout(max_rows=max_rows, context=context, vocab=vocab, kv_cols=kv_cols)
+    off = 0
+
+    def take(nbytes, a=64):
+        nonlocal off
+        start = align(off, a)
+        off = start + nbytes
+        return start
+
+    for name, w in weights.items():
+        if isinstance(w, dict) and "m" in w:
+            lay.weights[name] = ("w4", take(w["qs"].nbytes), take(w["d"].nbytes), take(w["m"].nbytes))
+        elif isinstance(w, dict):
+            lay.weights[name] = ("w8", take(w["qs"].nbytes), take(w["d"].nbytes))
+        else:
+            lay.weights[name] = ("wf", take(w.nbytes))
+    lay.readonly_bytes = align(off, ALIGN)
+    off = lay.readonly_bytes
+    lay.kv_rows = context + max_rows
+    for i in range(n_layers):
+        for which in ("kcache", "vcache"):
+            lay.kv[f"{which}.{i}"] = take(lay.kv_rows * kv_cols * 4, ALIGN)
+    lay.slot_bytes = list(slot_bytes)
+    lay.slots = [take(b, ALIGN) for b in slot_bytes]
+    lay.io = {"ids": take(max_rows * 4), "logits": take(vocab * 4), "ring": take(context * 4)}
+    lay.ctl = take(len(CTL_FIELDS) * 8)
+    locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]
+    lay.locations = {k: W_FIRST_LOC + i for i, k in enumerate(locs)}
+    lay.n_words = W_FIRST_LOC + len(locs)
+    lay.words = take(lay.n_words * 4)
+    lay.size = align(off, ALIGN)
+    return lay
+
+
+def write_weights(buf: np.ndarray, lay: PoolLayout, weights: dict):
+    """Copy the weights into the arena once (the creator does this before any actor attaches)."""
+    for name, ref in lay.weights.items():
+        w = weights[name]
+        arrays = [w["qs"], w["d"], w["m"]] if ref[0] == "w4" else [w["qs"], w["d"]] if ref[0] == "w8" else [w]
+        for off, arr in zip(ref[1:], arrays):
+            raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+            buf[off: off + raw.size] = raw
+
+
+class Control:
+    """The step's control block: a few int64 fields the control actor writes before a step."""
+
+    def __init__(self, buf: np.ndarray, lay: PoolLayout):
+        self.f = buf[lay.ctl: lay.ctl + len(CTL_FIELDS) * 8].view(np.int64)
+
+    def __getitem__(self, name):
+        return int(self.f[CTL_FIELDS.index(name)])
+
+    def __setitem__(self, name, value):
+        self.f[CTL_FIELDS.index(name)] = value

@@ -1,0 +1,68 @@
+"""Chat prompts: the model's own jinja2 chat template (`tokenizer.chat_template`), rendered.
+
+The template is code shipped inside the model file, so it runs in jinja2's sandbox. The
+environment matches Hugging Face's apply_chat_template (trim_blocks, lstrip_blocks,
+raise_exception, bos/eos token strings) so prompts match the ones the model was tuned on.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from gguf import GGUFReader
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .gguf_file import ModelError
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
+
+
+def render_chat(reader_or_template: GGUFReader | str, messages: list[Message],
+                add_generation_prompt: bool = True, **extra) -> str:
+    """Render `messages` to prompt text, ending with the assistant's header if asked."""
+    if isinstance(reader_or_template, str):
+        template, special = reader_or_template, {}
+    else:
+        template, special = _template_of(reader_or_template), _special_tokens(reader_or_template)
+    try:
+        return _compile(template).render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **special, **extra)
+    except TemplateError as e:
+        raise ModelError(f"chat template failed: {str(e).splitlines()[0]}") from None
+
+
+def chat_prompt(template: GGUFReader | str, user_text: str, system: str | None = None) -> str:
+    """One user turn (after an optional system prompt), ready for the assistant's reply."""
+    messages = [{"role": "system", "content": system}] if system else []
+    return render_chat(template, messages + [{"role": "user", "content": user_text}])
+
+
+def _template_of(reader: GGUFReader) -> str:
+    field = reader.fields.get("tokenizer.chat_template")
+    if field is None:
+        raise ModelError("the model file has no chat template (tokenizer.chat_template)")
+    return field.contents()
+
+
+def _special_tokens(reader: GGUFReader) -> dict[str, str]:
+    """bos_token / eos_token as text, which templates such as Llama-3's write out."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    out = {}
+    for name in ("bos", "eos"):
+        field = reader.fields.get(f"tokenizer.ggml.{name}_token_id")
+        if tokens is not None and field is not None:
+            # The tokens array's parts are [.., len, bytes, len, bytes, ..]: index via data.
+            out[f"{name}_token"] = bytes(tokens.parts[tokens.data[field.contents()]]).decode()
+    return out
+
+
+def _raise(message: str):
+    raise TemplateError(message)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template)

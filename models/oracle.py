@@ -1,0 +1,123 @@
+"""The numpy fp32 oracle: the plain Llama math, written out once, to check every backend against.
+
+It shares nothing with the engine but the weights' file: its own dequantized float32 copy (the
+only fp32 copy of the weights anywhere in socllm), its own KV cache, its own attention. Slow and
+obvious on purpose: every backend's logits and greedy tokens are compared to these.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .llama import ModelConfig
+from .quant import dequant_q4_1, dequant_q8_0
+
+F32 = np.float32
+
+
+class KVCache:
+    """Keys and values of every position seen so far, per layer."""
+
+    def __init__(self, cfg: ModelConfig, ctx: int):
+        self.k = np.zeros((cfg.n_layers, ctx, cfg.kv_dim), F32)  # [L, ctx, kv_heads*head_dim]
+        self.v = np.zeros((cfg.n_layers, ctx, cfg.kv_dim), F32)  # [L, ctx, kv_heads*head_dim]
+
+
+class Oracle:
+    def __init__(self, cfg: ModelConfig, weights: dict):
+        self.cfg = cfg
+        w = {name: _dequant(t) for name, t in weights.items()}  # matrices [out, in], vectors [n]
+        self.embd = w["token_embd.weight"]                                  # [vocab, dim]
+        self.lm_head = self.embd if cfg.tied_embeddings else w["output.weight"]  # [vocab, dim]
+        self.out_norm = w["output_norm.weight"]                             # [dim]
+        self.layers = [{k.split(".", 2)[2]: v for k, v in w.items() if k.startswith(f"blk.{i}.")}
+                       for i in range(cfg.n_layers)]
+        half = cfg.head_dim // 2
+        # theta_i = base^(-2i/head_dim); computed in f64 so the angles at large pos stay exact.
+        self.inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2 / cfg.head_dim)
+
+    def new_cache(self, ctx: int) -> KVCache:
+        return KVCache(self.cfg, ctx)
+
+    def forward(self, ids: list[int], pos0: int, kv: KVCache) -> np.ndarray:
+        """Run `ids` at positions pos0.. (filling kv); logits of the last position [vocab]."""
+        return self._hidden(ids, pos0, kv)[-1] @ self.lm_head.T
+
+    def logits_for(self, ids: list[int]) -> np.ndarray:
+        """Teacher-forced logits of every position [len(ids), vocab], from an empty cache."""
+        return self._hidden(ids, 0, self.new_cache(len(ids))) @ self.lm_head.T
+
+    def greedy(self, prompt_ids: list[int], n_new: int) -> list[int]:
+        """The argmax continuation: n_new ids after the prompt (no early stop at EOS)."""
+        kv = self.new_cache(len(prompt_ids) + n_new)
+        logits, pos, out = self.forward(prompt_ids, 0, kv), len(prompt_ids), []
+        for _ in range(n_new):
+            out.append(int(np.argmax(logits)))
+            logits, pos = self.forward(out[-1:], pos, kv), pos + 1
+        return out
+
+    def _hidden(self, ids: list[int], pos0: int, kv: KVCache) -> np.ndarray:
+        """Final-normed hidden states [T, dim] of ids at positions pos0..pos0+T-1."""
+        x = self.embd[np.asarray(ids)]                       # [T, dim]
+        cos, sin = self._rope_angles(pos0, len(ids))         # [T, head_dim/2] each
+        for i, lw in enumerate(self.layers):
+            x = x + self._attention(i, lw, _rmsnorm(x, lw["attn_norm.weight"], self.cfg.eps),
+                                    pos0, cos, sin, kv)
+            h = _rmsnorm(x, lw["ffn_norm.weight"], self.cfg.eps)
+            x = x + (_silu(h @ lw["ffn_gate.weight"].T) * (h @ lw["ffn_up.weight"].T)) \
+                @ lw["ffn_down.weight"].T
+        return _rmsnorm(x, self.out_norm, self.cfg.eps)
+
+    def _attention(self, i, lw, h, pos0, cos, sin, kv):
+        c, T = self.cfg, h.shape[0]
+        q, k, v = (h @ lw[f"attn_{n}.weight"].T for n in "qkv")  # [T, q_dim], [T, kv_dim] x2
+        if c.qkv_bias:
+            q, k, v = q + lw["attn_q.bias"], k + lw["attn_k.bias"], v + lw["attn_v.bias"]
+        q = self._rope(q.reshape(T, c.n_heads, c.head_dim), cos, sin)
+        k = self._rope(k.reshape(T, c.n_kv_heads, c.head_dim), cos, sin)
+        end = pos0 + T
+        kv.k[i, pos0:end], kv.v[i, pos0:end] = k.reshape(T, -1), v
+        keys = kv.k[i, :end].reshape(end, c.n_kv_heads, c.head_dim)    # [S, kv_heads, hd]
+        vals = kv.v[i, :end].reshape(end, c.n_kv_heads, c.head_dim)    # [S, kv_heads, hd]
+        group = c.n_heads // c.n_kv_heads  # GQA: query head h reads kv head h // group
+        keys, vals = np.repeat(keys, group, axis=1), np.repeat(vals, group, axis=1)
+        scores = np.einsum("thd,shd->hts", q, keys) / F32(np.sqrt(c.head_dim))  # [H, T, S]
+        # Causal: query t (at pos0+t) sees keys 0..pos0+t.
+        scores[:, np.arange(end)[None, :] > (pos0 + np.arange(T))[:, None]] = -np.inf
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = np.einsum("hts,shd->thd", probs, vals).reshape(T, c.q_dim)  # [T, q_dim]
+        return out @ lw["attn_output.weight"].T                            # [T, dim]
+
+    def _rope_angles(self, pos0: int, T: int):
+        ang = np.arange(pos0, pos0 + T, dtype=np.float64)[:, None] * self.inv_freq  # [T, hd/2]
+        return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+
+    def _rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Rotate x [T, heads, head_dim]: NORM pairs (2i, 2i+1), NEOX pairs (i, i+half)."""
+        if self.cfg.neox_rope:
+            half = x.shape[-1] // 2
+            a, b = x[..., :half], x[..., half:]
+        else:
+            a, b = x[..., 0::2], x[..., 1::2]
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        out = np.empty_like(x)
+        if self.cfg.neox_rope:
+            out[..., :half], out[..., half:] = ra, rb
+        else:
+            out[..., 0::2], out[..., 1::2] = ra, rb
+        return out
+
+
+def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(eps)) * w
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x * (F32(0.5) + F32(0.5) * np.tanh(x * F32(0.5)))  # x*sigmoid(x), no exp overflow
+
+
+def _dequant(t: dict | np.ndarray) -> np.ndarray:
+    if isinstance(t, np.ndarray):
+        return t.astype(F32)
+    return dequant_q4_1(t["qs"], t["d"], t["m"]) if "m" in t else dequant_q8_0(t["qs"], t["d"])

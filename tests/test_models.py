@@ -1,0 +1,188 @@
+"""models/: the GGUF file, config, weights, tokenizer, chat template and the fp32 oracle."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT, GGUFWriter
+from gguf.quants import quantize
+
+from socllm.models.chat import chat_prompt, render_chat
+from socllm.models.gguf_file import ModelError, open_gguf, verify_default_model
+from socllm.models.llama import load_config, load_weights
+from socllm.models.oracle import Oracle
+
+PROMPT = "The capital of France is"
+
+
+# --- the default model ---------------------------------------------------------------------
+
+def test_default_model_config(model_config):
+    c = model_config
+    assert (c.arch, c.n_layers, c.dim, c.ffn_dim) == ("llama", 30, 576, 1536)
+    assert (c.n_heads, c.n_kv_heads, c.head_dim, c.vocab) == (9, 3, 64, 49152)
+    assert c.rope_theta == 100000.0 and c.eps == pytest.approx(1e-5)
+    assert c.context_length == 8192
+    assert c.tied_embeddings and not c.qkv_bias and not c.neox_rope
+
+
+def test_weights_stay_quantized_in_planar_layout(model_weights):
+    embd = model_weights["token_embd.weight"]                    # Q8_0
+    assert embd["qs"].shape == (49152, 576) and embd["qs"].dtype == np.int8
+    assert embd["d"].shape == (49152, 18) and embd["d"].dtype == np.float16
+    down = model_weights["blk.0.ffn_down.weight"]                # Q4_1 [out 576, in 1536]
+    assert down["qs"].shape == (576, 768) and down["qs"].dtype == np.uint8
+    assert down["d"].shape == down["m"].shape == (576, 48)
+    norm = model_weights["blk.29.ffn_norm.weight"]
+    assert norm.shape == (576,) and norm.dtype == np.float32
+    assert "output.weight" not in model_weights                  # tied to token_embd
+
+
+# --- tokenizer -----------------------------------------------------------------------------
+
+def test_tokenizer_gives_hugging_face_ids(tokenizer):
+    assert tokenizer.encode(PROMPT) == [504, 3575, 282, 4649, 314]
+    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.add_bos) == (1, 2, False)
+
+
+def test_digits_are_split_one_by_one(tokenizer):
+    assert len(tokenizer.encode("2024")) == 4
+
+
+def test_control_tokens_encode_to_one_id(tokenizer):
+    assert tokenizer.encode("<|im_start|>user\nhi<|im_end|>") == [1, 4093, 198, 6004, 2]
+
+
+@pytest.mark.parametrize("text", [PROMPT, "2024-01-31: 3.14159", "héllo wörld 日本語 😀🎉",
+                                  "  leading spaces\n\n\ttabs", "<|im_start|>x<|im_end|>"])
+def test_decode_inverts_encode(tokenizer, text):
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_stream_decoder_emits_only_whole_characters(tokenizer):
+    text = "Bonjour 😀 à 日本語!"
+    stream = tokenizer.stream()
+    pieces = [stream.feed(i) for i in tokenizer.encode(text)]
+    assert "".join(pieces) + stream.flush() == text
+    assert not any("\ufffd" in p for p in pieces)
+    assert "" in pieces  # the emoji spans tokens: its first bytes emit nothing
+
+
+# --- chat template -------------------------------------------------------------------------
+
+def test_chat_template_adds_default_system_prompt(gguf_reader):
+    prompt = chat_prompt(gguf_reader, "Hi!")
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert prompt.endswith("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_template_keeps_a_given_system_prompt(gguf_reader):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert render_chat(gguf_reader, messages, add_generation_prompt=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+
+
+def test_chat_template_runs_sandboxed():
+    with pytest.raises(ModelError):
+        render_chat("{{ messages.__class__.__mro__ }}", [])
+
+
+# --- the oracle ----------------------------------------------------------------------------
+
+def test_oracle_says_paris(oracle, tokenizer):
+    out = oracle.greedy(tokenizer.encode(PROMPT), 3)
+    assert tokenizer.decode(out).startswith(" Paris")
+
+
+def test_teacher_forced_logits_agree_with_incremental_decode(oracle, tokenizer):
+    prompt = tokenizer.encode(PROMPT)
+    new = oracle.greedy(prompt, 4)
+    logits = oracle.logits_for(prompt + new)                    # [9, vocab]
+    assert logits.dtype == np.float32 and logits.shape == (9, 49152)
+    assert logits[len(prompt) - 1:-1].argmax(-1).tolist() == new
+    kv = oracle.new_cache(16)  # prefill in two chunks == one pass, to fp32 rounding
+    oracle.forward(prompt[:2], 0, kv)
+    np.testing.assert_allclose(oracle.forward(prompt[2:], 2, kv), logits[len(prompt) - 1],
+                               rtol=0, atol=1e-3)
+
+
+# --- files socllm must refuse, with one-line reasons ---------------------------------------
+
+def _refused(path) -> str:
+    with pytest.raises(ModelError) as e:
+        load_config(open_gguf(str(path)))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_missing_file_is_refused(tmp_path):
+    assert "not found" in _refused(tmp_path / "nope.gguf")
+
+
+def test_non_gguf_file_is_refused(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"this is not a model" * 100)
+    assert "not a GGUF" in _refused(junk)
+    with pytest.raises(ModelError, match="damaged"):
+        verify_default_model(str(junk))
+
+
+def test_unsupported_architecture_is_refused(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    w = GGUFWriter(str(path), "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((16, 32), np.float32))
+    _write(w)
+    assert "'gpt2'" in _refused(path)
+
+
+def test_unsupported_tensor_type_is_refused(tmp_path):
+    path = tmp_path / "f16.gguf"
+    _write_tiny_llama(path, "llama", f16={"blk.0.attn_q.weight"})
+    assert "blk.0.attn_q.weight" in _refused(path) and "F16" in _refused(path)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_model_of_each_architecture_loads_and_runs(tmp_path, arch):
+    path = tmp_path / f"{arch}.gguf"
+    _write_tiny_llama(path, arch)
+    reader = open_gguf(str(path))
+    cfg = load_config(reader)
+    assert cfg.qkv_bias == (arch == "qwen2") and cfg.head_dim == 16
+    oracle = Oracle(cfg, load_weights(reader, cfg))
+    assert len(oracle.greedy([1, 2, 3], 3)) == 3
+    assert np.isfinite(oracle.logits_for([1, 2, 3])).all()
+
+
+def _write_tiny_llama(path, arch, f16=frozenset()):
+    """A 1-layer model: dim 32, 2 heads of 16 (1 kv head), ffn 64, vocab 16; random weights."""
+    dim, ffn, vocab, kv_dim = 32, 64, 16, 16
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(1), w.add_context_length(64), w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn), w.add_head_count(2), w.add_head_count_kv(1)
+    w.add_rope_freq_base(10000.0), w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,),
+              "blk.0.attn_norm.weight": (dim,), "blk.0.ffn_norm.weight": (dim,),
+              "blk.0.attn_q.weight": (dim, dim), "blk.0.attn_k.weight": (kv_dim, dim),
+              "blk.0.attn_v.weight": (kv_dim, dim), "blk.0.attn_output.weight": (dim, dim),
+              "blk.0.ffn_gate.weight": (ffn, dim), "blk.0.ffn_up.weight": (ffn, dim),
+              "blk.0.ffn_down.weight": (dim, ffn)}
+    if arch == "qwen2":
+        shapes.update({"blk.0.attn_q.bias": (dim,), "blk.0.attn_k.bias": (kv_dim,),
+                       "blk.0.attn_v.bias": (kv_dim,)})
+    for name, shape in shapes.items():
+        x = rng.standard_normal(shape).astype(np.float32) * 0.1
+        if name in f16:
+            w.add_tensor(name, x.astype(np.float16))
+        elif len(shape) == 1:
+            w.add_tensor(name, x + 1 if "norm" in name else x)
+        else:
+            qtype = QT.Q8_0 if name == "token_embd.weight" else QT.Q4_1
+            w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
+    _write(w)
+
+
+def _write(w: GGUFWriter):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
