@@ -55,10 +55,18 @@ def _validate(a):
 
 def _generate(a) -> int:
     from socllm.actors.engine import Engine
-    from socllm.models.gguf_file import open_gguf
-    if a.model:
-        open_gguf(a.model)           # fail fast, before Ray starts
-    eng = Engine(model=a.model, context=a.context)
+    from socllm.models.chat import chat_prompt
+    from socllm.models.gguf_file import default_model_path, open_gguf
+    from socllm.models.llama import load_config
+    from socllm.models.tokenizer import Tokenizer
+    # everything that can be wrong with the input fails here, before Ray or the pool exist
+    reader = open_gguf(a.model or default_model_path())
+    load_config(reader)
+    tok = Tokenizer(reader)
+    n = len(tok.encode(chat_prompt(reader, a.prompt) if a.chat else a.prompt, bos=tok.add_bos))
+    if n >= a.context:
+        raise ValueError(f"the prompt has {n} tokens; the context holds {a.context}")
+    eng = Engine(model=a.model, context=a.context, reader=reader)
     try:
         sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
         if a.json:

@@ -56,12 +56,12 @@ def ensure_ray(threads: int) -> bool:
 class Engine:
     def __init__(self, model: str | None = None, context: int = 2048,
                  processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
-                 n_layers: int | None = None):
+                 n_layers: int | None = None, reader=None):
         self._closed = True
         path = model or default_model_path()
         if model is None:
             verify_default_model(path)
-        reader = open_gguf(path)
+        reader = reader or open_gguf(path)
         self.cfg = load_config(reader)
         self.tokenizer = Tokenizer(reader)
         self.template = reader

@@ -121,12 +121,7 @@ class Graph:
         # w = m * (1 + q/2^15), within 5e-4 of m and still representable in f16.
         scale = np.where(d32 != 0, d32, np.abs(m32) * F32(2.0 ** -15))
         zp = np.divide(-m32, scale, out=np.zeros_like(m32), where=scale != 0)
-        import os
-        if os.environ.get("F16S") and (d32 != 0).all():
-            sc = ops.convert(ov.op.Constant(ov.Tensor(self.view(d, (M, nb, 1), np.float16)), shared_memory=True), F32)
-        else:
-            sc = f32(scale)
-        w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), sc)
+        w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
         return ops.reshape(w, np.array([M, K], np.int64), False)
 
     def w8(self, ref, V: int, D: int):

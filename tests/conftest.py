@@ -42,3 +42,27 @@ def oracle(model_config, model_weights) -> Oracle:
 @pytest.fixture(scope="session")
 def tokenizer(gguf_reader) -> Tokenizer:
     return Tokenizer(gguf_reader)
+
+
+# -- the engine: one Ray session and one engine (all three processor actors) per test session --
+PROMPTS = ("The capital of France is",
+           "def fibonacci(n):",
+           "Once upon a time, there was a little robot who")
+
+
+@pytest.fixture(scope="session")
+def engine(model_path, gguf_reader):
+    from socllm.actors.engine import Engine
+    eng = Engine(reader=gguf_reader, context=512)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def oracle_greedy(oracle, tokenizer):
+    """prompt -> (prompt ids, the oracle's 16 greedy tokens)."""
+    out = {}
+    for p in PROMPTS:
+        ids = tokenizer.encode(p)
+        out[p] = (ids, oracle.greedy(ids, 16))
+    return out

@@ -107,8 +107,162 @@ def decoder_layer(L: Layout, s: dict):
     return tasks
 
 
-def fill(arena, s, pos0, rng):
-    """Residual rows and the first pos0 rows of both caches (earlier tokens) at random."""
-    f32(arena, s["x"], 512, D)[:] = rng.standard_normal((512, D))
+def model(L: Layout, s: dict, layers: int):
+    """embed -> layers -> final norm -> lm_head (tied table), and each layer's (kc, vc) caches."""
+    table, caches = L.w8(V, D), []
+    tasks = [("embed", dict(ids=("a", s["ids"]), table=table, out=("a", s["x"]), V=V, D=D))]
+    for _ in range(layers):
+        tasks += decoder_layer(L, s)
+        caches.append((s["kc"], s["vc"]))
+    tasks += [("rmsnorm", dict(x=("a", s["x"]), w=L.wf(D), out=("a", s["h"]), D=D, eps=EPS)),
+              ("lm_head", dict(x=("a", s["h"]), table=table, out=("a", s["logits"]), D=D, V=V))]
+    return tasks, caches
+
+
+def rand_rows(arena, off, rows, cols, rng):
+    f32(arena, off, rows, cols)[:] = rng.standard_normal((rows, cols))
+
+
+# -- one op per segment --------------------------------------------------------------------------
+def single_op(op: str, L: Layout, s: dict):
+    a = lambda name: ("a", s[name])
+    return {
+        "embed": ("embed", dict(ids=a("ids"), table=L.w8(V, D), out=a("x"), V=V, D=D)),
+        "rmsnorm": ("rmsnorm", dict(x=a("x"), w=L.wf(D), out=a("h"), D=D, eps=EPS)),
+        "linear": ("linear", dict(x=a("g"), w=L.w4(D, F), out=a("h"), K=F, M=D)),
+        "rope": ("rope", dict(x=a("q"), out=a("att"), heads=H, head_dim=HD, theta=THETA)),
+        "attention": ("attention", dict(q=a("q"), k=("kv", s["kc"]), v=("kv", s["vc"]), out=a("att"),
+                                        heads=H, kv_heads=KVH, head_dim=HD)),
+        "silu_mul": ("silu_mul", dict(g=a("g"), u=a("u"), out=a("g"), F=F)),
+        "add": ("add", dict(a=a("x"), b=a("h"), out=a("h"), D=D)),
+        "lm_head": ("lm_head", dict(x=a("x"), table=L.w8(V, D), out=a("logits"), D=D, V=V)),
+    }[op]
+
+
+@pytest.mark.parametrize("op", ["embed", "rmsnorm", "linear", "rope", "attention", "silu_mul",
+                                "add", "lm_head"])
+@pytest.mark.parametrize("bucket,N,pos0", [(1, 1, 37), (32, 20, 37)])
+def test_each_op_matches_numpy(op, bucket, N, pos0):
+    """Attention here reads this step's K/V rows from the caches, as if another processor wrote them."""
+    L = Layout()
+    s = slots(L)
+    s["kc"], s["vc"] = L.slot(CAP, KVH * HD), L.slot(CAP, KVH * HD)
+    task = single_op(op, L, s)
+    arena, rng = L.arena(), np.random.default_rng(1)
+    arena[s["ids"]: s["ids"] + 512 * 4].view(np.int32)[:] = rng.integers(0, V, 512)
+    for name, cols in [("x", D), ("h", D), ("q", H * HD), ("g", F), ("u", F)]:
+        rand_rows(arena, s[name], 512, cols, rng)
     for c in ("kc", "vc"):
-        f32(arena, s[c], CAP, KVH * HD)[:pos0] = rng.standard_normal((pos0, KVH * HD))
+        rand_rows(arena, s[c], pos0 + N, KVH * HD, rng)
+    out = task[1]["out"][1]
+    got, ref, _ = run_both([task], arena, bucket, N, pos0, {out})
+    rows = 1 if op == "lm_head" else N
+    cols = {"embed": D, "rmsnorm": D, "linear": D, "rope": H * HD, "attention": H * HD,
+            "silu_mul": F, "add": D, "lm_head": V}[op]
+    close(f32(got, out, rows, cols), f32(ref, out, rows, cols))
+
+
+# -- whole layers --------------------------------------------------------------------------------
+@pytest.mark.parametrize("bucket,N,pos0", [(1, 1, 0), (1, 1, 37), (32, 20, 0), (32, 20, 37),
+                                           (512, 300, 37)])
+def test_decoder_layer_matches_numpy(bucket, N, pos0):
+    """Slots h, q, g are written more than once in the segment; only live-out x goes back to the
+    arena; K/V rows land in place at pos0 with the rows before pos0 untouched."""
+    L = Layout()
+    s = slots(L)
+    tasks = decoder_layer(L, s)
+    arena, rng = L.arena(), np.random.default_rng(2)
+    rand_rows(arena, s["x"], 512, D, rng)
+    for c in ("kc", "vc"):
+        rand_rows(arena, s[c], pos0, KVH * HD, rng)      # earlier tokens
+    before = arena.copy()
+    got, ref, _ = run_both(tasks, arena, bucket, N, pos0, {s["x"]})
+    close(f32(got, s["x"], N, D), f32(ref, s["x"], N, D))
+    for c in ("kc", "vc"):
+        cache, want, old = (f32(m, s[c], CAP, KVH * HD) for m in (got, ref, before))
+        close(cache[pos0: pos0 + N], want[pos0: pos0 + N])
+        assert np.array_equal(cache[:pos0], old[:pos0])
+    for name in ("h", "q", "k", "att", "g", "u"):   # intermediates stay in the graph
+        assert np.array_equal(got[s[name]: s[name] + 512 * 4], before[s[name]: s[name] + 512 * 4])
+
+
+def test_prefill_then_decode_reuses_compiled_segments():
+    """A 2-layer model: prefill 20 tokens in bucket 32, then 3 decode steps in bucket 1, each
+    segment compiled once and run at the next pos0; logits and caches follow the oracle."""
+    L = Layout()
+    s = slots(L)
+    tasks, caches = model(L, s, layers=2)
+    arena, rng = L.arena(), np.random.default_rng(3)
+    ref = arena.copy()
+    core = ov.Core()
+    prefill = OVSegment(core, tasks, arena, 32, {s["logits"]}, CAP, config=CONFIG)
+    decode = OVSegment(core, tasks, arena, 1, {s["logits"]}, CAP, config=CONFIG)
+    pos0 = 0
+    for seg, N in [(prefill, 20), (decode, 1), (decode, 1), (decode, 1)]:
+        ids = rng.integers(0, V, N).astype(np.int32)
+        for m in (arena, ref):
+            m[s["ids"]: s["ids"] + 4 * N].view(np.int32)[:] = ids
+        for op, args in tasks:
+            NumpyKernels(ref).run(op, args, N, pos0)
+        seg.run(N, pos0)
+        close(f32(arena, s["logits"], 1, V), f32(ref, s["logits"], 1, V))
+        pos0 += N
+    for kc, vc in caches:
+        for c in (kc, vc):
+            close(f32(arena, c, pos0, KVH * HD), f32(ref, c, pos0, KVH * HD))
+
+
+# -- in-place writes and padding -----------------------------------------------------------------
+def test_only_live_out_is_written_back():
+    L = Layout()
+    s = slots(L)
+    tasks = [("add", dict(a=("a", s["x"]), b=("a", s["x"]), out=("a", s["h"]), D=D)),
+             ("add", dict(a=("a", s["h"]), b=("a", s["x"]), out=("a", s["u"]), D=D))]
+    arena = L.arena()
+    rand_rows(arena, s["x"], 512, D, np.random.default_rng(4))
+    got, ref, _ = run_both(tasks, arena, 32, 20, 0, {s["u"]})
+    close(f32(got, s["u"], 20, D), f32(ref, s["u"], 20, D))
+    assert not f32(got, s["h"], 512, D).any()
+
+
+def test_reader_of_a_slot_sees_its_old_value_when_a_parallel_task_overwrites_it():
+    """rmsnorm reads x while an independent add overwrites x: OpenVINO may order them either way,
+    so the segment must not let the in-place result clobber the input first."""
+    L = Layout()
+    s = slots(L)
+    tasks = [("rmsnorm", dict(x=("a", s["x"]), w=L.wf(D), out=("a", s["u"]), D=D, eps=EPS)),
+             ("add", dict(a=("a", s["h"]), b=("a", s["h"]), out=("a", s["x"]), D=D))]
+    arena, rng = L.arena(), np.random.default_rng(5)
+    rand_rows(arena, s["x"], 512, D, rng)
+    rand_rows(arena, s["h"], 512, D, rng)
+    got, ref, _ = run_both(tasks, arena, 32, 20, 0, {s["x"], s["u"]})
+    for name in ("x", "u"):
+        close(f32(got, s[name], 20, D), f32(ref, s[name], 20, D))
+
+
+def test_padding_rows_stay_finite_whatever_the_arena_holds():
+    L = Layout()
+    s = slots(L)
+    tasks, caches = model(L, s, layers=1)
+    arena = L.arena()
+    N, pos0 = 5, 37
+    f32(arena, s["x"], 512, D)[:] = np.nan                                 # stale bytes
+    arena[s["ids"]: s["ids"] + 128].view(np.int32)[:] = 2 ** 30               # out-of-range ids
+    arena[s["ids"]: s["ids"] + 4 * N].view(np.int32)[:] = np.arange(N)
+    got, ref, _ = run_both(tasks, arena, 32, N, pos0, {s["x"], s["logits"]})
+    assert np.isfinite(f32(got, s["x"], 32, D)).all()
+    assert np.isfinite(f32(got, caches[0][0], CAP, KVH * HD)[pos0: pos0 + 32]).all()
+    close(f32(got, s["logits"], 1, V), f32(ref, s["logits"], 1, V))
+
+
+def test_q4_1_block_with_zero_scale_is_its_minimum():
+    L = Layout()
+    s = slots(L)
+    w = L.w4(D, F)
+    task = ("linear", dict(x=("a", s["g"]), w=w, out=("a", s["h"]), K=F, M=D))
+    arena = L.arena()
+    d = arena[w[2]: w[2] + D * F // 32 * 2].view(np.float16).reshape(D, F // 32)
+    d[::7, ::5] = 0                                                         # w = m in those blocks
+    rand_rows(arena, s["g"], 512, F, np.random.default_rng(6))
+    got, ref, _ = run_both([task], arena, 32, 20, 0, {s["h"]})
+    close(f32(got, s["h"], 20, D), f32(ref, s["h"], 20, D), rtol=1e-3)

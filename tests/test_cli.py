@@ -1,0 +1,77 @@
+"""The command line: bad input gets one line, exit 2, and leaves nothing behind; a good run prints
+the JSON a user scripts against."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+
+
+def _segments():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("socllm-")}
+
+
+def _run(*args, timeout=240):
+    before = _segments()
+    r = subprocess.run(SOCLLM + list(args), capture_output=True, text=True, timeout=timeout)
+    assert _segments() <= before, "a shared-memory segment was left behind"
+    return r
+
+
+def _one_line_error(r, needle):
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("socllm: error:") and needle in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["generate", ""], "prompt is empty"),
+    (["generate", "hi", "--max-tokens", "0"], "max-tokens"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "1.5"], "top-p"),
+    (["generate", "hi", "--plan", "tpu"], "plan"),
+    (["generate", "hi", "--precision", "int4"], "precision"),
+    (["generate", "hi", "--model", "/no/such/model.gguf"], "not found"),
+    (["bogus"], "invalid choice"),
+])
+def test_bad_options_exit_2_with_one_line(args, needle):
+    _one_line_error(_run(*args), needle)
+
+
+def test_a_file_that_is_not_gguf(tmp_path):
+    bad = tmp_path / "junk.gguf"
+    bad.write_bytes(b"not a gguf file at all" * 100)
+    _one_line_error(_run("generate", "hi", "--model", str(bad)), "GGUF")
+
+
+def test_an_unsupported_architecture(tmp_path):
+    import gguf
+    import numpy as np
+    path = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _one_line_error(_run("generate", "hi", "--model", str(path)), "architecture")
+
+
+def test_a_prompt_longer_than_the_context():
+    _one_line_error(_run("generate", "word " * 100, "--context", "32"), "context")
+
+
+def test_generate_json_end_to_end():
+    r = _run("generate", "The capital of France is", "--max-tokens", "4", "--plan", "npu",
+             "--precision", "f32", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"].startswith(" Paris") and out["plan"] == "npu"
+    assert out["prompt_tokens"] == [504, 3575, 282, 4649, 314] and len(out["tokens"]) == 4
+    assert set(out["timings"]) == {"ttft_s", "prefill_tok_s", "decode_tok_s"}
