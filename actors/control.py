@@ -90,7 +90,6 @@ class ControlCore(ProcessorCore):
         if len(prompt) >= lay.context:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {lay.context}")
         self.ctl["request"], self.ctl["finished"] = request_id, 0
-        words.store(W_TOKENS, 0)
         out, t0 = [], time.perf_counter()
         with self.kv.acquire(request_id):
             pos = 0

@@ -150,6 +150,7 @@ class Engine:
         """Yields text pieces as tokens arrive (read from the pool's token ring); the final result
         dict is in `self.last`."""
         ids = self.encode_prompt(prompt, chat)
+        self.words.store(W_TOKENS, 0, wake=False)   # the ring's count starts at zero for this request
         ref = self.submit(ids, plan, precision, **sampling)
         lay = self.layout
         ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from socllm.models.quant import QK, dequant_q8_0, unpack_nibbles
+from socllm.models.quant import QK, dequant_q8_0
+
+
+# byte -> (low nibble, high nibble) as float32: [256, 2]
+_NIBBLES = np.stack([np.arange(256) & 0x0F, np.arange(256) >> 4], axis=1).astype(np.float32)
 
 
 class NumpyKernels:
@@ -61,8 +65,9 @@ class NumpyKernels:
         K, M = a["K"], a["M"]
         qs, d, m = self.w4(a["w"], M, K)
         x = self.f32(a["x"][1], N, K)
-        # y = sum_b d_b * (x_b . q_b) + m_b * sum(x_b): dequantize per matrix, never the model.
-        q = unpack_nibbles(qs).reshape(M, K // QK, QK).astype(np.float32)
+        # dequantize one matrix at a time (never the model): a byte -> two floats table lookup,
+        # then scale and shift per 32-block
+        q = _NIBBLES[qs].reshape(M, K // QK, QK)
         w = (q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]).reshape(M, K)
         self.out_rows(a["out"], N, pos0, M)[:] = x @ w.T
 

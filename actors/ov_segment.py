@@ -12,6 +12,9 @@ Zero copies: weights are Constants over the arena; slots read before being writt
 Parameters bound once to arena views; slots in `live_out` and all KV writes are Results whose
 output tensors are arena views, so OpenVINO writes straight into the pool. KV rows go to rows
 pos0..pos0+B of the cache, rebound each run (Transformer-Lite §2.3: in place, no concatenation).
+
+Measured on OpenVINO 2026.4's CPU device: it still repacks the weights into each compiled model
+(~2.4 bytes per Q4_1 weight, ~2.3 per Q8_0 weight, for every bucket), so buckets cost memory.
 """
 from __future__ import annotations
 
@@ -222,10 +225,12 @@ BUILDERS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "rope": _ro
 class OVSegment:
     """One segment compiled for one bucket of B rows; `run(N, pos0)` infers in place over the arena.
 
-    tasks     [(op, args)] in execution order, args as in graph/program.py
-    live_out  arena offsets another processor or a later segment reads: only these slots (their
-              latest value) are written back; KV writes always are
-    kv_cap_rows  static capacity of every KV cache Parameter [kv_cap_rows, kv_heads*head_dim]
+    tasks        [(op, args)] in execution order, args as in graph/program.py
+    live_out     arena offsets another processor or a later segment reads: only these slots
+                 (their latest value) are written back; KV writes always are
+    kv_cap_rows  static rows of every KV cache Parameter [kv_cap_rows, kv_heads*head_dim]: the
+                 attention cost of every run, whatever pos0 (compile a few capacities if it matters)
+    compile_s    seconds compile_model took (a CACHE_DIR hit imports instead)
     """
 
     def __init__(self, core: ov.Core, tasks, arena: np.ndarray, bucket: int, live_out: set[int],
@@ -236,19 +241,35 @@ class OVSegment:
         for i, (op, args) in enumerate(tasks):
             g.begin(i)
             BUILDERS[op](g, args)
-        results, outs = [], []
+        self._uses_kv = bool(g.kv_caches or g.kv_new)
+        self._at, self._copies, self._kv_outs = [], [], []  # (result index, view | off, cols)
+        results = []
         for off, (val, deps, is_input) in g.vals.items():
             if off in live_out and not is_input:
-                # A reader of the slot's arena version that the final writer does not wait for
-                # could run after OpenVINO wrote the result in place: write it back after infer.
+                # A reader of the slot's arena version that the final writer does not wait for may
+                # run after OpenVINO wrote the result in place (measured: it does): copy it after.
                 racy = bool(g.input_readers.get(off, set()) - deps)
+                view = g.view(off, tuple(val.get_shape()), F32)
+                (self._copies if racy else self._at).append((len(results), view))
                 results.append(ops.result(val))
-                outs.append(("copy" if racy else "at", g.view(off, tuple(val.get_shape()), F32)))
         for off, (val, _) in g.kv_new.items():
+            self._kv_outs.append((len(results), off, val.get_shape()[1]))
             results.append(ops.result(val))
-            outs.append(("kv", off, val.get_shape()[1]))
         model = ov.Model(results, g.params, "segment")
+        for i, node in enumerate(model.get_ordered_ops()):  # stable names: CACHE_DIR hashes them
+            node.set_friendly_name(f"n{i}")
+        for i, r in enumerate(results):
+            r.output(0).get_tensor().set_names({f"out{i}"})
+        self.compile_s = self._compile(core, model, precision, config, cache_dir)
 
+        self._req = self.compiled.create_infer_request()
+        self._pos0, self._n = np.zeros(1, np.int64), np.zeros(1, np.int64)  # read at each infer
+        for i, view in enumerate([self._pos0, self._n] + g.inputs[2:]):
+            self._req.set_input_tensor(i, ov.Tensor(view, shared_memory=True))
+        for i, view in self._at:
+            self._req.set_output_tensor(i, ov.Tensor(view, shared_memory=True))
+
+    def _compile(self, core, model, precision, config, cache_dir) -> float:
         device = pick_device(core)
         supported = core.get_property(device, "SUPPORTED_PROPERTIES")
         # Dynamic quantization would round activations to int8 per 32: the spec is f32 activations.
@@ -259,28 +280,14 @@ class OVSegment:
             props["CACHE_DIR"] = cache_dir
         t = time.perf_counter()
         self.compiled = core.compile_model(model, device, props)
-        self.compile_s = time.perf_counter() - t
-
-        self._req = self.compiled.create_infer_request()
-        self._pos0, self._n = np.zeros(1, np.int64), np.zeros(1, np.int64)  # read at each infer
-        for i, view in enumerate([self._pos0, self._n] + g.inputs[2:]):
-            self._req.set_input_tensor(i, ov.Tensor(view, shared_memory=True))
-        self._uses_kv = bool(g.kv_caches or g.kv_new)
-        self._kv_outs, self._copies = [], []
-        for i, out in enumerate(outs):
-            if out[0] == "at":
-                self._req.set_output_tensor(i, ov.Tensor(out[1], shared_memory=True))
-            elif out[0] == "copy":
-                self._copies.append((i, out[1]))
-            else:
-                self._kv_outs.append(out[1:] + (i,))
+        return time.perf_counter() - t
 
     def run(self, N: int, pos0: int):
         B = self.bucket
         if not 0 < N <= B or (self._uses_kv and pos0 + B > self.kv_cap):
             raise ValueError(f"N={N}, pos0={pos0} do not fit bucket {B}, KV capacity {self.kv_cap}")
         self._pos0[0], self._n[0] = pos0, N
-        for off, cols, i in self._kv_outs:  # this step's rows of the cache, in place
+        for i, off, cols in self._kv_outs:  # this step's rows of the cache, in place
             view = self.arena[off + pos0 * cols * 4: off + (pos0 + B) * cols * 4].view(F32)
             self._req.set_output_tensor(i, ov.Tensor(view.reshape(B, cols), shared_memory=True))
         self._req.infer()
