@@ -140,11 +140,11 @@ class Engine:
             raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         return plan, precision
 
-    def submit(self, ids: list, plan=None, precision=None, **sampling):
+    def submit(self, ids: list, plan=None, precision=None, ignore_eos=False, **sampling):
         plan, precision = self._check(plan, precision)
         params = SamplingParams(**sampling).__dict__
         return self.control.generate.remote(next(self._ids), ids, params, plan, precision,
-                                            self.stop_ids)
+                                            [] if ignore_eos else self.stop_ids)
 
     def stream(self, prompt: str, chat: bool = False, plan=None, precision=None, **sampling):
         """Yields text pieces as tokens arrive (read from the pool's token ring); the final result

@@ -1,17 +1,24 @@
 """The GPU actor's kernels: OpenCL (pyopencl) over the pool's arena, with exactly the semantics of
-kernels_numpy.NumpyKernels (their specification and test oracle), op for op.
+kernels_numpy.NumpyKernels (their specification and test oracle), op for op. Source: cl/kernels.cl.
 
 The whole arena is one cl.Buffer; kernels get byte offsets into it (DESIGN.md §3). Where the device
 shares host memory (an iGPU, PoCL on the CPU) the buffer wraps the arena with CL_MEM_USE_HOST_PTR:
-zero-copy, kernels read the weights and write the slots / KV cache in the pool itself. A discrete
-GPU gets a COPY_HOST_PTR buffer: one upload at wrap time, and its caller must copy outputs back
-(cl.enqueue_copy of the live-out byte ranges) before another processor reads them.
+zero-copy, kernels read the weights and write the slots and the KV cache in the pool itself. A
+discrete GPU gets a COPY_HOST_PTR buffer instead: one upload when it is wrapped, and then the caller
+must copy outputs back (cl.enqueue_copy of the live-out byte ranges) before another processor
+reads them, and copy in what other processors wrote.
+
+Layout rules the kernels rely on (they load aligned vectors): the arena starts 64-byte aligned,
+f32 tensors read as vectors start at multiples of 32 bytes (the pool's 64 is fine), quantized
+weights at multiples of 16 (any row of one), K and D are multiples of 32 and head_dim of 8.
+run() checks them and raises rather than fault.
 
 Threads: PoCL reads POCL_MAX_PTHREAD_COUNT when pyopencl first lists platforms; the actor sets it
 from the machine's thread budget (DESIGN.md §6) before importing this module. Nothing here sets it.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +27,10 @@ import pyopencl as cl
 from socllm.models.quant import QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
-ALIGN = 64  # every offset in the arena is a multiple of this (vector loads, cache lines)
+VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
-_SCALARS = {  # kernel -> scalar arg dtypes after the arena buffer
+_SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "embed": [u64] * 4 + [i32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
     "linear_gemv": [u64] * 5 + [i32, i32],
@@ -32,13 +39,17 @@ _SCALARS = {  # kernel -> scalar arg dtypes after the arena buffer
     "attention": [u64] * 4 + [i32, i32, i32],
     "silu_mul": [u64] * 3 + [i32],
     "add": [u64] * 3 + [i32],
-    "lm_head": [u64] * 3 + [u64, i32, i32, i32],
+    "lm_head": [u64] * 4 + [i32, i32, i32],
 }
+# tuning macros of kernels.cl: a GPU splits a GEMV row over a warp; PoCL-on-CPU gives a work-item
+# whole rows (LIN_R rows a group; 16 measured worse than 8 on 2 threads) and vectorizes inside it
+_KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4}, "cpu": {"LIN_T": 1, "LIN_R": 8, "GEMM_TN": 8}}
+_KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN)=(\d+)")
 
 
 def make_context(device_kind: str = "any"):
-    """-> (ctx, queue, device). "any": the first GPU of any platform, else PoCL's CPU device;
-    "gpu" / "cpu": only that kind (RuntimeError if there is none)."""
+    """-> (ctx, queue, device). "any": the first GPU of any platform, else a CPU device (PoCL's
+    first); "gpu" / "cpu": only that kind, RuntimeError if there is none."""
     gpus, cpus = [], []
     for p in cl.get_platforms():
         for d in p.get_devices():
@@ -46,11 +57,10 @@ def make_context(device_kind: str = "any"):
                 gpus.append(d)
             elif d.type & cl.device_type.CPU:
                 cpus.append(d)
-    # PoCL's CPU device first among CPUs: it is the one this project ships and tunes for
     cpus.sort(key=lambda d: "Portable Computing Language" not in d.platform.name)
     pick = {"any": gpus + cpus, "gpu": gpus, "cpu": cpus}[device_kind]
     if not pick:
-        raise RuntimeError(f"no OpenCL {device_kind} device found")
+        raise RuntimeError(f"no OpenCL {device_kind} device")
     device = pick[0]
     ctx = cl.Context([device])
     return ctx, cl.CommandQueue(ctx, device), device
@@ -58,14 +68,16 @@ def make_context(device_kind: str = "any"):
 
 def wrap_arena(ctx: cl.Context, arena: np.ndarray) -> cl.Buffer:
     """The arena (uint8 [bytes]) as one cl.Buffer: zero-copy (USE_HOST_PTR) on host-unified memory,
-    else an uploaded copy (COPY_HOST_PTR): then outputs must be copied back by the caller."""
+    else an uploaded copy (COPY_HOST_PTR), whose outputs the caller must copy back."""
     mf = cl.mem_flags
-    unified = all(d.host_unified_memory for d in ctx.devices)
-    flags = mf.READ_WRITE | (mf.USE_HOST_PTR if unified else mf.COPY_HOST_PTR)
-    return cl.Buffer(ctx, flags, hostbuf=arena)
+    if all(d.host_unified_memory for d in ctx.devices):
+        if arena.ctypes.data % 64:   # PoCL uses the pointer as is: a misaligned vector load faults
+            raise ValueError("the arena must start 64-byte aligned to be wrapped zero-copy")
+        return cl.Buffer(ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=arena)
+    return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arena)
 
 
-def _round_up(n: int, m: int) -> int:
+def _up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
@@ -74,41 +86,47 @@ def _out_off(ref, pos0: int, cols: int) -> int:
     return ref[1] + (pos0 * cols * 4 if ref[0] == "kv" else 0)
 
 
+def _aligned(op: str, *offsets: int, to: int = VEC):
+    if any(o % to for o in offsets):
+        raise ValueError(f"{op}: vector-loaded offsets {offsets} must be multiples of {to} bytes")
+
+
 class CLKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
                  build_options: str = ""):
+        """Builds kernels.cl once (PoCL and pyopencl cache the binaries on disk; PoCL compiles each
+        kernel again per work-group size at its first launch, also cached). build_options may
+        override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them."""
         self.ctx, self.queue, self.buf = ctx, queue, arena_buf
-        dev = queue.device
-        gpu = bool(dev.type & cl.device_type.GPU)
-        # tuning knobs (kernels.cl): a GPU splits a GEMV row over a warp; PoCL-on-CPU gives each
-        # work-item whole rows and vectorizes inside it
-        self.lin_t, self.lin_r, self.gemm_tn = (32, 4, 4) if gpu else (1, 16, 8)
-        self.group = 64
-        self.options = (f"-DLIN_T={self.lin_t} -DLIN_R={self.lin_r} -DGEMM_TN={self.gemm_tn} "
-                        + build_options)
-        self._programs = {}            # head_dim -> kernels (attention is compiled per head size)
-        self.k = self._build(64)
+        knobs = dict(_KNOBS["gpu" if queue.device.type & cl.device_type.GPU else "cpu"])
+        knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
+        self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
+        self.options = " ".join([f"-D{k}={v}" for k, v in knobs.items()]
+                                + [_KNOB.sub("", build_options).strip()])
+        self.group = 64               # work-group size of the element-wise kernels
+        self._by_head_dim = {}        # head_dim -> kernels: attention is compiled per head size
+        self.k = self._kernels(64)
 
-    def _build(self, head_dim: int) -> dict:
-        if head_dim not in self._programs:
-            if head_dim % 16:
-                raise ValueError(f"head_dim {head_dim} is not a multiple of 16")
+    def _kernels(self, head_dim: int) -> dict:
+        if head_dim not in self._by_head_dim:
+            if head_dim % 8:
+                raise ValueError(f"head_dim {head_dim} is not a multiple of 8")
             prg = cl.Program(self.ctx, SRC.read_text()).build(
                 options=f"{self.options} -DHEAD_DIM={head_dim}")
             ks = {}
             for name, scalars in _SCALARS.items():
                 ks[name] = cl.Kernel(prg, name)
                 ks[name].set_scalar_arg_dtypes([None] + scalars)
-            self._programs[head_dim] = ks
-        return self._programs[head_dim]
+            self._by_head_dim[head_dim] = ks
+        return self._by_head_dim[head_dim]
 
-    def _go(self, name, gsize, lsize, *args, k=None):
-        knl = (k or self.k)[name]
+    def _go(self, name, gsize, lsize, *args, ks=None):
+        knl = (ks or self.k)[name]
         knl.set_args(self.buf, *args)
         cl.enqueue_nd_range_kernel(self.queue, knl, gsize, lsize)
 
     def run(self, op: str, a: dict, N: int, pos0: int):
-        """Enqueue one op (same args and semantics as NumpyKernels.run); does not wait."""
+        """Enqueue one op (args and semantics of NumpyKernels.run); does not wait."""
         if N > 0:
             getattr(self, "_" + op)(a, N, pos0)
 
@@ -117,50 +135,66 @@ class CLKernels:
 
     # -- ops (shapes as in kernels_numpy) ------------------------------------------------------
     def _embed(self, a, N, pos0):
+        """ids int32 [N], table Q8_0 [V, D] -> out [N, D]"""
         _, qs, d = a["table"]
         D = a["D"]
-        self._go("embed", (_round_up(D, self.group), N), (self.group, 1),
-                 a["ids"][1], qs, d, a["out"][1], D)
+        self._go("embed", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, a["out"][1], D)
 
     def _rmsnorm(self, a, N, pos0):
-        self._go("rmsnorm", (N,), None, a["x"][1], a["w"][1], a["out"][1], a["D"], a["eps"], N)
+        """x [N, D], w [D] -> out [N, D]"""
+        D = a["D"]
+        if D % 8:
+            raise ValueError(f"rmsnorm: D={D} is not a multiple of 8")
+        _aligned("rmsnorm", a["x"][1], a["w"][1], a["out"][1])
+        self._go("rmsnorm", (N,), None, a["x"][1], a["w"][1], a["out"][1], D, a["eps"], N)
 
     def _linear(self, a, N, pos0):
+        """x [N, K], W Q4_1 [M, K] -> out [N, M] (out may be a KV ref): GEMV for decode, GEMM
+        (GEMM_TN tokens per dequantized block) for prefill."""
         K, M = a["K"], a["M"]
-        assert K % QK == 0, K
+        if K % QK:
+            raise ValueError(f"linear: K={K} is not a multiple of {QK}")
         _, qs, d, m = a["w"]
+        _aligned("linear", a["x"][1])
+        _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
         out = _out_off(a["out"], pos0, M)
         if N == 1:
-            self._go("linear_gemv", (self.lin_t, _round_up(M, self.lin_r)), (self.lin_t, self.lin_r),
+            self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
                      a["x"][1], qs, d, m, out, K, M)
         else:
-            lr = min(self.lin_r, _round_up(M, 1))
-            self._go("linear_gemm", (_round_up(M, lr), -(-N // self.gemm_tn)), (lr, 1),
+            self._go("linear_gemm", (_up(M, self.lin_r), -(-N // self.gemm_tn)), (self.lin_r, 1),
                      a["x"][1], qs, d, m, out, K, M, N)
 
     def _rope(self, a, N, pos0):
+        """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""
         H, hd = a["heads"], a["head_dim"]
-        pairs = H * hd // 2
-        self._go("rope", (_round_up(pairs, self.group), N), (self.group, 1),
-                 a["x"][1], _out_off(a["out"], pos0, H * hd), H, hd, a["theta"], pos0)
+        out = _out_off(a["out"], pos0, H * hd)
+        _aligned("rope", a["x"][1], out, to=8)
+        self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0)
 
     def _attention(self, a, N, pos0):
+        """q [N, H*hd], K/V cache rows 0 .. pos0+N -> out [N, H*hd] (causal, GQA)"""
         H, KVH = a["heads"], a["kv_heads"]
+        _aligned("attention", a["q"][1], a["k"][1], a["v"][1], a["out"][1])
         self._go("attention", (H, N), (1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
-                 H, KVH, pos0, k=self._build(a["head_dim"]))
+                 H, KVH, pos0, ks=self._kernels(a["head_dim"]))
 
     def _silu_mul(self, a, N, pos0):
+        """g, u [N, F] -> out [N, F]"""
         n = N * a["F"]
-        self._go("silu_mul", (_round_up(n, self.group),), (self.group,),
-                 a["g"][1], a["u"][1], a["out"][1], n)
+        self._go("silu_mul", (_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
 
     def _add(self, a, N, pos0):
+        """a, b [N, D] -> out [N, D]"""
         n = N * a["D"]
-        self._go("add", (_round_up(n, self.group),), (self.group,),
-                 a["a"][1], a["b"][1], a["out"][1], n)
+        self._go("add", (_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
 
     def _lm_head(self, a, N, pos0):
+        """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V]"""
         _, qs, d = a["table"]
         D, V = a["D"], a["V"]
-        self._go("lm_head", (_round_up(V, self.group),), (self.group,),
-                 a["x"][1], qs, d, a["out"][1], D, V, N)
+        if D % QK:
+            raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
+        _aligned("lm_head", a["x"][1])
+        _aligned("lm_head", qs, to=16)
+        self._go("lm_head", (_up(V, self.group),), (self.group,), a["x"][1], qs, d, a["out"][1], D, V, N)

@@ -197,7 +197,8 @@ def test_rope_writes_kv_rows_at_pos0(dev, lay, rng, N, pos0):
 def test_attention_causal_gqa(dev, lay, rng, N, pos0):
     L = pos0 + N
     q = rows(lay, rng, N, H * HD)
-    cache = rng.standard_normal((2, L + 3, KVH * HD)).astype(np.float32) * [[[2.0]], [[1.0]]]
+    cache = rng.standard_normal((2, L + 3, KVH * HD)).astype(np.float32)
+    cache[0] *= 2.0                                       # K: sharper softmax
     cache[:, L:] = np.nan                                 # rows past L: must not be read, even x 0
     k, v = lay.put(cache[0]), lay.put(cache[1])
     out = lay.zeros((N, H * HD))

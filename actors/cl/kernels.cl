@@ -1,54 +1,86 @@
 // socllm's OpenCL kernels: the 8 ops of actors/kernels_numpy.py (their specification), op for op.
 //
-// Every tensor lives in ONE buffer, the pool's arena, addressed by byte offsets (64-byte aligned):
-// f32 activations / KV rows, Q4_1 and Q8_0 weights in the planar layout of models/quant.py.
-// Weights stay quantized in memory (W4A16): blocks are dequantized in registers, sums are f32.
-// Work-item mapping is tuned for PoCL on a CPU (one work-item = one output row, explicit float8 /
-// float16 vectors inside it); LIN_T > 1 splits a GEMV row over LIN_T work-items for a real GPU.
+// Every tensor lives in ONE buffer, the pool's arena, addressed by byte offsets: f32 activations and
+// KV rows, Q4_1 / Q8_0 weights in the planar layout of models/quant.py. Weights stay quantized in
+// memory (W4A16): each 32-block is dequantized in registers, all sums are f32.
+//
+// Written for PoCL on a CPU first, portable OpenCL C throughout:
+//  - one work-item owns whole output rows and works in float8 vectors (AVX2 width) inside them;
+//  - no OpenCL builtins in inner loops (vloadN, fma, shuffle, vload_half): PoCL 3.0's distro build
+//    compiles its builtin library for another target CPU than the kernel, so LLVM will not inline
+//    them and a call costs more than the arithmetic around it. Loads are aligned vector
+//    dereferences instead: vector-read tensors start at multiples of 32 bytes (the pool aligns to
+//    64), K and D are multiples of 32 and head_dim of 8, so every float8 / uchar16 is aligned.
+//    exp is inlined below; pow / cos / sin / sqrt are called once per row or pair, outside loops.
+//  - LIN_T > 1 (a real GPU) splits each GEMV row over LIN_T work-items and reduces in local memory.
 
 #define QK 32
 
-#ifndef LIN_T        // work-items sharing one GEMV row (reduction in local memory when > 1)
+#ifndef LIN_T        // work-items sharing one GEMV row (a power of two)
 #define LIN_T 1
 #endif
 #ifndef LIN_R        // GEMV rows per work-group
-#define LIN_R 16
+#define LIN_R 8
 #endif
 #ifndef GEMM_TN      // tokens per GEMM work-item: each dequantized block is reused GEMM_TN times
 #define GEMM_TN 8
 #endif
-#ifndef HEAD_DIM     // attention head size, a multiple of 16 (CLKernels rebuilds for another)
+#ifndef HEAD_DIM     // attention head size, a multiple of 8 (CLKernels builds one per size)
 #define HEAD_DIM 64
 #endif
-#define HC (HEAD_DIM / 16)
+#define HC (HEAD_DIM / 8)
 
-#define F32(off) ((__global float*)(arena + (off)))
-#define HALF(off) ((__global const half*)(arena + (off)))
+#define AT(T, off) ((__global T*)(arena + (off)))
 
-inline float hsum8(float8 v) { float4 a = v.lo + v.hi; float2 b = a.lo + a.hi; return b.x + b.y; }
-inline float hsum16(float16 v) { return hsum8(v.lo + v.hi); }
+// f16 -> f32 of element i of a ushort array: one instruction with x86 F16C, else vload_half
+#if defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
+#define HALF(p, i) (__builtin_ia32_vcvtph2ps((short8)((short)(p)[i], 0, 0, 0, 0, 0, 0, 0))[0])
+#else
+#define HALF(p, i) vload_half((i), (const __global half*)(p))
+#endif
 
-// One Q4_1 block: 16 bytes of sequential nibbles (byte i = q[2i] | q[2i+1] << 4)
-// -> weights 0..15 (*a) and 16..31 (*b), dequantized: w = d * q + m.
-inline void q4_block(const __global uchar* p, float d, float m, float16* a, float16* b)
+inline float hsum8(float8 v) { const float4 a = v.lo + v.hi; const float2 b = a.lo + a.hi; return b.x + b.y; }
+
+// e^x inline (Cephes expf: Cody-Waite reduction, degree-6 polynomial, ~1 ulp on [-87, 88]);
+// x is clamped there: e^-inf -> ~1e-38 instead of 0, which every caller here tolerates.
+inline float exp_f32(float x)
 {
-    const uchar16 v = vload16(0, p);
-    const uchar16 lo = v & (uchar)0x0F, hi = v >> (uchar)4;
-    const uchar16 ia = shuffle2(lo, hi, (uchar16)(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
-    const uchar16 ib = shuffle2(lo, hi, (uchar16)(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
-    *a = fma(convert_float16(ia), (float16)d, (float16)m);
-    *b = fma(convert_float16(ib), (float16)d, (float16)m);
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float t = x * 1.44269504089f;
+    const float n = (float)(int)(t + (t >= 0.0f ? 0.5f : -0.5f));
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return (p * r * r + r + 1.0f) * as_float(((int)n + 127) << 23);
 }
 
-// embed: ids int32 [N], table Q8_0 [V, D] -> out [N, D].  global (D, N)
+// One Q4_1 block: 16 bytes of sequential nibbles (byte i = q[2i] | q[2i+1] << 4) -> its 32
+// weights w = d * q + m as four float8 (elements 0-7, 8-15, 16-23, 24-31).
+inline void q4_block(uchar16 v, float d, float m, float8* w0, float8* w1, float8* w2, float8* w3)
+{
+    const uchar16 lo = v & (uchar)0x0F, hi = v >> (uchar)4;
+    const uchar16 a = (uchar16)(lo.s0, hi.s0, lo.s1, hi.s1, lo.s2, hi.s2, lo.s3, hi.s3,
+                                lo.s4, hi.s4, lo.s5, hi.s5, lo.s6, hi.s6, lo.s7, hi.s7);
+    const uchar16 b = (uchar16)(lo.s8, hi.s8, lo.s9, hi.s9, lo.sa, hi.sa, lo.sb, hi.sb,
+                                lo.sc, hi.sc, lo.sd, hi.sd, lo.se, hi.se, lo.sf, hi.sf);
+    *w0 = convert_float8(a.lo) * d + m;
+    *w1 = convert_float8(a.hi) * d + m;
+    *w2 = convert_float8(b.lo) * d + m;
+    *w3 = convert_float8(b.hi) * d + m;
+}
+
+// embed: ids int32 [N], table Q8_0 [V, D] -> out [N, D].  global (D rounded up, N)
 __kernel void embed(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong out_o, int D)
 {
     const int j = get_global_id(0), n = get_global_id(1);
     if (j >= D) return;
-    const int id = ((__global const int*)(arena + ids_o))[n];
-    const size_t row = (size_t)id * D;
-    const float q = (float)((__global const char*)(arena + qs_o))[row + j];
-    F32(out_o)[(size_t)n * D + j] = q * vload_half(row / QK + j / QK, HALF(d_o));
+    const size_t row = (size_t)AT(const int, ids_o)[n] * D;
+    const float q = (float)AT(const char, qs_o)[row + j];
+    AT(float, out_o)[(size_t)n * D + j] = q * HALF(AT(const ushort, d_o), row / QK + j / QK);
 }
 
 // rmsnorm: x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w.  global (N)
@@ -56,141 +88,154 @@ __kernel void rmsnorm(__global uchar* arena, ulong x_o, ulong w_o, ulong out_o, 
 {
     const int n = get_global_id(0);
     if (n >= N) return;
-    const __global float* x = F32(x_o) + (size_t)n * D;
-    const __global float* w = F32(w_o);
-    __global float* out = F32(out_o) + (size_t)n * D;
-    float16 acc = 0.0f;
-    int j = 0;
-    for (; j + 16 <= D; j += 16) { const float16 v = vload16(0, x + j); acc = fma(v, v, acc); }
-    float ss = hsum16(acc);
-    for (; j < D; j++) ss = fma(x[j], x[j], ss);
-    const float r = 1.0f / sqrt(ss / (float)D + eps);
-    for (j = 0; j + 16 <= D; j += 16) vstore16(vload16(0, x + j) * r * vload16(0, w + j), 0, out + j);
-    for (; j < D; j++) out[j] = x[j] * r * w[j];
+    const __global float8* x = AT(const float8, x_o) + (size_t)n * (D / 8);
+    const __global float8* w = AT(const float8, w_o);
+    __global float8* out = AT(float8, out_o) + (size_t)n * (D / 8);
+    float8 acc = 0.0f;
+    for (int j = 0; j < D / 8; j++) acc += x[j] * x[j];
+    const float r = 1.0f / sqrt(hsum8(acc) / (float)D + eps);
+    for (int j = 0; j < D / 8; j++) out[j] = x[j] * r * w[j];
 }
 
 // linear, decode (N == 1): x [1, K], W Q4_1 [M, K] -> out [1, M] = x @ W.T.
-// global (LIN_T, M rounded up to LIN_R), local (LIN_T, LIN_R): LIN_T work-items per row.
+// global (LIN_T, M rounded up to LIN_R), local (LIN_T, LIN_R).
 __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
                           ulong out_o, int K, int M)
 {
     const int t = get_local_id(0), r = get_global_id(1);
-    const int nb = K / QK, rr = min(r, M - 1);   // clamped: every work-item reaches the barrier
-    const __global uchar* q = arena + qs_o + (size_t)rr * (K / 2);
-    const __global half* d = HALF(d_o) + (size_t)rr * nb;
-    const __global half* m = HALF(m_o) + (size_t)rr * nb;
-    const __global float* x = F32(x_o);
-    float16 acc = 0.0f;
+    const int nb = K / QK, rr = r < M ? r : M - 1;   // clamped: all work-items reach the barrier
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)rr * nb;
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)rr * nb;
+    const __global ushort* m = AT(const ushort, m_o) + (size_t)rr * nb;
+    const __global float8* x = AT(const float8, x_o);
+    float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;   // four chains hide the FMA latency
     for (int b = t; b < nb; b += LIN_T) {
-        float16 wa, wb;
-        q4_block(q + b * (QK / 2), vload_half(b, d), vload_half(b, m), &wa, &wb);
-        acc = fma(wa, vload16(0, x + b * QK), acc);
-        acc = fma(wb, vload16(1, x + b * QK), acc);
+        float8 w0, w1, w2, w3;
+        q4_block(q[b], HALF(d, b), HALF(m, b), &w0, &w1, &w2, &w3);
+        a0 += w0 * x[4 * b];
+        a1 += w1 * x[4 * b + 1];
+        a2 += w2 * x[4 * b + 2];
+        a3 += w3 * x[4 * b + 3];
     }
-    float s = hsum16(acc);
+    float s = hsum8((a0 + a1) + (a2 + a3));
 #if LIN_T > 1
     __local float part[LIN_R][LIN_T];
     const int lr = get_local_id(1);
     part[lr][t] = s;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = LIN_T / 2; w > 0; w /= 2) {     // LIN_T is a power of two
-        if (t < w) part[lr][t] += part[lr][t + w];
+    for (int h = LIN_T / 2; h > 0; h /= 2) {
+        if (t < h) part[lr][t] += part[lr][t + h];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     s = part[lr][0];
 #endif
-    if (t == 0 && r < M) F32(out_o)[r] = s;
+    if (t == 0 && r < M) AT(float, out_o)[r] = s;
 }
 
 // linear, prefill (N > 1): x [N, K], W Q4_1 [M, K] -> out [N, M].
-// global (M rounded up, ceil(N / GEMM_TN)): one work-item = one row of W x GEMM_TN tokens.
+// global (M rounded up, ceil(N / GEMM_TN)): one work-item = one row of W times GEMM_TN tokens.
 __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
                           ulong out_o, int K, int M, int N)
 {
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
     const int nb = K / QK;
-    const __global uchar* q = arena + qs_o + (size_t)r * (K / 2);
-    const __global half* d = HALF(d_o) + (size_t)r * nb;
-    const __global half* m = HALF(m_o) + (size_t)r * nb;
-    const __global float* x[GEMM_TN];
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb;
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
+    const __global ushort* m = AT(const ushort, m_o) + (size_t)r * nb;
+    const __global float8* x[GEMM_TN];
     float8 acc[GEMM_TN];
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++) {   // tail tokens repeat row N-1; they are not stored
-        x[i] = F32(x_o) + (size_t)min(n0 + i, N - 1) * K;
+        x[i] = AT(const float8, x_o) + (size_t)(n0 + i < N ? n0 + i : N - 1) * (K / 8);
         acc[i] = 0.0f;
     }
     for (int b = 0; b < nb; b++) {
-        float16 wa, wb;
-        q4_block(q + b * (QK / 2), vload_half(b, d), vload_half(b, m), &wa, &wb);
+        float8 w0, w1, w2, w3;
+        q4_block(q[b], HALF(d, b), HALF(m, b), &w0, &w1, &w2, &w3);
 #pragma unroll
         for (int i = 0; i < GEMM_TN; i++) {
-            const __global float* xb = x[i] + b * QK;
-            float8 a = fma(wa.lo, vload8(0, xb), acc[i]);
-            a = fma(wa.hi, vload8(1, xb), a);
-            a = fma(wb.lo, vload8(2, xb), a);
-            acc[i] = fma(wb.hi, vload8(3, xb), a);
+            const __global float8* xb = x[i] + 4 * b;   // 4 FMAs a token: GEMM_TN chains
+            acc[i] += w0 * xb[0];
+            acc[i] += w1 * xb[1];
+            acc[i] += w2 * xb[2];
+            acc[i] += w3 * xb[3];
         }
     }
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
-        if (n0 + i < N) F32(out_o)[(size_t)(n0 + i) * M + r] = hsum8(acc[i]);
+        if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * M + r] = hsum8(acc[i]);
 }
 
-// rope (GGML NORM): x [N, H*hd] -> out [N, H*hd] (out may be a KV row range; in place is fine):
-// pair (2i, 2i+1) rotated by (pos0 + n) * theta^(-2i/hd).  global (H*hd/2, N)
+// rope (GGML NORM): x [N, H*hd] -> out [N, H*hd] (may be KV rows; in place is fine): pair
+// (2i, 2i+1) of every head of row n rotated by (pos0 + n) * theta^(-2i/hd).  global (hd/2, N)
 __kernel void rope(__global uchar* arena, ulong x_o, ulong out_o, int H, int hd, float theta, int pos0)
 {
-    const int p = get_global_id(0), n = get_global_id(1), half_hd = hd / 2;
-    if (p >= H * half_hd) return;
-    const int i = p % half_hd;
-    const float inv = pow(theta, -(float)(2 * i) / (float)hd);
-    const float ang = (float)(pos0 + n) * inv;
-    const float c = cos(ang), s = sin(ang);
-    const float2 v = vload2(p, F32(x_o) + (size_t)n * H * hd);
-    vstore2((float2)(v.x * c - v.y * s, v.x * s + v.y * c), p, F32(out_o) + (size_t)n * H * hd);
+    const int i = get_global_id(0), n = get_global_id(1);
+    const float ang = (float)(pos0 + n) * pow(theta, -(float)(2 * i) / (float)hd);
+    const float c = cos(ang), s = sin(ang);       // once per (row, pair), shared by the H heads
+    const __global float2* x = AT(const float2, x_o) + (size_t)n * H * hd / 2 + i;
+    __global float2* out = AT(float2, out_o) + (size_t)n * H * hd / 2 + i;
+    for (int h = 0; h < H; h++) {
+        const float2 v = x[h * hd / 2];
+        out[h * hd / 2] = (float2)(v.x * c - v.y * s, v.x * s + v.y * c);
+    }
 }
 
 // attention: q [N, H*hd], K/V cache [pos0+N, KVH*hd] -> out [N, H*hd]; causal (row n sees keys
-// 0 .. pos0+n), GQA (head h reads kv head h / (H/KVH)), online softmax in f32.  global (H, N)
+// 0 .. pos0+n), GQA (head h reads kv head h / (H/KVH)), online softmax in f32, ATT_TK keys a step
+// (independent dot products; one rescale per step). Keys past the row's last are never read.
+// global (H, N), one work-item per (head, query row).
+#define ATT_TK 4   // the V update at the end of the key loop is written out for 4
 __kernel void attention(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
                         int H, int KVH, int pos0)
 {
     const int h = get_global_id(0), n = get_global_id(1);
     if (h >= H) return;
-    const int kv = h / (H / KVH), kw = KVH * HEAD_DIM;
-    const __global float* q = F32(q_o) + ((size_t)n * H + h) * HEAD_DIM;
-    const __global float* k = F32(k_o) + kv * HEAD_DIM;
-    const __global float* v = F32(v_o) + kv * HEAD_DIM;
+    const int kv = h / (H / KVH), kw = KVH * HC;              // KV row stride in float8
+    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
+    const __global float8* k = AT(const float8, k_o) + kv * HC;
+    const __global float8* v = AT(const float8, v_o) + kv * HC;
     const float sq = sqrt((float)HEAD_DIM);
-    float16 qv[HC], acc[HC];
+    float8 acc[HC];
 #pragma unroll
-    for (int c = 0; c < HC; c++) { qv[c] = vload16(c, q); acc[c] = 0.0f; }
+    for (int c = 0; c < HC; c++) acc[c] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
-    const int last = pos0 + n;
-    for (int l = 0; l <= last; l++) {
-        const __global float* kl = k + (size_t)l * kw;
-        float16 t = qv[0] * vload16(0, kl);
+    const int L = pos0 + n + 1;
+    for (int l = 0; l < L; l += ATT_TK) {
+        float s[ATT_TK], p[ATT_TK];
+        const __global float8* vl[ATT_TK];
+        float top = -INFINITY;
 #pragma unroll
-        for (int c = 1; c < HC; c++) t = fma(qv[c], vload16(c, kl), t);
-        const float s = hsum16(t) / sq;
-        if (s > mx) {                       // new running max: rescale what is summed so far
-            const float a = exp(mx - s);
+        for (int j = 0; j < ATT_TK; j++) {
+            const size_t row = l + j < L ? l + j : L - 1;      // tail: re-read a valid row
+            const __global float8* kl = k + row * kw;
+            vl[j] = v + row * kw;
+            float8 t = q[0] * kl[0];
+#pragma unroll
+            for (int c = 1; c < HC; c++) t += q[c] * kl[c];
+            s[j] = l + j < L ? hsum8(t) / sq : -INFINITY;
+            top = s[j] > top ? s[j] : top;
+        }
+        if (top > mx) {                    // a new running max: rescale what is summed so far
+            const float a = exp_f32(mx - top);
             sum *= a;
 #pragma unroll
             for (int c = 0; c < HC; c++) acc[c] *= a;
-            mx = s;
+            mx = top;
         }
-        const float p = exp(s - mx);
-        sum += p;
-        const __global float* vl = v + (size_t)l * kw;
 #pragma unroll
-        for (int c = 0; c < HC; c++) acc[c] = fma((float16)p, vload16(c, vl), acc[c]);
+        for (int j = 0; j < ATT_TK; j++) {
+            p[j] = l + j < L ? exp_f32(s[j] - mx) : 0.0f;
+            sum += p[j];
+        }
+#pragma unroll
+        for (int c = 0; c < HC; c++)
+            acc[c] += (p[0] * vl[0][c] + p[1] * vl[1][c]) + (p[2] * vl[2][c] + p[3] * vl[3][c]);
     }
-    __global float* out = F32(out_o) + ((size_t)n * H + h) * HEAD_DIM;
-    const float inv = 1.0f / sum;
+    __global float8* out = AT(float8, out_o) + ((size_t)n * H + h) * HC;
 #pragma unroll
-    for (int c = 0; c < HC; c++) vstore16(acc[c] * inv, c, out);
+    for (int c = 0; c < HC; c++) out[c] = acc[c] / sum;
 }
 
 // silu_mul: g, u [count] -> out = silu(g) * u.  global (count rounded up)
@@ -198,8 +243,8 @@ __kernel void silu_mul(__global uchar* arena, ulong g_o, ulong u_o, ulong out_o,
 {
     const int i = get_global_id(0);
     if (i >= count) return;
-    const float g = F32(g_o)[i];
-    F32(out_o)[i] = g / (1.0f + exp(-g)) * F32(u_o)[i];
+    const float g = AT(const float, g_o)[i];
+    AT(float, out_o)[i] = g / (1.0f + exp_f32(-g)) * AT(const float, u_o)[i];
 }
 
 // add: a, b [count] -> out = a + b.  global (count rounded up)
@@ -207,7 +252,7 @@ __kernel void add(__global uchar* arena, ulong a_o, ulong b_o, ulong out_o, int 
 {
     const int i = get_global_id(0);
     if (i >= count) return;
-    F32(out_o)[i] = F32(a_o)[i] + F32(b_o)[i];
+    AT(float, out_o)[i] = AT(const float, a_o)[i] + AT(const float, b_o)[i];
 }
 
 // lm_head: x [N, D] (row N-1 used), table Q8_0 [V, D] -> out [V].  global (V rounded up)
@@ -217,14 +262,15 @@ __kernel void lm_head(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, u
     const int r = get_global_id(0);
     if (r >= V) return;
     const int nb = D / QK;
-    const __global float* x = F32(x_o) + (size_t)(N - 1) * D;
-    const __global char* q = (__global const char*)(arena + qs_o) + (size_t)r * D;
-    const __global half* d = HALF(d_o) + (size_t)r * nb;
-    float16 acc = 0.0f;
+    const __global float8* x = AT(const float8, x_o) + (size_t)(N - 1) * (D / 8);
+    const __global char16* q = AT(const char16, qs_o) + (size_t)r * (D / 16);
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
+    float8 acc = 0.0f;
     for (int b = 0; b < nb; b++) {
-        float16 t = convert_float16(vload16(0, q + b * QK)) * vload16(0, x + b * QK);
-        t = fma(convert_float16(vload16(1, q + b * QK)), vload16(1, x + b * QK), t);
-        acc = fma(t, (float16)vload_half(b, d), acc);
+        const char16 q0 = q[2 * b], q1 = q[2 * b + 1];
+        const float8 t = (convert_float8(q0.lo) * x[4 * b] + convert_float8(q0.hi) * x[4 * b + 1])
+                       + (convert_float8(q1.lo) * x[4 * b + 2] + convert_float8(q1.hi) * x[4 * b + 3]);
+        acc += t * HALF(d, b);
     }
-    F32(out_o)[r] = hsum16(acc);
+    AT(float, out_o)[r] = hsum8(acc);
 }
