@@ -1,6 +1,8 @@
 """The planner actor: model graph -> slots -> step programs, cached, one per plan/phase/bucket."""
 from __future__ import annotations
 
+import os
+
 import ray
 
 from socllm.graph.build import build_graph
@@ -16,6 +18,9 @@ class PlannerCore:
         self.slots = assign_slots(self.graph)
         self.programs: dict = {}      # (plan, phase, bucket) -> (pid, msgpack bytes)
         self.lay = None
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def slot_bytes(self, max_rows: int) -> list:
         return [self.slots.nbytes(i, max_rows) for i in range(len(self.slots.sizes))]

@@ -27,8 +27,11 @@ def processors(plan: str) -> set:
 
 
 def default_plan(available: set) -> str:
-    """The fastest plan socllm knows for this device. Measured on the 2-core dev machine (PoCL and
-    OpenVINO both on the CPU; see the README's table): the NPU actor's compiled graphs are the
-    fastest single processor there, so `npu` is the default; `hetero` is chosen only where a real
-    GPU and NPU exist (their profile would say so; not measured yet)."""
-    return "npu" if "npu" in available else "gpu" if "gpu" in available else "cpu"
+    """The fastest plan socllm knows for this device. Measured on the 2-core dev machine (PoCL's
+    OpenCL and OpenVINO both on the CPU; `python -m socllm.scripts.measure`, median of 3):
+    prefill at 512 tokens hetero 440 tok/s, gpu 343, npu 209, cpu 109; decode (128 tokens) gpu
+    58-65 tok/s, hetero 59-60 (it decodes on the GPU), npu 39, cpu 1.2. So `hetero` where both
+    a GPU and an NPU actor run, else the best single processor."""
+    if {"gpu", "npu"} <= available:
+        return "hetero"
+    return "gpu" if "gpu" in available else "npu" if "npu" in available else "cpu"

@@ -75,3 +75,21 @@ def test_generate_json_end_to_end():
     assert out["text"].startswith(" Paris") and out["plan"] == "npu"
     assert out["prompt_tokens"] == [504, 3575, 282, 4649, 314] and len(out["tokens"]) == 4
     assert set(out["timings"]) == {"ttft_s", "prefill_tok_s", "decode_tok_s"}
+
+
+def test_ctrl_c_mid_generation_leaves_nothing_behind():
+    import signal
+    import time
+    before = _segments()
+    p = subprocess.Popen(SOCLLM + ["generate", "Tell me a long story.", "--max-tokens", "2000",
+                                   "--plan", "cpu", "--context", "2048"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = p.stdout.read(1)                    # generation has started: the pool and actors exist
+    assert first and _segments() - before, "expected a live pool segment while generating"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted" in err
+    time.sleep(1)
+    assert _segments() <= before
+    left = subprocess.run(["pgrep", "-f", "ControlActor|ProcessorActor"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", f"actor processes left behind: {left.stdout}"

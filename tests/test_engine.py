@@ -83,3 +83,13 @@ def test_bad_plan_and_precision_are_refused(engine, tokenizer):
         engine.generate_ids(ids, precision="int3")
     with pytest.raises(ValueError, match="empty"):
         engine.generate("   ")
+
+
+@pytest.mark.parametrize("plan", ["cpu", "gpu", "npu"])
+def test_f32_logits_match_the_oracle(engine, oracle, oracle_greedy, plan):
+    ids, want = oracle_greedy[PROMPTS[2]]
+    seq = (ids + want)[:12]
+    got = engine.logits_after(seq, plan=plan, precision="f32")      # [12, V], one decode step each
+    ref = oracle.logits_for(seq)
+    scale = np.abs(ref).max()
+    assert np.abs(got - ref).max() <= 2e-4 * scale, f"{plan}: {np.abs(got - ref).max()} vs scale {scale}"
