@@ -17,10 +17,13 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "openvino"
 
 
 def segments(tasks: list) -> list:
-    """Split a task list where the NPU must stop: before a task that waits, after one that signals."""
+    """Split a task list where the NPU must stop: before a task that waits, after one that
+    signals, and at layer boundaries. Per-layer segments have the same structure in every layer,
+    so one compiled graph per bucket serves all layers (weights are graph inputs, ov_segment.py),
+    and the weights dequantized inside a graph are one layer's, not the model's."""
     segs, cur = [], []
     for t in tasks:
-        if t.waits and cur:
+        if cur and (t.waits or t.layer != cur[-1].layer or t.op == "lm_head" and cur[-1].op != "rmsnorm"):
             segs.append(cur)
             cur = []
         cur.append(t)
@@ -44,6 +47,7 @@ class NPUBackend:
         self.kv_rows = lay.kv_rows
         self.threads = threads
         self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
+        self.shared: dict = {}             # segment signature -> compiled graph (ov_segment)
         os.makedirs(CACHE_DIR, exist_ok=True)
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
@@ -51,9 +55,11 @@ class NPUBackend:
         units, t0 = [], time.perf_counter()
         for seg in segments(prog.tasks.get(self.name, [])):
             seqs = {t.seq for t in seg}
+            ops = [t.op for t in seg]
             ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
                                segment_live_out(prog, seqs), self.kv_rows, precision,
-                               {"INFERENCE_NUM_THREADS": self.threads}, CACHE_DIR)
+                               {"INFERENCE_NUM_THREADS": self.threads}, CACHE_DIR, self.shared,
+                               last_row=ops in (["lm_head"], ["rmsnorm", "lm_head"]))
             units.append(Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs))))
         key = f"{prog.phase}/{prog.bucket}/{precision}"
         self.compile_s[key] = self.compile_s.get(key, 0.0) + time.perf_counter() - t0
@@ -66,4 +72,5 @@ class NPUBackend:
         return {"processor": "npu", "api": "OpenVINO", "device": self.device,
                 "rules": "NPU rules (static shapes, ahead-of-time compiled buckets)"
                 + ("" if self.device == "NPU" else f" on OpenVINO's {self.device} device"),
-                "threads": self.threads, "compile_s": self.compile_s}
+                "threads": self.threads, "compile_s": self.compile_s,
+                "compiled_graphs": len(self.shared)}

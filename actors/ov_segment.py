@@ -8,13 +8,13 @@ enter the graph (the arena may hold any bytes there) so every output stays finit
 like the rest. So every slot the segment touches, and every KV cache from row pos0, must have room
 for B rows.
 
-Zero copies: weights are Constants over the arena; slots read before being written are
-Parameters bound once to arena views; slots in `live_out` and all KV writes are Results whose
-output tensors are arena views, so OpenVINO writes straight into the pool. KV rows go to rows
-pos0..pos0+B of the cache, rebound each run (Transformer-Lite §2.3: in place, no concatenation).
-
-Measured on OpenVINO 2026.4's CPU device: it still repacks the weights into each compiled model
-(~2.4 bytes per Q4_1 weight, ~2.3 per Q8_0 weight, for every bucket), so buckets cost memory.
+Zero copies: weights are Parameters bound to arena views (u4 over the planar Q4_1 bytes,
+dequantized in the graph), so no compiled model holds a copy of them, and segments that differ
+only in their layer share one compiled graph. Only the lm-head table is a Constant (see
+Graph.w8_const). Slots read before being written are Parameters over arena views; slots in
+`live_out` and all KV writes are Results whose output tensors are arena views, so OpenVINO writes
+straight into the pool. KV rows go to rows pos0..pos0+B of the cache, rebound each run
+(Transformer-Lite §2.3: in place, no concatenation).
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ class Graph:
         self.kv_new = {}            # off -> (value [B, cols] = cache rows pos0.., deps)
         self.input_readers = {}     # off -> {task}: tasks that read the arena's version of a slot
         self.task, self.deps = 0, set()
+        self.act_inputs = []        # (parameter index, off, cols, dtype) of slots read from the pool
 
     def view(self, off: int, shape, dtype) -> np.ndarray:
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -76,6 +77,7 @@ class Graph:
         if off not in self.vals:
             shape = (self.B,) if cols is None else (self.B, cols)
             p = self.param(f"a{off}", self.view(off, shape, dtype))
+            self.act_inputs.append((len(self.params) - 1, off, cols, dtype))
             keep = self.valid if cols is None else ops.unsqueeze(self.valid, 1)
             self.vals[off] = (ops.select(keep, p, np.zeros((), dtype)).output(0), frozenset(), True)
         val, deps, is_input = self.vals[off]
@@ -107,28 +109,45 @@ class Graph:
         else:
             self.vals[ref[1]] = (value.output(0), deps, False)
 
-    # -- weights: Constants over the arena -----------------------------------------------------
+    # -- weights: Parameters bound to the pool ---------------------------------------------
+    # Weights enter the graph as inputs over the arena, not as Constants: OpenVINO then keeps no
+    # copy of them (measured: a compiled model repacks its Constants, ~2.4 bytes per Q4_1 weight,
+    # per bucket), and segments that differ only in which layer's weights they read (every layer
+    # of a hetero prefill) share one compiled graph. The lm-head table is the exception (below).
+    def weight(self, name, view: np.ndarray, ov_type=None, shape=None) -> ov.Node:
+        if ov_type is None:
+            p = ops.parameter(list(view.shape), view.dtype, name=name)
+            tensor = ov.Tensor(view, shared_memory=True)
+        else:
+            p = ops.parameter(shape, ov_type, name=name)
+            tensor = ov.Tensor(view, shape, ov_type)      # shares the arena bytes (u4 packed)
+        self.params.append(p)
+        self.inputs.append(tensor)
+        return p
+
     def wf(self, ref, D: int) -> ov.Node:
-        return ov.op.Constant(ov.Tensor(self.view(ref[1], (D,), F32)), shared_memory=True)
+        return self.weight(f"wf{ref[1]}", self.view(ref[1], (D,), F32))
 
     def w4(self, ref, M: int, K: int) -> ov.Node:
-        """Q4_1 [M, K] as the compressed-FullyConnected pattern the CPU plugin keeps 4-bit:
-        u4 -> Convert -> Subtract(zp) -> Multiply(d) -> Reshape. w = d*q + m = (q - zp)*d."""
+        """Q4_1 [M, K]: w = d*q + m per 32-block, dequantized inside the graph (W4A16)."""
         _, qs, d, m = ref
         nb = K // QK
-        q = ov.op.Constant(ov.Tensor(self.view(qs, (M * K // 2,), np.uint8), [M, nb, QK], ov.Type.u4),
-                           shared_memory=True)
-        d32 = self.view(d, (M, nb, 1), np.float16).astype(F32)
-        m32 = self.view(m, (M, nb, 1), np.float16).astype(F32)
-        # d == 0 (w = m for the whole block): a tiny scale and a zero point of -+2^15 give
-        # w = m * (1 + q/2^15), within 5e-4 of m and still representable in f16.
-        scale = np.where(d32 != 0, d32, np.abs(m32) * F32(2.0 ** -15))
-        zp = np.divide(-m32, scale, out=np.zeros_like(m32), where=scale != 0)
-        w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
+        q = self.weight(f"q{qs}", self.view(qs, (M * K // 2,), np.uint8), ov.Type.u4, [M, nb, QK])
+        dd = ops.convert(self.weight(f"d{d}", self.view(d, (M, nb, 1), np.float16)), F32)
+        mm = ops.convert(self.weight(f"m{m}", self.view(m, (M, nb, 1), np.float16)), F32)
+        w = ops.add(ops.multiply(ops.convert(q, F32), dd), mm)
         return ops.reshape(w, np.array([M, K], np.int64), False)
 
-    def w8(self, ref, V: int, D: int):
-        """Q8_0 [V, D] -> (qs i8 [V, D/32, 32], d f16 [V, D/32, 1]) Constants over the arena."""
+    def w8_rows(self, ref, V: int, D: int):
+        """Q8_0 [V, D] as inputs (qs i8 [V, D/32, 32], d f16 [V, D/32, 1]), for row gathers."""
+        _, qs, d = ref
+        return (self.weight(f"q{qs}", self.view(qs, (V, D // QK, QK), np.int8)),
+                self.weight(f"d{d}", self.view(d, (V, D // QK, 1), np.float16)))
+
+    def w8_const(self, ref, V: int, D: int):
+        """Q8_0 [V, D] as Constants over the arena: the lm-head multiplies the whole table each
+        step, and only the compressed-FullyConnected pattern keeps that from materialising a
+        float table per run (so this one weight is copied into its compiled graph, ~65 MB)."""
         _, qs, d = ref
         q = ov.op.Constant(ov.Tensor(self.view(qs, (V, D // QK, QK), np.int8)), shared_memory=True)
         s = ov.op.Constant(ov.Tensor(self.view(d, (V, D // QK, 1), np.float16)), shared_memory=True)
@@ -138,7 +157,7 @@ class Graph:
 # -- ops: one builder per op, (graph, task args) -> writes its output -----------------------------
 def _embed(g: Graph, a):
     ids = g.read(a["ids"], None, np.int32)                                  # [B]
-    q, d = g.w8(a["table"], a["V"], a["D"])
+    q, d = g.w8_rows(a["table"], a["V"], a["D"])
     rows = ops.multiply(ops.convert(ops.gather(q, ids, 0), F32),
                         ops.convert(ops.gather(d, ids, 0), F32))           # only the B rows
     g.write(a["out"], ops.reshape(rows, np.array([g.B, a["D"]], np.int64), False))
@@ -212,10 +231,24 @@ def _add(g: Graph, a):
 def _lm_head(g: Graph, a):
     D, V = a["D"], a["V"]
     last = ops.gather(g.read(a["x"], D), ops.subtract(g.n, np.int64(1)), 0)  # [1, D] row N-1
-    q, d = g.w8(a["table"], V, D)
+    q, d = g.w8_const(a["table"], V, D)
     w = ops.multiply(ops.convert(q, F32), ops.convert(d, F32))   # compressed-FC pattern, i8
     w = ops.reshape(w, np.array([V, D], np.int64), False)
     g.write(a["out"], ops.matmul(last, w, False, True))                     # [1, V]
+
+
+def signature(tasks, live_out) -> tuple:
+    """What a segment's compiled graph depends on: its ops, sizes and slot pattern — not which
+    weights or which layer's KV cache it reads (those are inputs bound per segment)."""
+    names: dict = {}
+
+    def ab(v):
+        if isinstance(v, tuple) and v[0] in ("kv", "w4", "w8", "wf"):
+            return names.setdefault(v, (v[0], len(names)))
+        return v
+    sig = tuple((op, tuple(sorted((k, ab(v)) for k, v in args.items()))) for op, args in tasks)
+    live = tuple(sorted(str(ab(("kv", o))) if ("kv", o) in names else str(o) for o in live_out))
+    return sig, live
 
 
 BUILDERS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "rope": _rope,
@@ -230,12 +263,22 @@ class OVSegment:
                  (their latest value) are written back; KV writes always are
     kv_cap_rows  static rows of every KV cache Parameter [kv_cap_rows, kv_heads*head_dim]: the
                  attention cost of every run, whatever pos0 (compile a few capacities if it matters)
-    compile_s    seconds compile_model took (a CACHE_DIR hit imports instead)
+    compile_s    seconds compile_model took (a CACHE_DIR hit imports instead; 0 when shared)
+    last_row     the segment is row-wise ops ending in the lm-head: compile it for one row and run
+                 it on row N-1 (one compiled lm-head serves every bucket)
+    shared       a dict signature -> compiled model, kept by the caller: segments with the same
+                 signature (the layers of a hetero prefill) reuse one compiled graph, each with
+                 its own infer request bound to its own weights
     """
 
     def __init__(self, core: ov.Core, tasks, arena: np.ndarray, bucket: int, live_out: set[int],
                  kv_cap_rows: int, precision: str = "f32", config: dict | None = None,
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, shared: dict | None = None, last_row: bool = False):
+        self.last_row = last_row
+        if last_row:
+            if [op for op, _ in tasks][-1] != "lm_head" or any(op not in ("rmsnorm", "add", "lm_head") for op, _ in tasks):
+                raise ValueError("last_row segments hold row-wise ops ending in the lm-head")
+            bucket = 1
         self.arena, self.bucket, self.kv_cap = arena, bucket, kv_cap_rows
         g = Graph(arena, bucket, kv_cap_rows)
         for i, (op, args) in enumerate(tasks):
@@ -255,19 +298,43 @@ class OVSegment:
         for off, (val, _) in g.kv_new.items():
             self._kv_outs.append((len(results), off, val.get_shape()[1]))
             results.append(ops.result(val))
+        key = (signature(tasks, live_out), bucket, kv_cap_rows, precision)
+        if shared is not None and key in shared:
+            self._slot, self.compile_s, self.shared = shared[key], 0.0, True
+            self.compiled = self._slot["compiled"]
+            self._bind(g)
+            return
         model = ov.Model(results, g.params, "segment")
         for i, node in enumerate(model.get_ordered_ops()):  # stable names: CACHE_DIR hashes them
             node.set_friendly_name(f"n{i}")
         for i, r in enumerate(results):
             r.output(0).get_tensor().set_names({f"out{i}"})
         self.compile_s = self._compile(core, model, precision, config, cache_dir)
+        self.shared = False
+        # one infer request per compiled graph: a request owns the graph's intermediate memory,
+        # so segments sharing a graph share it too (measured: a request per layer cost ~25 MB each)
+        self._slot = {"compiled": self.compiled, "req": self.compiled.create_infer_request(), "owner": None}
+        if shared is not None:
+            shared[key] = self._slot
+        self._bind(g)
 
-        self._req = self.compiled.create_infer_request()
+    def _bind(self, g: Graph):
+        self._req = self._slot["req"]
         self._pos0, self._n = np.zeros(1, np.int64), np.zeros(1, np.int64)  # read at each infer
-        for i, view in enumerate([self._pos0, self._n] + g.inputs[2:]):
-            self._req.set_input_tensor(i, ov.Tensor(view, shared_memory=True))
-        for i, view in self._at:
-            self._req.set_output_tensor(i, ov.Tensor(view, shared_memory=True))
+        self._act_inputs = g.act_inputs
+        self._inputs = [view if isinstance(view, ov.Tensor) else ov.Tensor(view, shared_memory=True)
+                        for view in [self._pos0, self._n] + g.inputs[2:]]
+        self._outputs = [(i, ov.Tensor(view, shared_memory=True)) for i, view in self._at]
+
+    def _own_request(self):
+        """Bind this segment's pool tensors to the shared request (skipped when already bound)."""
+        if self._slot["owner"] is self:
+            return
+        for i, t in enumerate(self._inputs):
+            self._req.set_input_tensor(i, t)
+        for i, t in self._outputs:
+            self._req.set_output_tensor(i, t)
+        self._slot["owner"] = self
 
     def _compile(self, core, model, precision, config, cache_dir) -> float:
         device = pick_device(core)
@@ -283,13 +350,30 @@ class OVSegment:
         return time.perf_counter() - t
 
     def run(self, N: int, pos0: int):
+        if self.last_row:
+            return self._run_last_row(N, pos0)
         B = self.bucket
         if not 0 < N <= B or (self._uses_kv and pos0 + B > self.kv_cap):
             raise ValueError(f"N={N}, pos0={pos0} do not fit bucket {B}, KV capacity {self.kv_cap}")
+        self._own_request()
         self._pos0[0], self._n[0] = pos0, N
         for i, off, cols in self._kv_outs:  # this step's rows of the cache, in place
             view = self.arena[off + pos0 * cols * 4: off + (pos0 + B) * cols * 4].view(F32)
             self._req.set_output_tensor(i, ov.Tensor(view.reshape(B, cols), shared_memory=True))
+        self._req.infer()
+        for i, dst in self._copies:
+            np.copyto(dst, self._req.get_output_tensor(i).data)
+
+    def _run_last_row(self, N: int, pos0: int):
+        """A row-wise tail ending in the lm-head (final norm, logits) needs row N-1 only: it is
+        compiled for one row and reads that row of its inputs, whatever the step's bucket."""
+        self._own_request()
+        for i, off, cols, dtype in self._act_inputs:
+            size = np.dtype(dtype).itemsize * cols
+            view = self.arena[off + (N - 1) * size: off + N * size].view(dtype).reshape(1, cols)
+            self._req.set_input_tensor(i, ov.Tensor(view, shared_memory=True))
+        self._slot["owner"] = None          # the inputs above are this run's only
+        self._pos0[0], self._n[0] = pos0 + N - 1, 1
         self._req.infer()
         for i, dst in self._copies:
             np.copyto(dst, self._req.get_output_tensor(i).data)

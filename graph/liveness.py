@@ -45,7 +45,9 @@ def assign_slots(g: Graph) -> SlotPlan:
             if t.kind != "act":
                 continue
             size = t.size_expr()
-            pick = next((s for s in free if _fits(size, sizes[s])), None)
+            # the lowest free slot that fits: every layer then gets the same slot pattern (at most
+            # two, alternating), so per-layer compiled graphs can be shared across layers
+            pick = min((s for s in free if _fits(size, sizes[s])), default=None)
             if pick is None:
                 # reuse a free slot that can grow to this size only when nothing fits; else open one
                 pick = len(sizes)

@@ -56,12 +56,12 @@ def f32(arena, off, rows, cols):
     return arena[off: off + rows * cols * 4].view(np.float32).reshape(rows, cols)
 
 
-def run_both(tasks, arena, bucket, N, pos0, live_out):
+def run_both(tasks, arena, bucket, N, pos0, live_out, shared=None):
     """-> (arena after OVSegment, arena after the numpy kernels, segment)."""
     ref = arena.copy()
     for op, args in tasks:
         NumpyKernels(ref).run(op, args, N, pos0)
-    seg = OVSegment(ov.Core(), tasks, arena, bucket, live_out, CAP, config=CONFIG)
+    seg = OVSegment(ov.Core(), tasks, arena, bucket, live_out, CAP, config=CONFIG, shared=shared)
     seg.run(N, pos0)
     return arena, ref, seg
 
@@ -276,7 +276,7 @@ def test_q4_1_block_with_zero_scale_is_its_minimum():
     close(f32(got, s["h"], 20, D), f32(ref, s["h"], 20, D), rtol=1e-3)
 
 
-def test_cache_dir_hits_for_the_same_segment_and_misses_for_other_weights(tmp_path):
+def test_cache_dir_hits_for_the_same_segment_whatever_its_weights(tmp_path):
     L = Layout()
     s = slots(L)
     tasks = decoder_layer(L, s)
@@ -285,5 +285,39 @@ def test_cache_dir_hits_for_the_same_segment_and_misses_for_other_weights(tmp_pa
                                  cache_dir=str(tmp_path)).compiled.get_property("LOADED_FROM_CACHE")
     assert [compile_(), compile_()] == [False, True]
     qs = tasks[1][1]["w"][1]
-    arena[qs] ^= 0xFF                                   # other weights, same graph
-    assert compile_() is False
+    arena[qs] ^= 0xFF                   # other weights, same graph: weights are inputs, not in it
+    assert compile_() is True
+
+
+def test_layers_with_the_same_structure_share_one_compiled_graph():
+    L = Layout()
+    s = slots(L)
+    layer_a, layer_b = decoder_layer(L, s), decoder_layer(L, s)   # same slots, own weights and KV
+    arena, core, shared = L.arena(), ov.Core(), {}
+    rand_rows(arena, s["x"], 32, D, np.random.default_rng(3))
+    a = OVSegment(core, layer_a, arena, 32, {s["x"]}, CAP, config=CONFIG, shared=shared)
+    b = OVSegment(core, layer_b, arena, 32, {s["x"]}, CAP, config=CONFIG, shared=shared)
+    assert len(shared) == 1 and b.shared and b.compiled is a.compiled
+    got, ref, _ = run_both(layer_b, arena, 32, 20, 5, {s["x"]}, shared=shared)
+    close(f32(got, s["x"], 20, D), f32(ref, s["x"], 20, D))
+
+
+@pytest.mark.parametrize("N", [1, 20, 300])
+def test_last_row_tail_serves_every_bucket_with_one_graph(N):
+    """Final norm + lm-head compiled for one row, run on row N-1 of a step of any size."""
+    L = Layout()
+    s = slots(L)
+    table = L.w8(V, D)
+    tail = [("rmsnorm", dict(x=("a", s["x"]), w=L.wf(D), out=("a", s["h"]), D=D, eps=EPS)),
+            ("lm_head", dict(x=("a", s["h"]), table=table, out=("a", s["logits"]), D=D, V=V))]
+    arena = L.arena()
+    rand_rows(arena, s["x"], 512, D, np.random.default_rng(N))
+    ref = arena.copy()
+    for op, args in tail:
+        NumpyKernels(ref).run(op, args, N, 0)
+    shared = {}
+    seg = OVSegment(ov.Core(), tail, arena, 512, {s["logits"]}, CAP, config=CONFIG, shared=shared,
+                    last_row=True)
+    seg.run(N, 0)
+    assert seg.bucket == 1 and len(shared) == 1
+    close(f32(arena, s["logits"], 1, V), f32(ref, s["logits"], 1, V))
