@@ -67,6 +67,7 @@ def _generate(a) -> int:
     if n >= a.context:
         raise ValueError(f"the prompt has {n} tokens; the context holds {a.context}")
     eng = Engine(model=a.model, context=a.context, reader=reader)
+    del reader, tok              # the GGUF's mapping goes with them
     try:
         sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
         if a.json:

@@ -11,6 +11,7 @@ on errors and on Ctrl-C: no actor, process or shared-memory segment is left behi
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import time
@@ -21,7 +22,7 @@ import ray
 from socllm.memory.arena import Arena
 from socllm.memory.layout import W_TOKENS, PoolLayout, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
-from socllm.models.chat import chat_prompt
+from socllm.models.chat import ChatTemplate, chat_prompt
 from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model
 from socllm.models.llama import load_config, load_weights
 from socllm.models.tokenizer import Tokenizer
@@ -36,6 +37,14 @@ from .processor import ProcessorActor
 
 OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
 DEFAULT_PRECISION = "f32"          # measured fastest on PoCL + OpenVINO-CPU (README)
+
+
+def _trim():
+    """Give freed heap pages back to the OS (the repacked weights were ~100 MB)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def ensure_ray(threads: int) -> bool:
@@ -64,19 +73,20 @@ class Engine:
         reader = reader or open_gguf(path)
         self.cfg = load_config(reader)
         self.tokenizer = Tokenizer(reader)
-        self.template = reader
+        self.template = ChatTemplate.from_reader(reader)
         if context < 16 or context > self.cfg.context_length:
             raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
         self.context, self.model_path = context, path
         self.threads = threads or machine_budget()
         self.stop_ids = sorted({self.tokenizer.eos_id, *self._stop_tokens()})
-        weights = load_weights(reader, self.cfg)
-
         self._started_ray = ensure_ray(self.threads)
         self._actors, self.arena = [], None
         self._closed = False
         try:
-            self._start(weights, processors_, n_layers)
+            # the repacked weights live only until they are in the pool (no reference kept here)
+            self._start(load_weights(reader, self.cfg), processors_, n_layers)
+            del reader
+            _trim()
         except BaseException:
             self.close()
             raise

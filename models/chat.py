@@ -6,6 +6,7 @@ raise_exception, bos/eos token strings) so prompts match the ones the model was 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from gguf import GGUFReader
@@ -17,10 +18,26 @@ from .gguf_file import ModelError
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
 
 
-def render_chat(reader_or_template: GGUFReader | str, messages: list[Message],
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A model's chat template and the special tokens it may write, kept without the GGUF reader."""
+    source: str | None
+    special: dict
+
+    @classmethod
+    def from_reader(cls, reader: GGUFReader) -> "ChatTemplate":
+        field = reader.fields.get("tokenizer.chat_template")
+        return cls(field.contents() if field is not None else None, _special_tokens(reader))
+
+
+def render_chat(reader_or_template: GGUFReader | ChatTemplate | str, messages: list[Message],
                 add_generation_prompt: bool = True, **extra) -> str:
     """Render `messages` to prompt text, ending with the assistant's header if asked."""
-    if isinstance(reader_or_template, str):
+    if isinstance(reader_or_template, ChatTemplate):
+        if reader_or_template.source is None:
+            raise ModelError("the model file has no chat template (tokenizer.chat_template)")
+        template, special = reader_or_template.source, reader_or_template.special
+    elif isinstance(reader_or_template, str):
         template, special = reader_or_template, {}
     else:
         template, special = _template_of(reader_or_template), _special_tokens(reader_or_template)
@@ -32,7 +49,7 @@ def render_chat(reader_or_template: GGUFReader | str, messages: list[Message],
         raise ModelError(f"chat template failed: {str(e).splitlines()[0]}") from None
 
 
-def chat_prompt(template: GGUFReader | str, user_text: str, system: str | None = None) -> str:
+def chat_prompt(template: GGUFReader | ChatTemplate | str, user_text: str, system: str | None = None) -> str:
     """One user turn (after an optional system prompt), ready for the assistant's reply."""
     messages = [{"role": "system", "content": system}] if system else []
     return render_chat(template, messages + [{"role": "user", "content": user_text}])
