@@ -11,19 +11,22 @@ import time
 
 from socllm.graph.program import StepProgram, segment_live_out
 
+from socllm.policies.buckets import const_weights
+
 from .worker import Unit
 
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "openvino")
 
 
-def segments(tasks: list) -> list:
+def segments(tasks: list, per_layer: bool = True) -> list:
     """Split a task list where the NPU must stop: before a task that waits, after one that
     signals, and at layer boundaries. Per-layer segments have the same structure in every layer,
     so one compiled graph per bucket serves all layers (weights are graph inputs, ov_segment.py),
     and the weights dequantized inside a graph are one layer's, not the model's."""
     segs, cur = [], []
     for t in tasks:
-        if cur and (t.waits or t.layer != cur[-1].layer or t.op == "lm_head" and cur[-1].op != "rmsnorm"):
+        layer_break = per_layer and t.layer != cur[-1].layer if cur else False
+        if cur and (t.waits or layer_break or t.op == "lm_head" and cur[-1].op != "rmsnorm"):
             segs.append(cur)
             cur = []
         cur.append(t)
@@ -53,13 +56,16 @@ class NPUBackend:
     def build_units(self, prog: StepProgram, precision: str) -> list:
         from .ov_segment import OVSegment
         units, t0 = [], time.perf_counter()
-        for seg in segments(prog.tasks.get(self.name, [])):
+        const = const_weights(prog.phase, prog.bucket)
+        # constants cannot be shared across layers: a decode graph spans all its layers instead
+        for seg in segments(prog.tasks.get(self.name, []), per_layer=not const):
             seqs = {t.seq for t in seg}
             ops = [t.op for t in seg]
             ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
                                segment_live_out(prog, seqs), self.kv_rows, precision,
                                {"INFERENCE_NUM_THREADS": self.threads}, CACHE_DIR, self.shared,
-                               last_row=ops in (["lm_head"], ["rmsnorm", "lm_head"]))
+                               last_row=ops in (["lm_head"], ["rmsnorm", "lm_head"]),
+                               const_weights=const)
             units.append(Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs))))
         key = f"{prog.phase}/{prog.bucket}/{precision}"
         self.compile_s[key] = self.compile_s.get(key, 0.0) + time.perf_counter() - t0

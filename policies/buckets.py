@@ -24,3 +24,14 @@ def prefill_chunks(n_tokens: int) -> list:
         chunks.append((rows, bucket_for(rows)))
         left -= rows
     return chunks
+
+
+def const_weights(phase: str, bucket: int, prefer_speed: bool = False) -> bool:
+    """Should the NPU compile weights into its graphs (compressed-FullyConnected constants) or
+    read them from the pool as graph inputs? Measured on OpenVINO 2026.4's CPU device (2 cores,
+    AVX2, `python -m socllm.scripts.measure`): constants make the npu plan's decode 3.6x faster
+    (39 vs 11 tok/s) but cost ~525 MB for the one decode graph (the plugin repacks ~5 bytes per
+    4-bit weight); prefill chunks run about as fast either way (200-209 tok/s at 512). Inputs keep
+    the weights only in the pool and let every layer share one compiled graph. socllm keeps the
+    memory (its default plan decodes on the GPU); prefer_speed turns constants on for decode."""
+    return prefer_speed and phase == "decode"

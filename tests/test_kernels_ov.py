@@ -321,3 +321,17 @@ def test_last_row_tail_serves_every_bucket_with_one_graph(N):
     seg.run(N, 0)
     assert seg.bucket == 1 and len(shared) == 1
     close(f32(arena, s["logits"], 1, V), f32(ref, s["logits"], 1, V))
+
+
+def test_constant_weight_decode_graph_matches_numpy():
+    """The compressed-FullyConnected path (weights compiled in) computes the same layer."""
+    L = Layout()
+    s = slots(L)
+    tasks = decoder_layer(L, s)
+    arena = L.arena()
+    rand_rows(arena, s["x"], 512, D, np.random.default_rng(11))
+    ref = arena.copy()
+    for op, args in tasks:
+        NumpyKernels(ref).run(op, args, 1, 9)
+    OVSegment(ov.Core(), tasks, arena, 1, {s["x"]}, CAP, config=CONFIG, const_weights=True).run(1, 9)
+    close(f32(arena, s["x"], 1, D), f32(ref, s["x"], 1, D))
