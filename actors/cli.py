@@ -72,14 +72,16 @@ def _generate(a) -> int:
         sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
         if a.json:
             out = eng.generate(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision, **sampling)
-            print(json.dumps({k: out[k] for k in ("text", "tokens", "prompt_tokens", "plan", "precision", "timings")}))
+            print(json.dumps({k: out[k] for k in ("text", "tokens", "prompt_tokens", "plan", "placement",
+                                                  "precision", "timings")}))
         else:
             for piece in eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision, **sampling):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             sys.stdout.write("\n")
             t = eng.last["timings"]
-            print(f"[{eng.last['plan']}/{eng.last['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
+            placed = "+".join(f"{k} {v}" for k, v in eng.last["placement"].items())
+            print(f"[{eng.last['plan']} ({placed}), {eng.last['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
                   f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]",
                   file=sys.stderr)
     finally:

@@ -16,6 +16,7 @@ from socllm.memory.kvcache import KVCache
 from socllm.memory.layout import W_FIRST_LOC, W_TOKENS
 from socllm.memory.ready import MAX_EPOCH, STEP
 from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
+from socllm.policies.placement import resolve
 from socllm.policies.sampling import Sampler, SamplingParams
 
 from .processor import ProcessorCore
@@ -37,6 +38,7 @@ class ControlCore(ProcessorCore):
 
     # -- programs ------------------------------------------------------------------------------
     def _program(self, plan, phase, bucket, precision):
+        plan = resolve(plan, phase, bucket, set(self.peers) | {"cpu"})
         key = (plan, phase, bucket, precision)
         if key not in self.installed:
             pid, blob, procs = ray.get(self.planner.program.remote(plan, phase, bucket))
@@ -47,7 +49,7 @@ class ControlCore(ProcessorCore):
             ray.get(refs)
             from socllm.graph.program import StepProgram
             final = StepProgram.from_bytes(blob).final
-            self.installed[key] = (pid, procs, final)
+            self.installed[key] = (pid, procs, final, plan)
         return self.installed[key]
 
     def prepare(self, plan: str, precision: str, buckets=(32,)) -> bool:
@@ -59,7 +61,7 @@ class ControlCore(ProcessorCore):
 
     # -- one step ------------------------------------------------------------------------------
     def _step(self, prog, n: int, pos0: int, precision: str):
-        pid, procs, final = prog
+        pid, procs, final, _ = prog
         self.epoch += 1
         if self.epoch > MAX_EPOCH:       # stamps would wrap: every processor is idle, reset them
             self.words.words[W_FIRST_LOC:] = 0
@@ -91,15 +93,18 @@ class ControlCore(ProcessorCore):
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {lay.context}")
         self.ctl["request"], self.ctl["finished"] = request_id, 0
         out, t0 = [], time.perf_counter()
+        placed = {}
         with self.kv.acquire(request_id):
             pos = 0
             for rows, bucket in prefill_chunks(len(prompt)):
                 prog = self._program(plan, "prefill", bucket, precision)
+                placed.setdefault("prefill", prog[3])
                 self.ids[:rows] = prompt[pos: pos + rows]
                 self._step(prog, rows, pos, precision)
                 pos += rows
             t_prefill = time.perf_counter()
             decode = self._program(plan, "decode", DECODE_BUCKET, precision)
+            placed["decode"] = decode[3]
             tok = sample(self.logits)
             while True:
                 self.ring[len(out)] = tok
@@ -115,7 +120,8 @@ class ControlCore(ProcessorCore):
         self.ctl["finished"] = request_id
         words.store(W_TOKENS, len(out) + (1 << 30))   # wakes the reader; the high bit says "done"
         n_dec = len(out) - 1
-        return {"tokens": out, "prompt_tokens": list(prompt), "plan": plan, "precision": precision,
+        return {"tokens": out, "prompt_tokens": list(prompt), "plan": plan, "placement": placed,
+                "precision": precision,
                 "timings": {"ttft_s": t_prefill - t0,
                             "prefill_tok_s": len(prompt) / max(t_prefill - t0, 1e-9),
                             "decode_tok_s": n_dec / (t_end - t_prefill) if n_dec > 0 else 0.0}}

@@ -142,7 +142,7 @@ class Engine:
         plan = plan or default_plan(self.available)
         if plan not in PLANS:
             raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(PLANS)})")
-        missing = processors(plan) - self.available
+        missing = processors(plan, self.available) - self.available
         if missing:
             raise ValueError(f"plan {plan!r} needs the {', '.join(sorted(missing))} actor(s), not started")
         precision = precision or DEFAULT_PRECISION
