@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--context", type=int, default=2048)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     sub.add_parser("info", help="list the processors found and which actor uses which")
+    sub.add_parser("bench", help="socllm against llama.cpp and OpenVINO GenAI (socllm bench --help)")
     return p
 
 
@@ -98,6 +99,10 @@ def _info(a) -> int:
 def main(argv=None) -> int:
     # Ctrl-C and SIGTERM unwind through the engine's `finally`: actors killed, segment unlinked.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:                      # its own argument parser (scripts/bench.py)
+        from socllm.scripts.bench import main as bench
+        return bench(argv[1:])
     try:
         a = _parser().parse_args(argv)
         if a.cmd == "generate":

@@ -1,0 +1,199 @@
+"""`socllm bench`: socllm's plans against llama.cpp and OpenVINO GenAI, side by side, on the same
+GGUF, the same prompt ids and the same thread budget, alternating so that machine noise falls on
+all alike. Reports min/median/max over repetitions, TTFT, tokens/s, memory, and whether each
+engine's first greedy tokens equal the numpy oracle's.
+
+    socllm bench [--prompts 32,128,512,1024] [--decode 128] [--reps 3] [--plans auto]
+                 [--peers llama.cpp,openvino-genai] [--json FILE] [--plot FILE.png]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+
+import psutil
+
+from .peers import PEERS, PeerMissing
+
+CHECK_TOKENS = 8
+
+
+def prompt_ids(tokenizer, n: int) -> list:
+    """n ids of a fixed text: socllm's own source files, concatenated (the same for every engine)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    text = "".join(open(p).read() for p in sorted(glob.glob(os.path.join(here, "*.py"))))
+    ids = tokenizer.encode(text)
+    while len(ids) < n:
+        ids += ids
+    return ids[:n]
+
+
+def _pss_mb(pids) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total / 1e6
+
+
+class Socllm:
+    def __init__(self, engine, plan: str):
+        self.engine, self.plan, self.name = engine, plan, f"socllm:{plan}"
+
+    def run(self, ids, n_decode):
+        out = self.engine.generate_ids(ids, plan=self.plan, max_tokens=n_decode, ignore_eos=True)
+        return {**out["timings"], "tokens": out["tokens"], "placement": out.get("placement")}
+
+
+def stats(xs):
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+
+def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=print) -> dict:
+    """engine: a running socllm Engine. Returns the report dict (see README)."""
+    runners, missing, mem = [Socllm(engine, p) for p in plans], {}, {}
+    mem["socllm"] = _pss_mb(engine.pids())
+    me = psutil.Process()
+    for name in peers:
+        before = me.memory_full_info().pss
+        try:
+            runners.append(PEERS[name](engine.model_path, engine.threads))
+            mem[name] = (me.memory_full_info().pss - before) / 1e6
+        except PeerMissing as e:
+            missing[name] = str(e)
+            log(f"peer {name}: MISSING ({e})")
+    ids = {n: prompt_ids(engine.tokenizer, n) for n in prompts}
+    want = {n: oracle.greedy(ids[n], min(CHECK_TOKENS, n_decode)) for n in prompts} if oracle else {}
+    for r in runners:                                     # warm-up: compile, install, caches
+        for n in prompts:
+            r.run(ids[n], 2)
+    raw = {r.name: {n: [] for n in prompts} for r in runners}
+    for rep in range(reps):
+        for n in prompts:
+            for r in runners:
+                res = r.run(ids[n], n_decode)
+                raw[r.name][n].append(res)
+                log(f"rep {rep + 1}/{reps} prompt {n:5d} {r.name:16s} ttft {res['ttft_s']*1e3:8.1f} ms "
+                    f"prefill {res['prefill_tok_s']:8.1f} tok/s decode {res['decode_tok_s']:7.1f} tok/s")
+    results = {}
+    for name, per in raw.items():
+        results[name] = {}
+        for n, runs in per.items():
+            first = runs[0]["tokens"][:len(want.get(n, []))]
+            results[name][str(n)] = {
+                **{k: stats([r[k] for r in runs]) for k in ("ttft_s", "prefill_tok_s", "decode_tok_s")},
+                "oracle_match": (first == want[n]) if n in want else None,
+                "first_tokens": runs[0]["tokens"][:CHECK_TOKENS],
+                "placement": runs[0].get("placement")}
+    mem["socllm"] = max(mem["socllm"], _pss_mb(engine.pids()))
+    info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
+    return {"device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,
+            "reps": reps, "prompts": list(prompts), "results": results, "missing_peers": missing,
+            "memory_pss_mb": mem,
+            "versions": {r.name: getattr(r, "version", None) for r in runners if not r.name.startswith("socllm")}}
+
+
+def _device(info) -> str:
+    import platform
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    return (f"{cpu}, {os.cpu_count()} cores; socllm gpu actor: {info.get('gpu')} (OpenCL), "
+            f"npu actor: OpenVINO {info.get('npu')}")
+
+
+def table(report) -> str:
+    lines = [f"device: {report['device']}; threads {report['threads']}; decode {report['decode_tokens']} "
+             f"tokens; median of {report['reps']} [min-max]",
+             f"{'engine':18s} {'prompt':>6s} {'ttft ms':>9s} {'prefill tok/s':>24s} {'decode tok/s':>22s}  oracle"]
+    for name, per in report["results"].items():
+        for n, r in per.items():
+            p, d = r["prefill_tok_s"], r["decode_tok_s"]
+            ok = {True: "same", False: "DIFFERS", None: "-"}[r["oracle_match"]]
+            lines.append(f"{name:18s} {n:>6s} {r['ttft_s']['median']*1e3:9.1f} "
+                         f"{p['median']:8.1f} [{p['min']:6.1f}-{p['max']:6.1f}] "
+                         f"{d['median']:7.1f} [{d['min']:5.1f}-{d['max']:5.1f}]  {ok}")
+    for name, why in report["missing_peers"].items():
+        lines.append(f"{name:18s} MISSING: {why}")
+    return "\n".join(lines)
+
+
+def plot(report, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(report["results"])
+    prompts = [str(p) for p in report["prompts"]]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(names))
+    for ax, key, title in [(axes[0], "prefill_tok_s", "prefill tokens/s"), (axes[1], "decode_tok_s", "decode tokens/s")]:
+        for i, name in enumerate(names):
+            med = [report["results"][name][p][key]["median"] for p in prompts]
+            lo = [m - report["results"][name][p][key]["min"] for m, p in zip(med, prompts)]
+            hi = [report["results"][name][p][key]["max"] - m for m, p in zip(med, prompts)]
+            ax.bar([j + i * width for j in range(len(prompts))], med, width, yerr=[lo, hi], label=name)
+        ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(prompts))], prompts)
+        ax.set_xlabel("prompt tokens")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(report["device"], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="socllm bench")
+    ap.add_argument("--prompts", default="32,128,512,1024")
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--plans", default="auto")
+    ap.add_argument("--peers", default="llama.cpp,openvino-genai")
+    ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--plot")
+    ap.add_argument("--no-oracle", action="store_true")
+    ap.add_argument("--sync", action="store_true", help="the synchronization microbenchmark instead")
+    a = ap.parse_args(argv)
+    if a.sync:
+        from .sync_bench import main as sync
+        report = sync()
+        print(json.dumps(report, indent=1))
+        if a.json_path:
+            with open(a.json_path, "w") as f:
+                json.dump(report, f, indent=1)
+        return 0
+    prompts = [int(x) for x in a.prompts.split(",")]
+    peers = [p for p in a.peers.split(",") if p and p != "none"]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown or a.reps < 1 or a.decode < 2 or min(prompts) < 1:
+        print(f"socllm bench: error: bad arguments (unknown peers {unknown}?)", file=sys.stderr)
+        return 2
+    from socllm.actors.engine import Engine
+    eng = Engine(context=max(2048, max(prompts) + a.decode + 8))
+    try:
+        oracle = None
+        if not a.no_oracle:
+            from socllm.models.gguf_file import open_gguf
+            from socllm.models.llama import load_config, load_weights
+            from socllm.models.oracle import Oracle
+            reader = open_gguf(eng.model_path)
+            cfg = load_config(reader)
+            oracle = Oracle(cfg, load_weights(reader, cfg))
+        report = run_bench(eng, prompts, a.decode, a.reps, a.plans.split(","), peers, oracle,
+                           log=lambda s: print(s, file=sys.stderr, flush=True))
+    finally:
+        eng.close()
+    print(table(report))
+    if a.json_path:
+        with open(a.json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    if a.plot:
+        plot(report, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The engines a user would otherwise pick, measured on the same GGUF and the same prompt ids:
+llama.cpp (llama-cpp-python) and OpenVINO GenAI (LLMPipeline loads the GGUF directly).
+
+Every runner has `run(ids, n_decode) -> {"ttft_s", "prefill_tok_s", "decode_tok_s", "tokens"}`:
+greedy, no stop at EOS, the first token counted in TTFT, decode over the remaining n_decode - 1.
+A runner whose package is missing raises `PeerMissing` with the install hint.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class PeerMissing(RuntimeError):
+    pass
+
+
+class LlamaCpp:
+    name = "llama.cpp"
+
+    def __init__(self, model_path: str, threads: int, context: int = 2048):
+        try:
+            from llama_cpp import Llama
+        except ImportError as e:
+            raise PeerMissing(f"llama-cpp-python is not installed (pip install -e '.[bench]'): {e}")
+        self.llm = Llama(model_path=model_path, n_ctx=context, n_threads=threads,
+                         n_threads_batch=threads, n_batch=512, verbose=False)
+        import llama_cpp
+        self.version = llama_cpp.__version__
+
+    def run(self, ids: list, n_decode: int) -> dict:
+        llm = self.llm
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t1 = time.perf_counter()
+        out = [tok]
+        for _ in range(n_decode - 1):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(tok)
+        t2 = time.perf_counter()
+        return _timings(len(ids), out, t0, t1, t2)
+
+
+class OpenVINOGenAI:
+    name = "openvino-genai"
+
+    def __init__(self, model_path: str, threads: int, context: int = 2048):
+        try:
+            import openvino as ov
+            import openvino_genai as ov_genai
+        except ImportError as e:
+            raise PeerMissing(f"openvino-genai is not installed (pip install -e '.[bench]'): {e}")
+        self.ov, self.genai = ov, ov_genai
+        self.pipe = ov_genai.LLMPipeline(model_path, "CPU", INFERENCE_NUM_THREADS=threads)
+        self.version = ov_genai.__version__
+
+    def run(self, ids: list, n_decode: int) -> dict:
+        cfg = self.genai.GenerationConfig()
+        cfg.max_new_tokens, cfg.min_new_tokens, cfg.do_sample = n_decode, n_decode, False
+        cfg.ignore_eos = True
+        t0 = time.perf_counter()
+        res = self.pipe.generate(self.ov.Tensor(np.array([ids], np.int64)), cfg)
+        t2 = time.perf_counter()
+        pm = res.perf_metrics
+        ttft = pm.get_ttft().mean / 1e3
+        tokens = [int(t) for t in res.tokens[0]]
+        return {"ttft_s": ttft, "prefill_tok_s": len(ids) / ttft,
+                "decode_tok_s": 1e3 / pm.get_tpot().mean, "tokens": tokens,
+                "wall_s": t2 - t0}
+
+
+def _timings(n_prompt, out, t0, t1, t2) -> dict:
+    return {"ttft_s": t1 - t0, "prefill_tok_s": n_prompt / (t1 - t0),
+            "decode_tok_s": (len(out) - 1) / (t2 - t1) if len(out) > 1 else 0.0, "tokens": out}
+
+
+PEERS = {"llama.cpp": LlamaCpp, "openvino-genai": OpenVINOGenAI}
