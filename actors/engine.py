@@ -165,19 +165,20 @@ class Engine:
         lay = self.layout
         ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
         dec, seen, done = self.tokenizer.stream(), 0, False
+        mask = (1 << 30) - 1                        # the high bit of the count word says "done"
         while not done:
             cur = self.words.wait_change(W_TOKENS, seen, 0.25)
             if cur == seen:
-                ready, _ = ray.wait([ref], timeout=0)    # only while nothing arrives: errors
-                if ready:
-                    break
-                continue
-            done, count = cur >= (1 << 30), cur & ((1 << 30) - 1)
-            for t in ring[seen & ((1 << 30) - 1): count]:
+                finished = bool(ray.wait([ref], timeout=0)[0])   # only while nothing arrives
+                cur = self.words.get(W_TOKENS)
+                if cur == seen:
+                    done = finished                 # an error: ray.get below raises it
+                    continue
+            for t in ring[seen & mask: cur & mask]:
                 piece = dec.feed(int(t))
                 if piece:
                     yield piece
-            seen = cur
+            seen, done = cur, cur > mask
         self.last = ray.get(ref)
         tail = dec.flush()
         if tail:
