@@ -15,12 +15,14 @@ def bucket_for(n: int) -> int:
 
 
 def prefill_chunks(n_tokens: int) -> list:
-    """Split a prompt into (rows, bucket) chunks: full 1024-row chunks, then the smallest bucket
-    that holds the rest (padding stays below half the bucket)."""
+    """Split a prompt into (rows, bucket) chunks that waste little padding on static graphs: the
+    largest bucket that the rest fills, then the smallest bucket holding a short tail
+    (600 -> 512 + 64 + 24 rows in a 32-bucket, not 600 rows in a 1024-bucket)."""
     chunks = []
     left = n_tokens
     while left > 0:
-        rows = min(left, MAX_CHUNK)
+        full = [b for b in PREFILL_BUCKETS if b <= left]
+        rows = full[-1] if full else left
         chunks.append((rows, bucket_for(rows)))
         left -= rows
     return chunks

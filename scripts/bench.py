@@ -86,9 +86,11 @@ def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=pr
         results[name] = {}
         for n, runs in per.items():
             first = runs[0]["tokens"][:len(want.get(n, []))]
+            agree = next((i for i, (a, b) in enumerate(zip(first, want.get(n, []))) if a != b), len(first))
             results[name][str(n)] = {
                 **{k: stats([r[k] for r in runs]) for k in ("ttft_s", "prefill_tok_s", "decode_tok_s")},
                 "oracle_match": (first == want[n]) if n in want else None,
+                "oracle_prefix": agree if n in want else None,   # leading tokens equal to the oracle's
                 "first_tokens": runs[0]["tokens"][:CHECK_TOKENS],
                 "placement": runs[0].get("placement")}
     mem["socllm"] = max(mem["socllm"], _pss_mb(engine.pids()))
@@ -113,7 +115,7 @@ def table(report) -> str:
     for name, per in report["results"].items():
         for n, r in per.items():
             p, d = r["prefill_tok_s"], r["decode_tok_s"]
-            ok = {True: "same", False: "DIFFERS", None: "-"}[r["oracle_match"]]
+            ok = {True: "same", False: f"differs after {r['oracle_prefix']}", None: "-"}[r["oracle_match"]]
             lines.append(f"{name:18s} {n:>6s} {r['ttft_s']['median']*1e3:9.1f} "
                          f"{p['median']:8.1f} [{p['min']:6.1f}-{p['max']:6.1f}] "
                          f"{d['median']:7.1f} [{d['min']:5.1f}-{d['max']:5.1f}]  {ok}")

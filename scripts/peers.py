@@ -34,15 +34,21 @@ class LlamaCpp:
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = self._argmax()
         t1 = time.perf_counter()
         out = [tok]
         for _ in range(n_decode - 1):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = self._argmax()
             out.append(tok)
         t2 = time.perf_counter()
         return _timings(len(ids), out, t0, t1, t2)
+
+
+    def _argmax(self) -> int:
+        # with logits_all=False, Llama.eval keeps no scores: read the context's last logits
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+        return int(np.argmax(logits))
 
 
 class OpenVINOGenAI:

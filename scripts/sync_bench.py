@@ -15,7 +15,7 @@ import ray
 from socllm.memory.arena import Arena
 from socllm.memory.ready import ReadyWords
 
-ROUNDS = 2000
+ROUNDS = 20000
 
 
 @ray.remote(num_cpus=0)
@@ -27,17 +27,20 @@ class Peer:
         self.words = ReadyWords(self.arena.buf[:64])
 
     def pong(self, rounds: int, spin_s: float) -> float:
-        t = time.process_time()
-        for i in range(1, rounds + 1):
+        """-> CPU seconds this thread burned from the first hop to the last."""
+        self.words.wait(0, 1, spin_s=spin_s)
+        t = time.thread_time()
+        self.words.store(1, 1)
+        for i in range(2, rounds + 1):
             self.words.wait(0, i, spin_s=spin_s)
             self.words.store(1, i)
-        return time.process_time() - t
+        return time.thread_time() - t
 
     def idle_cpu(self, seconds: float) -> float:
-        """CPU burned while blocked on a word that does not come."""
-        t = time.process_time()
+        """CPU burned (cores) while blocked on a word that does not come."""
+        t = time.thread_time()
         self.words.wait(2, 1, timeout_s=seconds)
-        return (time.process_time() - t) / seconds
+        return (time.thread_time() - t) / seconds
 
     def echo(self, x):
         return x
@@ -57,9 +60,11 @@ def pool_hop(rounds: int, spin_s: float) -> dict:
     try:
         words = ReadyWords(arena.buf[:64])
         peer = Peer.remote(arena.name, arena.size)
-        ray.get(peer.pid.remote())
+        procs = [psutil.Process(), psutil.Process(ray.get(peer.pid.remote()))]
         ref = peer.pong.remote(rounds, spin_s)
-        lat, t_cpu = [], time.process_time()
+        time.sleep(0.2)                                 # the peer is blocked on word 0
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
+        lat = []
         t_wall = time.perf_counter()
         for i in range(1, rounds + 1):
             t = time.perf_counter()
@@ -67,10 +72,11 @@ def pool_hop(rounds: int, spin_s: float) -> dict:
             words.wait(1, i, spin_s=spin_s)
             lat.append((time.perf_counter() - t) / 2)          # a round trip is two hops
         wall = time.perf_counter() - t_wall
-        peer_cpu = ray.get(ref)
+        cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+        ray.get(ref)
         idle = ray.get(peer.idle_cpu.remote(1.0))
         ray.kill(peer)
-        return {**_pct(lat), "cpu_cores_while_hopping": (time.process_time() - t_cpu + peer_cpu) / wall,
+        return {**_pct(lat), "cpu_cores_while_hopping": cpu / wall,
                 "idle_waiter_cores": idle}
     finally:
         arena.unlink()
@@ -93,26 +99,29 @@ class _Echo:
     def echo(self, x):
         return x
 
+    def pid(self):
+        return os.getpid()
+
 
 def compiled_graph(rounds: int) -> dict:
     from ray.dag import InputNode
     peer = _Echo.remote()
+    procs = [psutil.Process(), psutil.Process(ray.get(peer.pid.remote()))]
     with InputNode() as inp:
         dag = peer.echo.bind(inp)
     cdag = dag.experimental_compile()
-    proc = psutil.Process()
     try:
         lat = []
         for i in range(rounds):
             t = time.perf_counter()
             ray.get(cdag.execute(i))
             lat.append((time.perf_counter() - t) / 2)
-        # idle: the compiled graph's actor loop polls its channel even with nothing to do
-        t = proc.cpu_times()
+        # idle: does the compiled graph's actor loop poll its channel with nothing to do?
+        t = [sum(p.cpu_times()[:2]) for p in procs]
         time.sleep(1.0)
-        c = proc.cpu_times()
+        c = [sum(p.cpu_times()[:2]) for p in procs]
         out = _pct(lat)
-        out["driver_idle_cores"] = (c.user + c.system - t.user - t.system)
+        out["idle_cores_driver_and_actor"] = [round(b - a, 3) for a, b in zip(t, c)]
         return out
     finally:
         cdag.teardown()
