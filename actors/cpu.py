@@ -4,7 +4,7 @@ from __future__ import annotations
 from socllm.graph.program import StepProgram
 
 from .kernels_numpy import NumpyKernels
-from .worker import Unit
+from .worker import kernel_units
 
 
 class CPUBackend:
@@ -15,9 +15,7 @@ class CPUBackend:
         self.threads = threads
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
-        k = self.kernels
-        return [Unit(t.waits, (lambda n, p, t=t: k.run(t.op, t.args, n, p)), t.signals, (t.seq,))
-                for t in prog.tasks.get(self.name, [])]
+        return kernel_units(self.kernels, prog.tasks.get(self.name, []))
 
     def finish(self):
         pass

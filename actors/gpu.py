@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from socllm.graph.program import StepProgram
 
-from .worker import Unit
+from .worker import kernel_units
 
 
 class GPUBackend:
@@ -24,9 +24,7 @@ class GPUBackend:
         self.threads = threads
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
-        k = self.kernels
-        return [Unit(t.waits, (lambda n, p, t=t: k.run(t.op, t.args, n, p)), t.signals, (t.seq,))
-                for t in prog.tasks.get(self.name, [])]
+        return kernel_units(self.kernels, prog.tasks.get(self.name, []))
 
     def finish(self):
         self.kernels.finish()

@@ -22,6 +22,12 @@ class Unit:
         self.waits, self.run, self.signals, self.seqs = waits, run, signals, seqs
 
 
+def kernel_units(kernels, tasks: list) -> list:
+    """One unit per task for backends that launch kernels one by one (CPU, GPU)."""
+    return [Unit(t.waits, (lambda n, p, t=t: kernels.run(t.op, t.args, n, p)), t.signals, (t.seq,))
+            for t in tasks]
+
+
 class Worker:
     def __init__(self, name: str, backend, words: ReadyWords, ctl: Control, lay: PoolLayout):
         self.name, self.backend, self.words, self.ctl = name, backend, words, ctl

@@ -20,6 +20,7 @@ from .arena import ALIGN, align
 
 PROCESSORS = ("cpu", "gpu", "npu")
 CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished")
+_CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
 W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
 
 
@@ -117,7 +118,7 @@ class Control:
         self.f = buf[lay.ctl: lay.ctl + len(CTL_FIELDS) * 8].view(np.int64)
 
     def __getitem__(self, name):
-        return int(self.f[CTL_FIELDS.index(name)])
+        return int(self.f[_CTL[name]])
 
     def __setitem__(self, name, value):
-        self.f[CTL_FIELDS.index(name)] = value
+        self.f[_CTL[name]] = value
