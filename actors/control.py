@@ -21,7 +21,7 @@ from socllm.policies.sampling import Sampler, SamplingParams
 
 from .processor import ProcessorCore
 
-PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2}
+PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3}
 
 
 class ControlCore(ProcessorCore):
@@ -91,10 +91,10 @@ class ControlCore(ProcessorCore):
         lay, words = self.lay, self.words
         if len(prompt) >= lay.context:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {lay.context}")
-        self.ctl["request"], self.ctl["finished"] = request_id, 0
-        out, t0 = [], time.perf_counter()
         placed = {}
-        with self.kv.acquire(request_id):
+        with self.kv.acquire(request_id):     # one generation at a time owns the KV cache
+            self.ctl["request"], self.ctl["finished"] = request_id, 0
+            out, t0 = [], time.perf_counter()
             pos = 0
             for rows, bucket in prefill_chunks(len(prompt)):
                 prog = self._program(plan, "prefill", bucket, precision)
@@ -117,8 +117,8 @@ class ControlCore(ProcessorCore):
                 pos += 1
                 tok = sample(self.logits)
             t_end = time.perf_counter()
-        self.ctl["finished"] = request_id
-        words.store(W_TOKENS, len(out) + (1 << 30))   # wakes the reader; the high bit says "done"
+            self.ctl["finished"] = request_id
+            words.store(W_TOKENS, len(out) + (1 << 30))   # wakes the reader; the high bit: "done"
         n_dec = len(out) - 1
         return {"tokens": out, "prompt_tokens": list(prompt), "plan": plan, "placement": placed,
                 "precision": precision,

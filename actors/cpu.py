@@ -17,6 +17,9 @@ class CPUBackend:
     def build_units(self, prog: StepProgram, precision: str) -> list:
         return kernel_units(self.kernels, prog.tasks.get(self.name, []))
 
+    def begin_step(self, precision: str):
+        pass
+
     def finish(self):
         pass
 

@@ -36,7 +36,7 @@ from .planner import Planner
 from .processor import ProcessorActor
 
 OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
-DEFAULT_PRECISION = "f32"          # measured fastest on PoCL + OpenVINO-CPU (README)
+DEFAULT_PRECISION = "f32"          # the oracle's path; q8 is faster but leaves it sooner (README)
 
 
 def _trim():
@@ -109,7 +109,7 @@ class Engine:
                        if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
         lay = plan_layout(weights, self.cfg.n_layers if n_layers is None else n_layers,
                           self.cfg.n_kv_heads * self.cfg.head_dim, slot_bytes, MAX_CHUNK,
-                          self.context, self.cfg.vocab)
+                          self.context, self.cfg.vocab, max(self.cfg.dim, self.cfg.ffn_dim))
         self.layout = lay
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
         write_weights(self.arena.buf, lay, weights)

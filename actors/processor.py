@@ -36,6 +36,7 @@ class ProcessorCore:
     def install(self, pid: int, blob: bytes, precision: int, precision_name: str) -> bool:
         """Install a step program once (msgpack); the NPU compiles its graphs here, ahead of use."""
         key = (pid, precision)
+        self.worker.precisions[precision] = precision_name
         if key not in self.worker.units:
             prog = StepProgram.from_bytes(blob)
             self.worker.units[key] = self.backend.build_units(prog, precision_name)

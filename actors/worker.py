@@ -32,7 +32,8 @@ class Worker:
     def __init__(self, name: str, backend, words: ReadyWords, ctl: Control, lay: PoolLayout):
         self.name, self.backend, self.words, self.ctl = name, backend, words, ctl
         self.go, self.done = lay.go(name), lay.done(name)
-        self.units: dict = {}              # (program id, precision) -> [Unit]
+        self.units: dict = {}              # (program id, precision code) -> [Unit]
+        self.precisions: dict = {}         # precision code -> name
         self.final: dict = {}              # program id -> seq of the last task
         self.error: str | None = None
         self.busy_s = 0.0                  # time spent running units (not waiting)
@@ -65,6 +66,7 @@ class Worker:
         base = ctl["epoch"] * STEP
         pid, n, pos0, prec = ctl["program"], ctl["n"], ctl["pos0"], ctl["precision"]
         units = self.units[(pid, prec)]
+        self.backend.begin_step(self.precisions[prec])
         t0 = time.perf_counter()
         for u in units:
             for w, v in u.waits:

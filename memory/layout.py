@@ -6,7 +6,7 @@
   kv        [n_layers, 2, kv_rows, kv_cols] f32, kv_rows = context + largest bucket (a padded
             NPU chunk writes up to a bucket of rows past the real ones)
   slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py)
-  io        ids int32 [max_rows], logits f32 [vocab], token ring int32 [context]
+  io        ids int32 [max_rows], logits f32 [vocab], token ring int32 [context], q8 scratch
   control   int64 fields of the current step (CTL_*)
   words     u32 ready words: go and done word per processor, then one per tensor location
 """
@@ -65,7 +65,7 @@ class PoolLayout:
 
 
 def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, max_rows: int,
-                context: int, vocab: int) -> PoolLayout:
+                context: int, vocab: int, max_k: int = 4096) -> PoolLayout:
     """weights: name -> planar dict of arrays (quantized) or an f32 array."""
     lay = PoolLayout(max_rows=max_rows, context=context, vocab=vocab, kv_cols=kv_cols)
     off = 0
@@ -91,7 +91,11 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
             lay.kv[f"{which}.{i}"] = take(lay.kv_rows * kv_cols * 4, ALIGN)
     lay.slot_bytes = list(slot_bytes)
     lay.slots = [take(b, ALIGN) for b in slot_bytes]
-    lay.io = {"ids": take(max_rows * 4), "logits": take(vocab * 4), "ring": take(context * 4)}
+    # q8: the GPU's int8-quantized activation row (values, block scales, block sums) for the
+    # widest matmul input, rewritten before each decode GEMV
+    q8 = max_k + 8 * max_k // 32
+    lay.io = {"ids": take(max_rows * 4), "logits": take(vocab * 4), "ring": take(context * 4),
+              "q8": take(q8)}
     lay.ctl = take(len(CTL_FIELDS) * 8)
     locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]
     lay.locations = {k: W_FIRST_LOC + i for i, k in enumerate(locs)}

@@ -43,11 +43,15 @@ def _pss_mb(pids) -> float:
 
 
 class Socllm:
-    def __init__(self, engine, plan: str):
-        self.engine, self.plan, self.name = engine, plan, f"socllm:{plan}"
+    """A plan, optionally with a precision: "auto", "gpu", "auto/q8"."""
+
+    def __init__(self, engine, spec: str):
+        self.plan, _, self.precision = spec.partition("/")
+        self.engine, self.name = engine, f"socllm:{spec}"
 
     def run(self, ids, n_decode):
-        out = self.engine.generate_ids(ids, plan=self.plan, max_tokens=n_decode, ignore_eos=True)
+        out = self.engine.generate_ids(ids, plan=self.plan, precision=self.precision or None,
+                                       max_tokens=n_decode, ignore_eos=True)
         return {**out["timings"], "tokens": out["tokens"], "placement": out.get("placement")}
 
 
@@ -152,7 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="32,128,512,1024")
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--plans", default="auto")
+    ap.add_argument("--plans", default="auto,auto/q8", help="plan[/precision],...")
     ap.add_argument("--peers", default="llama.cpp,openvino-genai")
     ap.add_argument("--json", dest="json_path")
     ap.add_argument("--plot")

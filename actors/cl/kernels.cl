@@ -274,3 +274,124 @@ __kernel void lm_head(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, u
     }
     AT(float, out_o)[r] = hsum8(acc);
 }
+
+// ---- W4A8 decode (opt-in, CLKernels.set_activation_quant): llama.cpp's Q8_1 idea ---------------
+// The activation row is quantized to int8 per 32-block, then each block's dot product with the
+// 4-bit weights is integer:  y = sum_b d_w[b] * dx[b] * sum_j(q_w * q_x) + m_w[b] * sx[b].
+// Scratch at s_o (K + 8 * K/32 bytes, 64-aligned):
+//   qx char [K]     each block's 16 even elements, then its 16 odd ones: they line up with the low
+//                   and high nibbles of the block's 16 weight bytes, so no nibble shuffle is needed
+//   dx f32  [K/32]  block scale max|x| / 127
+//   sx f32  [K/32]  block sum of x in f32 (exact, so the m_w term carries no quantization error)
+#ifndef Q8_R         // GEMV rows per linear_q8 work-item (they share the activation loads)
+#define Q8_R 2
+#endif
+#if defined(__AVX2__) && defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
+#define Q8_X86 1     // AVX2 target builtins: clang inlines them, unlike PoCL's library builtins
+typedef char v32qi __attribute__((__vector_size__(32)));
+typedef short v16hi __attribute__((__vector_size__(32)));
+typedef int v8si __attribute__((__vector_size__(32)));
+typedef uchar uchar32 __attribute__((ext_vector_type(32)));
+typedef ushort ushort8u __attribute__((ext_vector_type(8), aligned(2)));   // unaligned loads
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+#define HALF8(p) __builtin_ia32_vcvtph2ps256(__builtin_astype(*(const __global ushort8u*)(p), short8))
+#define LOAD8(p) (*(const __global float8u*)(p))
+#else
+#define HALF8(p) vload_half8(0, (const __global half*)(p))
+#define LOAD8(p) vload8(0, (p))
+#endif
+
+// sum_j q_w * q_x of one block as int8 lanes: 16 weight bytes, 32 activation bytes (evens, odds)
+inline int8 dot_q4q8(uchar16 v, const __global char* xb)
+{
+#ifdef Q8_X86
+    const uchar32 w = __builtin_shufflevector(v, v >> (uchar)4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+            11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype(w & (uchar)0x0F, v32qi),
+                                                *(const __global v32qi*)xb);   // u8 * s8 pairs
+    return __builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8);
+#else
+    const __global char16* x = (const __global char16*)xb;   // |p| <= 2 * 15 * 127: fits a short
+    const short16 p = convert_short16(v & (uchar)0x0F) * convert_short16(x[0])
+                    + convert_short16(v >> (uchar)4) * convert_short16(x[1]);
+    return convert_int8(p.lo) + convert_int8(p.hi);
+#endif
+}
+
+// quantize_q8: x [K] -> the scratch above: d = max|x| / 127, q = round-half-away(x * (1/d)).
+// global (K/32 rounded up), one work-item a block.
+__kernel void quantize_q8(__global uchar* arena, ulong x_o, ulong s_o, int K)
+{
+    const int b = get_global_id(0), nb = K / QK;
+    if (b >= nb) return;
+    const __global float8* x = AT(const float8, x_o) + 4 * b;
+    const float8 x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3];
+    const int8 abs_mask = (int8)0x7FFFFFFF, sign = (int8)0x80000000, one_half = as_int8((float8)0.5f);
+    const float8 a0 = as_float8(as_int8(x0) & abs_mask), a1 = as_float8(as_int8(x1) & abs_mask);
+    const float8 a2 = as_float8(as_int8(x2) & abs_mask), a3 = as_float8(as_int8(x3) & abs_mask);
+    const float8 m01 = a0 > a1 ? a0 : a1, m23 = a2 > a3 ? a2 : a3, m8 = m01 > m23 ? m01 : m23;
+    const float4 m4 = m8.lo > m8.hi ? m8.lo : m8.hi;
+    const float2 m2 = m4.lo > m4.hi ? m4.lo : m4.hi;
+    const float d = (m2.x > m2.y ? m2.x : m2.y) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float8 t0 = x0 * id, t1 = x1 * id, t2 = x2 * id, t3 = x3 * id;   // not fused below
+    const int8 q0 = convert_int8(t0 + as_float8((as_int8(t0) & sign) | one_half));
+    const int8 q1 = convert_int8(t1 + as_float8((as_int8(t1) & sign) | one_half));
+    const int8 q2 = convert_int8(t2 + as_float8((as_int8(t2) & sign) | one_half));
+    const int8 q3 = convert_int8(t3 + as_float8((as_int8(t3) & sign) | one_half));
+    __global char16* qx = AT(char16, s_o) + 2 * b;
+    qx[0] = (char16)(convert_char4(q0.even), convert_char4(q1.even), convert_char4(q2.even), convert_char4(q3.even));
+    qx[1] = (char16)(convert_char4(q0.odd), convert_char4(q1.odd), convert_char4(q2.odd), convert_char4(q3.odd));
+    AT(float, s_o + K)[b] = d;
+    AT(float, s_o + K)[nb + b] = hsum8((x0 + x1) + (x2 + x3));
+}
+
+// linear_q8, decode (N == 1): scratch of quantize_q8 [K], W Q4_1 [M, K] -> out [1, M].
+// global (ceil(M / Q8_R) rounded up to LIN_R), local (LIN_R): Q8_R rows a work-item.
+__kernel void linear_q8(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                        ulong out_o, int K, int M)
+{
+    const int r0 = Q8_R * get_global_id(0);
+    if (r0 >= M) return;
+    const int nb = K / QK;
+    const __global uchar16* q[Q8_R];
+    const __global ushort* d[Q8_R];
+    const __global ushort* m[Q8_R];
+    float8 acc[Q8_R], accm[Q8_R];
+    float accs[Q8_R];
+#pragma unroll
+    for (int i = 0; i < Q8_R; i++) {   // tail rows repeat row M-1; they are not stored
+        const size_t r = r0 + i < M ? r0 + i : M - 1;
+        q[i] = AT(const uchar16, qs_o) + r * nb;
+        d[i] = AT(const ushort, d_o) + r * nb;
+        m[i] = AT(const ushort, m_o) + r * nb;
+        acc[i] = 0.0f, accm[i] = 0.0f, accs[i] = 0.0f;
+    }
+    const __global char* xq = AT(const char, s_o);
+    const __global float* dx = AT(const float, s_o + K);
+    const __global float* sx = dx + nb;
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {       // 8 blocks: their scales converted as one vector each
+        const float8 dx8 = LOAD8(dx + b), sx8 = LOAD8(sx + b);
+        float sc[Q8_R][8] __attribute__((aligned(32)));
+#pragma unroll
+        for (int i = 0; i < Q8_R; i++) {
+            *(float8*)sc[i] = HALF8(d[i] + b) * dx8;
+            accm[i] += HALF8(m[i] + b) * sx8;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = 0; i < Q8_R; i++)
+                acc[i] += convert_float8(dot_q4q8(q[i][b + j], xq + (b + j) * QK)) * sc[i][j];
+    }
+    for (; b < nb; b++)
+#pragma unroll
+        for (int i = 0; i < Q8_R; i++) {
+            acc[i] += convert_float8(dot_q4q8(q[i][b], xq + b * QK)) * (HALF(d[i], b) * dx[b]);
+            accs[i] += HALF(m[i], b) * sx[b];
+        }
+#pragma unroll
+    for (int i = 0; i < Q8_R; i++)
+        if (r0 + i < M) AT(float, out_o)[r0 + i] = hsum8(acc[i] + accm[i]) + accs[i];
+}
