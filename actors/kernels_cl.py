@@ -47,10 +47,12 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "quantize_q8": [u64] * 2 + [i32],
     "linear_q8": [u64] * 5 + [i32, i32],
 }
-# tuning macros of kernels.cl: a GPU splits a GEMV row over a warp; PoCL-on-CPU gives a work-item
-# whole rows (LIN_R rows a group; 16 measured worse than 8 on 2 threads) and vectorizes inside it
-_KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4}, "cpu": {"LIN_T": 1, "LIN_R": 8, "GEMM_TN": 8}}
-_KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN)=(\d+)")
+# tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
+# a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
+# rows (LIN_R rows a group; 16 measured worse than 8 on 2 threads) and vectorizes inside them
+_KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4, "ATT_WG": 64},
+          "cpu": {"LIN_T": 1, "LIN_R": 8, "GEMM_TN": 8, "ATT_WG": 1}}
+_KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN|ATT_WG)=(\d+)")
 
 
 def make_context(device_kind: str = "any"):
@@ -112,6 +114,7 @@ class CLKernels:
         knobs = dict(_KNOBS["gpu" if queue.device.type & cl.device_type.GPU else "cpu"])
         knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
+        self.att_wg = knobs["ATT_WG"]
         self.options = " ".join([f"-D{k}={v}" for k, v in knobs.items()]
                                 + [_KNOB.sub("", build_options).strip()])
         self.group = 64               # work-group size of the element-wise kernels
@@ -202,10 +205,11 @@ class CLKernels:
         self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0)
 
     def _attention(self, a, N, pos0):
-        """q [N, H*hd], K/V cache rows 0 .. pos0+N -> out [N, H*hd] (causal, GQA)"""
-        H, KVH = a["heads"], a["kv_heads"]
+        """q [N, H*hd], K/V cache rows 0 .. pos0+N -> out [N, H*hd] (causal, GQA): a work-group
+        per (head, row), its ATT_WG work-items splitting the keys (split-K, merged in local memory)"""
+        H, KVH, wg = a["heads"], a["kv_heads"], self.att_wg
         _aligned("attention", a["q"][1], a["k"][1], a["v"][1], a["out"][1])
-        self._go("attention", (H, N), (1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
+        self._go("attention", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
                  H, KVH, pos0, ks=self._kernels(a["head_dim"]))
 
     def _silu_mul(self, a, N, pos0):

@@ -193,8 +193,7 @@ def test_rope_writes_kv_rows_at_pos0(dev, lay, rng, N, pos0):
                              "theta": 100000.0}, N, pos0, [(cache + pos0 * cols * 4, N * cols * 4)])
 
 
-@pytest.mark.parametrize("N,pos0", [(1, 0), (1, 37), (33, 0), (33, 37), (300, 0), (1, 511)])
-def test_attention_causal_gqa(dev, lay, rng, N, pos0):
+def check_attention(dev, lay, rng, N, pos0, clk=None):
     L = pos0 + N
     q = rows(lay, rng, N, H * HD)
     cache = rng.standard_normal((2, L + 3, KVH * HD)).astype(np.float32)
@@ -204,7 +203,31 @@ def test_attention_causal_gqa(dev, lay, rng, N, pos0):
     out = lay.zeros((N, H * HD))
     check(dev, lay, "attention", {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
                                   "heads": H, "kv_heads": KVH, "head_dim": HD}, N, pos0,
-          [(out, N * H * HD * 4)])
+          [(out, N * H * HD * 4)], clk=clk)
+
+
+@pytest.mark.parametrize("N,pos0", [(1, 0), (1, 37), (33, 0), (33, 37), (300, 0), (1, 511)])
+def test_attention_causal_gqa(dev, lay, rng, N, pos0):
+    check_attention(dev, lay, rng, N, pos0)
+
+
+@pytest.fixture(scope="module", params=[64, 7], ids=["wg64", "wg7"])
+def split_k(dev, request):
+    """The attention a GPU gets: each row's keys split over a work-group of ATT_WG work-items (8-key
+    blocks dealt round-robin), partial softmaxes merged in local memory; 7 is odd and < 8 chunks."""
+    clk = dev[1]
+    return CLKernels(clk.ctx, clk.queue, clk.buf, f"-DATT_WG={request.param}")
+
+
+@pytest.mark.parametrize("L", [1, 37, 1000, 2049])
+def test_attention_decode_long_kv(dev, lay, rng, L):
+    check_attention(dev, lay, rng, 1, L - 1)
+
+
+@pytest.mark.parametrize("N,L", [(1, 1), (1, 37), (1, 1000), (1, 2049), (5, 1000), (33, 37)])
+def test_attention_split_k_merges_partials(dev, lay, rng, split_k, N, L):
+    """L = 1 and 37 leave work-items without keys (empty partials weigh 0); 2049 a 1-key tail."""
+    check_attention(dev, lay, rng, N, L - N, clk=split_k)
 
 
 def test_attention_other_head_dim(dev, lay, rng):

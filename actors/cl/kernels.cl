@@ -25,12 +25,22 @@
 #ifndef GEMM_TN      // tokens per GEMM work-item: each dequantized block is reused GEMM_TN times
 #define GEMM_TN 8
 #endif
+#ifndef ATT_WG       // work-items splitting one attention row's keys (split-K)
+#define ATT_WG 1
+#endif
 #ifndef HEAD_DIM     // attention head size, a multiple of 8 (CLKernels builds one per size)
 #define HEAD_DIM 64
 #endif
 #define HC (HEAD_DIM / 8)
 
 #define AT(T, off) ((__global T*)(arena + (off)))
+
+// vector conversion (C rounding: toward zero for float -> int) that clang emits inline
+#ifdef __clang__
+#define CVT(x, T) __builtin_convertvector((x), T)
+#else
+#define CVT(x, T) convert_##T(x)
+#endif
 
 // f16 -> f32 of element i of a ushort array: one instruction with x86 F16C, else vload_half
 #if defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
@@ -182,60 +192,126 @@ __kernel void rope(__global uchar* arena, ulong x_o, ulong out_o, int H, int hd,
     }
 }
 
+// e^x of 8 lanes, exp_f32 lane for lane (same reduction, polynomial and clamp)
+inline float8 exp8_f32(float8 x)
+{
+    x = x < (float8)-87.0f ? (float8)-87.0f : (x > (float8)88.0f ? (float8)88.0f : x);
+    const float8 t = x * 1.44269504089f;
+    const int8 ni = CVT(t + as_float8((as_int8(t) & (int8)0x80000000) | as_int8((float8)0.5f)), int8);
+    const float8 n = CVT(ni, float8);
+    const float8 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float8 p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    return (p * r * r + r + 1.0f) * as_float8((ni + 127) << 23);
+}
+
+// attention's helpers. q . k_j for 4 keys j, HC float8 each, as 4 independent chains; the result's
+// lanes (2j, 2j+1) hold two halves of key j's sum (a transposed reduction, no hsum8 per key)
+inline float8 dot4(const __global float8* q, const __global float8* k0, const __global float8* k1,
+                   const __global float8* k2, const __global float8* k3)
+{
+    float8 d0 = q[0] * k0[0], d1 = q[0] * k1[0], d2 = q[0] * k2[0], d3 = q[0] * k3[0];
+#pragma unroll
+    for (int c = 1; c < HC; c++) {
+        d0 += q[c] * k0[c];
+        d1 += q[c] * k1[c];
+        d2 += q[c] * k2[c];
+        d3 += q[c] * k3[c];
+    }
+    const float8 p01 = (float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd);
+    const float8 p23 = (float8)(d2.even, d3.even) + (float8)(d2.odd, d3.odd);
+    return (float8)(p01.even, p23.even) + (float8)(p01.odd, p23.odd);
+}
+
+// One online-softmax step over keys l .. l+7 (those < L) for one query row q: scores as one
+// float8, one vector exp, at most one rescale of (mx, sum, acc). Keys past L - 1 are not read.
+inline void att_step8(const __global float8* q, const __global float8* k, const __global float8* v,
+                      int kw, int l, int L, float rsq, float* mx, float* sum, float8* acc)
+{
+    const __global float8* kr[8];
+    const __global float8* vr[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const size_t row = l + j < L ? l + j : L - 1;         // tail: re-read a valid row
+        kr[j] = k + row * kw;
+        vr[j] = v + row * kw;
+    }
+    const float8 d0 = dot4(q, kr[0], kr[1], kr[2], kr[3]), d1 = dot4(q, kr[4], kr[5], kr[6], kr[7]);
+    const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l) < (int8)L;
+    const float8 s = live ? ((float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd)) * rsq
+                          : (float8)-INFINITY;
+    const float4 m4 = s.lo > s.hi ? s.lo : s.hi;
+    const float2 m2 = m4.lo > m4.hi ? m4.lo : m4.hi;
+    const float top = m2.x > m2.y ? m2.x : m2.y;
+    if (top > *mx) {                       // a new running max: rescale what is summed so far
+        const float a = exp_f32(*mx - top);
+        *sum *= a;
+#pragma unroll
+        for (int c = 0; c < HC; c++) acc[c] *= a;
+        *mx = top;
+    }
+    const float8 p = live ? exp8_f32(s - *mx) : (float8)0.0f;
+    *sum += hsum8(p);
+#pragma unroll
+    for (int c = 0; c < HC; c++)
+        acc[c] += ((p.s0 * vr[0][c] + p.s1 * vr[1][c]) + (p.s2 * vr[2][c] + p.s3 * vr[3][c]))
+                + ((p.s4 * vr[4][c] + p.s5 * vr[5][c]) + (p.s6 * vr[6][c] + p.s7 * vr[7][c]));
+}
+
 // attention: q [N, H*hd], K/V cache [pos0+N, KVH*hd] -> out [N, H*hd]; causal (row n sees keys
-// 0 .. pos0+n), GQA (head h reads kv head h / (H/KVH)), online softmax in f32, ATT_TK keys a step
-// (independent dot products; one rescale per step). Keys past the row's last are never read.
-// global (H, N), one work-item per (head, query row).
-#define ATT_TK 4   // the V update at the end of the key loop is written out for 4
+// 0 .. pos0+n), GQA (head h reads kv head h / (H/KVH)), online softmax in f32.
+// global (ATT_WG, H, N), local (ATT_WG, 1, 1): one work-group per (head, query row). Split-K
+// ("flash-decoding") when ATT_WG > 1: work-item t takes the 8-key blocks t, t + ATT_WG, ... with
+// an online softmax of its own (max, sum, weighted V); the group merges the partials in local
+// memory. A GPU needs that to fill its lanes at decode (N = 1: only H work-groups); on a CPU a
+// work-group runs on one thread, so ATT_WG = 1 there: no merge, the whole row in one loop.
 __kernel void attention(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
                         int H, int KVH, int pos0)
 {
-    const int h = get_global_id(0), n = get_global_id(1);
-    if (h >= H) return;
+    const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
     const int kv = h / (H / KVH), kw = KVH * HC;              // KV row stride in float8
     const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
     const __global float8* k = AT(const float8, k_o) + kv * HC;
     const __global float8* v = AT(const float8, v_o) + kv * HC;
-    const float sq = sqrt((float)HEAD_DIM);
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
+    const int L = pos0 + n + 1;
     float8 acc[HC];
 #pragma unroll
     for (int c = 0; c < HC; c++) acc[c] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
-    const int L = pos0 + n + 1;
-    for (int l = 0; l < L; l += ATT_TK) {
-        float s[ATT_TK], p[ATT_TK];
-        const __global float8* vl[ATT_TK];
-        float top = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < ATT_TK; j++) {
-            const size_t row = l + j < L ? l + j : L - 1;      // tail: re-read a valid row
-            const __global float8* kl = k + row * kw;
-            vl[j] = v + row * kw;
-            float8 t = q[0] * kl[0];
-#pragma unroll
-            for (int c = 1; c < HC; c++) t += q[c] * kl[c];
-            s[j] = l + j < L ? hsum8(t) / sq : -INFINITY;
-            top = s[j] > top ? s[j] : top;
-        }
-        if (top > mx) {                    // a new running max: rescale what is summed so far
-            const float a = exp_f32(mx - top);
-            sum *= a;
-#pragma unroll
-            for (int c = 0; c < HC; c++) acc[c] *= a;
-            mx = top;
-        }
-#pragma unroll
-        for (int j = 0; j < ATT_TK; j++) {
-            p[j] = l + j < L ? exp_f32(s[j] - mx) : 0.0f;
-            sum += p[j];
-        }
-#pragma unroll
-        for (int c = 0; c < HC; c++)
-            acc[c] += (p[0] * vl[0][c] + p[1] * vl[1][c]) + (p[2] * vl[2][c] + p[3] * vl[3][c]);
-    }
+    for (int l = 8 * t; l < L; l += 8 * ATT_WG) att_step8(q, k, v, kw, l, L, rsq, &mx, &sum, acc);
     __global float8* out = AT(float8, out_o) + ((size_t)n * H + h) * HC;
+#if ATT_WG > 1
+    // merge (online-softmax style): partial t weighs exp(mx_t - M), M the group's max. Work-item
+    // 0 always has key 0, so M is finite; an empty partial (mx = -inf) weighs ~1e-38 * 0 = 0.
+    __local float part_mx[ATT_WG], part_sum[ATT_WG];
+    __local float8 part_acc[ATT_WG][HC];
+    part_mx[t] = mx;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float M = part_mx[0];
+    for (int i = 1; i < ATT_WG; i++) M = part_mx[i] > M ? part_mx[i] : M;
+    const float w = exp_f32(mx - M);
+    part_sum[t] = sum * w;
+#pragma unroll
+    for (int c = 0; c < HC; c++) part_acc[t][c] = acc[c] * w;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int c = t; c < HC; c += ATT_WG) {
+        float8 o = 0.0f;
+        float z = 0.0f;
+        for (int i = 0; i < ATT_WG; i++) {
+            o += part_acc[i][c];
+            z += part_sum[i];
+        }
+        out[c] = o / z;
+    }
+#else
 #pragma unroll
     for (int c = 0; c < HC; c++) out[c] = acc[c] / sum;
+#endif
 }
 
 // silu_mul: g, u [count] -> out = silu(g) * u.  global (count rounded up)
