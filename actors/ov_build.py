@@ -1,0 +1,241 @@
+"""Building an OpenVINO graph from socllm tasks: SSA over arena offsets (`Graph`) and one small
+builder per op (`BUILDERS`), with the semantics of actors/kernels_numpy.py. OVSegment
+(ov_segment.py) compiles and runs what these build.
+"""
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from socllm.models.quant import QK
+
+F32 = np.float32
+
+
+def f32(x) -> ov.Node:
+    return ops.constant(np.asarray(x, F32))
+
+
+class Graph:
+    """SSA over arena offsets while a segment is built: a slot may be written several times (slots
+    are reused across layers), so `vals` holds the latest in-graph value of each offset."""
+
+    def __init__(self, arena: np.ndarray, B: int, kv_cap: int, const_weights: bool = False):
+        self.arena, self.B, self.kv_cap = arena, B, kv_cap
+        self.const_weights = const_weights
+        self.pos0 = ops.parameter([1], np.int64, name="pos0")   # tokens already in the KV cache
+        self.n = ops.parameter([1], np.int64, name="n")         # real rows, <= B
+        self.rows = ops.constant(np.arange(B, dtype=np.int64))  # [B]
+        self.valid = ops.less(self.rows, self.n)                # [B] row < N
+        self.params = [self.pos0, self.n]
+        self.inputs = [None, None]  # arena view bound to each parameter (pos0, n: set per run)
+        self.vals = {}              # off -> (value [B, cols], deps, is_input)
+        self.kv_caches = {}         # off -> Parameter [kv_cap, cols] over the whole cache
+        self.kv_new = {}            # off -> (value [B, cols] = cache rows pos0.., deps)
+        self.input_readers = {}     # off -> {task}: tasks that read the arena's version of a slot
+        self.task, self.deps = 0, set()
+        self.act_inputs = []        # (parameter index, off, cols, dtype) of slots read from the pool
+
+    def view(self, off: int, shape, dtype) -> np.ndarray:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.arena[off: off + n].view(dtype).reshape(shape)
+
+    def begin(self, task: int):
+        self.task, self.deps = task, set()
+
+    # -- activations ---------------------------------------------------------------------------
+    def param(self, name, view: np.ndarray) -> ov.Node:
+        p = ops.parameter(list(view.shape), view.dtype, name=name)
+        self.params.append(p)
+        self.inputs.append(view)
+        return p
+
+    def read(self, ref, cols: int | None, dtype=F32) -> ov.Output:
+        """An "a" ref -> its latest value [B, cols] ([B] when cols is None)."""
+        off = ref[1]
+        if off not in self.vals:
+            shape = (self.B,) if cols is None else (self.B, cols)
+            p = self.param(f"a{off}", self.view(off, shape, dtype))
+            self.act_inputs.append((len(self.params) - 1, off, cols, dtype))
+            keep = self.valid if cols is None else ops.unsqueeze(self.valid, 1)
+            self.vals[off] = (ops.select(keep, p, np.zeros((), dtype)).output(0), frozenset(), True)
+        val, deps, is_input = self.vals[off]
+        want = [self.B] if cols is None else [self.B, cols]
+        if list(val.get_shape()) != want:
+            raise ValueError(f"slot {off} holds {val.get_shape()}, task {self.task} reads {want}")
+        if is_input:
+            self.input_readers.setdefault(off, set()).add(self.task)
+        self.deps |= deps
+        return val
+
+    def kv(self, ref, cols: int):
+        """A "kv" ref -> (cache [kv_cap, cols], this step's rows [B, cols]): the rows come from the
+        task that wrote them in this segment, else from the cache (another processor wrote them)."""
+        off = ref[1]
+        if off not in self.kv_caches:
+            self.kv_caches[off] = self.param(f"kv{off}", self.view(off, (self.kv_cap, cols), F32))
+        cache = self.kv_caches[off]
+        new, deps = self.kv_new.get(off, (None, frozenset()))
+        self.deps |= deps
+        if new is None:
+            new = ops.gather(cache, ops.add(self.rows, self.pos0), 0).output(0)
+        return cache, new
+
+    def write(self, ref, value):
+        deps = frozenset(self.deps | {self.task})
+        if ref[0] == "kv":
+            self.kv_new[ref[1]] = (value.output(0), deps)
+        else:
+            self.vals[ref[1]] = (value.output(0), deps, False)
+
+    # -- weights: Parameters bound to the pool ---------------------------------------------
+    # Weights enter the graph as inputs over the arena, not as Constants: OpenVINO then keeps no
+    # copy of them (measured: a compiled model repacks its Constants, ~2.4 bytes per Q4_1 weight,
+    # per bucket), and segments that differ only in which layer's weights they read (every layer
+    # of a hetero prefill) share one compiled graph. The lm-head table is the exception (below).
+    def weight(self, name, view: np.ndarray, ov_type=None, shape=None) -> ov.Node:
+        if ov_type is None:
+            p = ops.parameter(list(view.shape), view.dtype, name=name)
+            tensor = ov.Tensor(view, shared_memory=True)
+        else:
+            p = ops.parameter(shape, ov_type, name=name)
+            tensor = ov.Tensor(view, shape, ov_type)      # shares the arena bytes (u4 packed)
+        self.params.append(p)
+        self.inputs.append(tensor)
+        return p
+
+    def wf(self, ref, D: int) -> ov.Node:
+        return self.weight(f"wf{ref[1]}", self.view(ref[1], (D,), F32))
+
+    def w4(self, ref, M: int, K: int) -> ov.Node:
+        """Q4_1 [M, K]: w = d*q + m per 32-block, dequantized inside the graph (W4A16)."""
+        if self.const_weights:
+            return self.w4_const(ref, M, K)
+        _, qs, d, m = ref
+        nb = K // QK
+        q = self.weight(f"q{qs}", self.view(qs, (M * K // 2,), np.uint8), ov.Type.u4, [M, nb, QK])
+        dd = ops.convert(self.weight(f"d{d}", self.view(d, (M, nb, 1), np.float16)), F32)
+        mm = ops.convert(self.weight(f"m{m}", self.view(m, (M, nb, 1), np.float16)), F32)
+        w = ops.add(ops.multiply(ops.convert(q, F32), dd), mm)
+        return ops.reshape(w, np.array([M, K], np.int64), False)
+
+    def w4_const(self, ref, M: int, K: int) -> ov.Node:
+        """Q4_1 [M, K] as Constants over the arena in the pattern the CPU plugin runs as a
+        compressed FullyConnected: u4 -> Convert -> Subtract(zp) -> Multiply(d) -> Reshape,
+        w = d*q + m = (q - zp)*d. The plugin keeps its own ~1 byte/weight copy per compiled graph,
+        but runs a one-row step 3-4x faster than dequantizing inputs in the graph (measured)."""
+        _, qs, d, m = ref
+        nb = K // QK
+        q = ov.op.Constant(ov.Tensor(self.view(qs, (M * K // 2,), np.uint8), [M, nb, QK], ov.Type.u4),
+                           shared_memory=True)
+        d32 = self.view(d, (M, nb, 1), np.float16).astype(F32)
+        m32 = self.view(m, (M, nb, 1), np.float16).astype(F32)
+        # d == 0 (w = m for the whole block): a tiny scale and a zero point of -+2^15 give
+        # w = m * (1 + q/2^15), within 5e-4 of m.
+        scale = np.where(d32 != 0, d32, np.abs(m32) * F32(2.0 ** -15))
+        zp = np.divide(-m32, scale, out=np.zeros_like(m32), where=scale != 0)
+        w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
+        return ops.reshape(w, np.array([M, K], np.int64), False)
+
+    def w8_rows(self, ref, V: int, D: int):
+        """Q8_0 [V, D] as inputs (qs i8 [V, D/32, 32], d f16 [V, D/32, 1]), for row gathers."""
+        _, qs, d = ref
+        return (self.weight(f"q{qs}", self.view(qs, (V, D // QK, QK), np.int8)),
+                self.weight(f"d{d}", self.view(d, (V, D // QK, 1), np.float16)))
+
+    def w8_const(self, ref, V: int, D: int):
+        """Q8_0 [V, D] as Constants over the arena: the lm-head multiplies the whole table each
+        step, and only the compressed-FullyConnected pattern keeps that from materialising a
+        float table per run (so this one weight is copied into its compiled graph, ~65 MB)."""
+        _, qs, d = ref
+        q = ov.op.Constant(ov.Tensor(self.view(qs, (V, D // QK, QK), np.int8)), shared_memory=True)
+        s = ov.op.Constant(ov.Tensor(self.view(d, (V, D // QK, 1), np.float16)), shared_memory=True)
+        return q, s
+
+
+# -- ops: one builder per op, (graph, task args) -> writes its output -----------------------------
+def _embed(g: Graph, a):
+    ids = g.read(a["ids"], None, np.int32)                                  # [B]
+    q, d = g.w8_rows(a["table"], a["V"], a["D"])
+    rows = ops.multiply(ops.convert(ops.gather(q, ids, 0), F32),
+                        ops.convert(ops.gather(d, ids, 0), F32))           # only the B rows
+    g.write(a["out"], ops.reshape(rows, np.array([g.B, a["D"]], np.int64), False))
+
+
+def _rmsnorm(g: Graph, a):
+    x = g.read(a["x"], a["D"])
+    ms = ops.reduce_mean(ops.multiply(x, x), np.array([1], np.int64), True)
+    r = ops.divide(f32(1.0), ops.sqrt(ops.add(ms, f32(a["eps"]))))
+    g.write(a["out"], ops.multiply(ops.multiply(x, r), g.wf(a["w"], a["D"])))
+
+
+def _linear(g: Graph, a):
+    x = g.read(a["x"], a["K"])
+    g.write(a["out"], ops.matmul(x, g.w4(a["w"], a["M"], a["K"]), False, True))
+
+
+def _rope(g: Graph, a):
+    H, hd, B = a["heads"], a["head_dim"], g.B
+    x = ops.reshape(g.read(a["x"], H * hd), np.array([B, H, hd // 2, 2], np.int64), False)
+    inv = F32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=F32) / F32(hd))      # [hd/2]
+    pos = ops.convert(ops.add(g.rows, g.pos0), F32)                           # [B]
+    ang = ops.unsqueeze(ops.multiply(ops.unsqueeze(pos, 1), f32(inv[None])), 1)  # [B, 1, hd/2]
+    c, s = ops.cos(ang), ops.sin(ang)
+    x0, x1 = ops.gather(x, np.int64(0), 3), ops.gather(x, np.int64(1), 3)       # [B, H, hd/2]
+    y0 = ops.subtract(ops.multiply(x0, c), ops.multiply(x1, s))
+    y1 = ops.add(ops.multiply(x0, s), ops.multiply(x1, c))
+    y = ops.concat([ops.unsqueeze(y0, 3), ops.unsqueeze(y1, 3)], 3)
+    g.write(a["out"], ops.reshape(y, np.array([B, H * hd], np.int64), False))
+
+
+def _attention(g: Graph, a):
+    """Keys 0..pos0 come from the cache Parameter [kv_cap] masked j < pos0; this step's keys from
+    the rows in the graph (causal within the step). One softmax over both: no concatenated cache."""
+    H, KVH, hd, B = a["heads"], a["kv_heads"], a["head_dim"], g.B
+    grp = H // KVH
+    q = ops.multiply(g.read(a["q"], H * hd), f32(1.0 / np.sqrt(hd)))
+    k_cache, k_new = g.kv(a["k"], KVH * hd)
+    v_cache, v_new = g.kv(a["v"], KVH * hd)
+    # q [B, H*hd] -> [KVH, grp*B, hd]: head h reads kv head h // grp (GQA)
+    qh = ops.reshape(ops.transpose(ops.reshape(q, np.array([B, KVH, grp, hd], np.int64), False),
+                                   np.array([1, 2, 0, 3], np.int64)),
+                     np.array([KVH, grp * B, hd], np.int64), False)
+
+    def heads(x, rows):  # [rows, KVH*hd] -> [KVH, rows, hd]
+        return ops.transpose(ops.reshape(x, np.array([rows, KVH, hd], np.int64), False),
+                             np.array([1, 0, 2], np.int64))
+
+    neg = f32(-np.inf)
+    past = ops.less(ops.constant(np.arange(g.kv_cap, dtype=np.int64)), g.pos0)       # [kv_cap]
+    causal = ops.constant(np.tile(np.tril(np.ones((B, B), bool)), (grp, 1)))        # [grp*B, B]
+    s_past = ops.select(past, ops.matmul(qh, heads(k_cache, g.kv_cap), False, True), neg)
+    s_new = ops.select(causal, ops.matmul(qh, heads(k_new, B), False, True), neg)
+    p = ops.softmax(ops.concat([s_past, s_new], 2), 2)                    # [KVH, grp*B, kv_cap+B]
+    p_past, p_new = ops.variadic_split(p, np.int64(2), np.array([g.kv_cap, B], np.int64)).outputs()
+    o = ops.add(ops.matmul(p_past, heads(v_cache, g.kv_cap), False, False),
+                ops.matmul(p_new, heads(v_new, B), False, False))          # [KVH, grp*B, hd]
+    o = ops.transpose(ops.reshape(o, np.array([KVH, grp, B, hd], np.int64), False),
+                      np.array([2, 0, 1, 3], np.int64))
+    g.write(a["out"], ops.reshape(o, np.array([B, H * hd], np.int64), False))
+
+
+def _silu_mul(g: Graph, a):
+    g.write(a["out"], ops.multiply(ops.swish(g.read(a["g"], a["F"])), g.read(a["u"], a["F"])))
+
+
+def _add(g: Graph, a):
+    g.write(a["out"], ops.add(g.read(a["a"], a["D"]), g.read(a["b"], a["D"])))
+
+
+def _lm_head(g: Graph, a):
+    D, V = a["D"], a["V"]
+    last = ops.gather(g.read(a["x"], D), ops.subtract(g.n, np.int64(1)), 0)  # [1, D] row N-1
+    q, d = g.w8_const(a["table"], V, D)
+    w = ops.multiply(ops.convert(q, F32), ops.convert(d, F32))   # compressed-FC pattern, i8
+    w = ops.reshape(w, np.array([V, D], np.int64), False)
+    g.write(a["out"], ops.matmul(last, w, False, True))                     # [1, V]
+
+
+BUILDERS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "rope": _rope,
+            "attention": _attention, "silu_mul": _silu_mul, "add": _add, "lm_head": _lm_head}
