@@ -193,6 +193,8 @@ __kernel void rope(__global uchar* arena, ulong x_o, ulong out_o, int H, int hd,
 }
 
 // e^x of 8 lanes, exp_f32 lane for lane (same reduction, polynomial and clamp)
+// exp_f32 for 8 lanes at once (attention's inner loop): the same polynomial, kept as a second
+// copy because PoCL here cannot inline a library vector exp and scalar calls per lane cost 8x.
 inline float8 exp8_f32(float8 x)
 {
     x = x < (float8)-87.0f ? (float8)-87.0f : (x > (float8)88.0f ? (float8)88.0f : x);
