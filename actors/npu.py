@@ -15,21 +15,26 @@ from socllm.policies.buckets import const_weights
 
 from .worker import Unit
 
-# q8 (int8 activations in the GPU's decode GEMVs) has no OpenVINO hint of its own: the NPU's
-# graphs keep f32 activations (dynamic quantization measured no faster on this CPU plugin)
+# q8 (int8 activations) maps to OpenVINO's dynamic quantization of FullyConnected inputs in groups
+# of 32 (OV GenAI's CPU default) over f32 graphs; f32 keeps it off so results follow the oracle.
+# On this AVX2 CPU without VNNI the plugin keeps its f32 brgemm kernels either way (measured).
 OV_HINT = {"q8": "f32"}
+DYNAMIC_QUANT_GROUP = {"q8": 32}
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "openvino")
 
 
 def segments(tasks: list, per_layer: bool = True) -> list:
     """Split a task list where the NPU must stop: before a task that waits, after one that
-    signals, and at layer boundaries. Per-layer segments have the same structure in every layer,
-    so one compiled graph per bucket serves all layers (weights are graph inputs, ov_segment.py),
-    and the weights dequantized inside a graph are one layer's, not the model's."""
+    signals, at layer boundaries, and around each attention. Per-layer segments have the same
+    structure in every layer, so one compiled graph per bucket serves all layers (weights are
+    graph inputs, ov_segment.py), and the weights dequantized inside a graph are one layer's, not
+    the model's. The attention alone in its segment is the only graph compiled per KV-length
+    bucket (ov_segment.py): the weight-bearing graphs are compiled once, whatever pos0."""
     segs, cur = [], []
     for t in tasks:
         layer_break = per_layer and t.layer != cur[-1].layer if cur else False
-        if cur and (t.waits or layer_break or t.op == "lm_head" and cur[-1].op != "rmsnorm"):
+        att_break = cur and (t.op == "attention" or cur[-1].op == "attention")
+        if cur and (t.waits or layer_break or att_break or t.op == "lm_head" and cur[-1].op != "rmsnorm"):
             segs.append(cur)
             cur = []
         cur.append(t)
@@ -54,21 +59,25 @@ class NPUBackend:
         self.threads = threads
         self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
         self.shared: dict = {}             # segment signature -> compiled graph (ov_segment)
+        self.segments: list = []           # every OVSegment built (lazy KV-length compiles)
         os.makedirs(CACHE_DIR, exist_ok=True)
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
         from .ov_segment import OVSegment
         units, t0 = [], time.perf_counter()
         const = const_weights(prog.phase, prog.bucket)
+        config = {"INFERENCE_NUM_THREADS": self.threads,
+                  "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_QUANT_GROUP.get(precision, 0)}
         # constants cannot be shared across layers: a decode graph spans all its layers instead
         for seg in segments(prog.tasks.get(self.name, []), per_layer=not const):
             seqs = {t.seq for t in seg}
             ops = [t.op for t in seg]
             ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
                                segment_live_out(prog, seqs), self.kv_rows, OV_HINT.get(precision, precision),
-                               {"INFERENCE_NUM_THREADS": self.threads}, CACHE_DIR, self.shared,
+                               config, CACHE_DIR, self.shared,
                                last_row=ops in (["lm_head"], ["rmsnorm", "lm_head"]),
                                const_weights=const)
+            self.segments.append(ov_seg)
             units.append(Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs))))
         key = f"{prog.phase}/{prog.bucket}/{precision}"
         self.compile_s[key] = self.compile_s.get(key, 0.0) + time.perf_counter() - t0
@@ -85,4 +94,6 @@ class NPUBackend:
                 "rules": "NPU rules (static shapes, ahead-of-time compiled buckets)"
                 + ("" if self.device == "NPU" else f" on OpenVINO's {self.device} device"),
                 "threads": self.threads, "compile_s": self.compile_s,
+                # KV-length buckets compiled on first use, after install (ov_segment.py)
+                "compile_s_all": sum(s.compile_s for s in self.segments),
                 "compiled_graphs": len(self.shared)}

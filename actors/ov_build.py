@@ -21,8 +21,8 @@ class Graph:
     """SSA over arena offsets while a segment is built: a slot may be written several times (slots
     are reused across layers), so `vals` holds the latest in-graph value of each offset."""
 
-    def __init__(self, arena: np.ndarray, B: int, kv_cap: int, const_weights: bool = False):
-        self.arena, self.B, self.kv_cap = arena, B, kv_cap
+    def __init__(self, arena: np.ndarray, B: int, kv_len: int, const_weights: bool = False):
+        self.arena, self.B, self.kv_len = arena, B, kv_len
         self.const_weights = const_weights
         self.pos0 = ops.parameter([1], np.int64, name="pos0")   # tokens already in the KV cache
         self.n = ops.parameter([1], np.int64, name="n")         # real rows, <= B
@@ -31,7 +31,7 @@ class Graph:
         self.params = [self.pos0, self.n]
         self.inputs = [None, None]  # arena view bound to each parameter (pos0, n: set per run)
         self.vals = {}              # off -> (value [B, cols], deps, is_input)
-        self.kv_caches = {}         # off -> Parameter [kv_cap, cols] over the whole cache
+        self.kv_caches = {}         # off -> Parameter [kv_len, cols]: the cache's first kv_len rows
         self.kv_new = {}            # off -> (value [B, cols] = cache rows pos0.., deps)
         self.input_readers = {}     # off -> {task}: tasks that read the arena's version of a slot
         self.task, self.deps = 0, set()
@@ -70,17 +70,15 @@ class Graph:
         return val
 
     def kv(self, ref, cols: int):
-        """A "kv" ref -> (cache [kv_cap, cols], this step's rows [B, cols]): the rows come from the
-        task that wrote them in this segment, else from the cache (another processor wrote them)."""
+        """A "kv" ref -> (cache [kv_len, cols] or None when kv_len is 0, this step's rows [B, cols]
+        from the task that wrote them in this segment, or None: another segment or processor wrote
+        them into the cache, rows pos0..pos0+B, which kv_len then covers)."""
         off = ref[1]
-        if off not in self.kv_caches:
-            self.kv_caches[off] = self.param(f"kv{off}", self.view(off, (self.kv_cap, cols), F32))
-        cache = self.kv_caches[off]
+        if self.kv_len and off not in self.kv_caches:
+            self.kv_caches[off] = self.param(f"kv{off}", self.view(off, (self.kv_len, cols), F32))
         new, deps = self.kv_new.get(off, (None, frozenset()))
         self.deps |= deps
-        if new is None:
-            new = ops.gather(cache, ops.add(self.rows, self.pos0), 0).output(0)
-        return cache, new
+        return self.kv_caches.get(off), new
 
     def write(self, ref, value):
         deps = frozenset(self.deps | {self.task})
@@ -189,15 +187,31 @@ def _rope(g: Graph, a):
     g.write(a["out"], ops.reshape(y, np.array([B, H * hd], np.int64), False))
 
 
+def kv_from_cache(tasks) -> bool:
+    """Does an attention in `tasks` read this step's K or V rows from the cache (written by another
+    segment or processor) rather than from the task that computes them in the same graph? Then its
+    graph must read the cache up to row pos0+B, not only the pos0 rows before the step."""
+    written = set()
+    for op, a in tasks:
+        if op == "attention" and not {tuple(a["k"]), tuple(a["v"])} <= written:
+            return True
+        written.add(tuple(a["out"]))
+    return False
+
+
 def _attention(g: Graph, a):
-    """Keys 0..pos0 come from the cache Parameter [kv_cap] masked j < pos0; this step's keys from
-    the rows in the graph (causal within the step). One softmax over both: no concatenated cache."""
-    H, KVH, hd, B = a["heads"], a["kv_heads"], a["head_dim"], g.B
+    """Causal GQA attention over the first kv_len rows of the cache (a KV-length bucket,
+    Transformer-Lite §2.1: rows past pos0+i are masked, so the padding costs compute, not results).
+    Two forms, one softmax each, no concatenated cache (Transformer-Lite §2.3):
+      fused   this step's K/V come from the graph: keys 0..pos0 from the cache masked j < pos0
+              (absent when kv_len is 0), this step's keys from the graph, causal within the step;
+      cached  this step's K/V were written to the cache before: keys 0..kv_len masked j <= pos0+i."""
+    H, KVH, hd, B, T = a["heads"], a["kv_heads"], a["head_dim"], g.B, g.kv_len
     grp = H // KVH
     q = ops.multiply(g.read(a["q"], H * hd), f32(1.0 / np.sqrt(hd)))
     k_cache, k_new = g.kv(a["k"], KVH * hd)
     v_cache, v_new = g.kv(a["v"], KVH * hd)
-    # q [B, H*hd] -> [KVH, grp*B, hd]: head h reads kv head h // grp (GQA)
+    # q [B, H*hd] -> [KVH, grp*B, hd]: head h reads kv head h // grp (GQA); row r = g*B + i
     qh = ops.reshape(ops.transpose(ops.reshape(q, np.array([B, KVH, grp, hd], np.int64), False),
                                    np.array([1, 2, 0, 3], np.int64)),
                      np.array([KVH, grp * B, hd], np.int64), False)
@@ -207,14 +221,27 @@ def _attention(g: Graph, a):
                              np.array([1, 0, 2], np.int64))
 
     neg = f32(-np.inf)
-    past = ops.less(ops.constant(np.arange(g.kv_cap, dtype=np.int64)), g.pos0)       # [kv_cap]
-    causal = ops.constant(np.tile(np.tril(np.ones((B, B), bool)), (grp, 1)))        # [grp*B, B]
-    s_past = ops.select(past, ops.matmul(qh, heads(k_cache, g.kv_cap), False, True), neg)
-    s_new = ops.select(causal, ops.matmul(qh, heads(k_new, B), False, True), neg)
-    p = ops.softmax(ops.concat([s_past, s_new], 2), 2)                    # [KVH, grp*B, kv_cap+B]
-    p_past, p_new = ops.variadic_split(p, np.int64(2), np.array([g.kv_cap, B], np.int64)).outputs()
-    o = ops.add(ops.matmul(p_past, heads(v_cache, g.kv_cap), False, False),
-                ops.matmul(p_new, heads(v_new, B), False, False))          # [KVH, grp*B, hd]
+    cols = ops.constant(np.arange(T, dtype=np.int64))                                   # [T]
+    if k_new is None and v_new is None:                                                   # cached
+        last = ops.add(ops.constant(np.tile(np.arange(B, dtype=np.int64), grp)), g.pos0)  # [grp*B]
+        mask = ops.less_equal(cols, ops.unsqueeze(last, 1))                               # [grp*B, T]
+        s = ops.select(mask, ops.matmul(qh, heads(k_cache, T), False, True), neg)
+        o = ops.matmul(ops.softmax(s, 2), heads(v_cache, T), False, False)     # [KVH, grp*B, hd]
+    else:                                                                                  # fused
+        at_step = ops.add(g.rows, g.pos0)
+        k_new = k_new if k_new is not None else ops.gather(k_cache, at_step, 0).output(0)
+        v_new = v_new if v_new is not None else ops.gather(v_cache, at_step, 0).output(0)
+        causal = ops.constant(np.tile(np.tril(np.ones((B, B), bool)), (grp, 1)))    # [grp*B, B]
+        s_new = ops.select(causal, ops.matmul(qh, heads(k_new, B), False, True), neg)
+        if T == 0:
+            o = ops.matmul(ops.softmax(s_new, 2), heads(v_new, B), False, False)
+        else:
+            past = ops.less(cols, g.pos0)                                                  # [T]
+            s_past = ops.select(past, ops.matmul(qh, heads(k_cache, T), False, True), neg)
+            p = ops.softmax(ops.concat([s_past, s_new], 2), 2)                 # [KVH, grp*B, T+B]
+            p_past, p_new = ops.variadic_split(p, np.int64(2), np.array([T, B], np.int64)).outputs()
+            o = ops.add(ops.matmul(p_past, heads(v_cache, T), False, False),
+                        ops.matmul(p_new, heads(v_new, B), False, False))      # [KVH, grp*B, hd]
     o = ops.transpose(ops.reshape(o, np.array([KVH, grp, B, hd], np.int64), False),
                       np.array([2, 0, 1, 3], np.int64))
     g.write(a["out"], ops.reshape(o, np.array([B, H * hd], np.int64), False))

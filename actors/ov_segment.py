@@ -1,8 +1,10 @@
 """The NPU actor's kernels: a segment (a run of consecutive tasks of a step program) compiled into
 ONE static-shape OpenVINO graph per shape bucket, run over the pool's arena with zero copies.
 
-NPU rules (DESIGN.md §1): every shape is static — B rows (the bucket), the whole KV capacity — and
-the runtime values N and pos0 are graph inputs, never shapes. Semantics are those of
+NPU rules (DESIGN.md §1): every shape is static — B rows (the bucket), kv_len rows of the KV cache
+(a KV-length bucket, policies/buckets.kv_bucket) — and the runtime values N and pos0 are graph
+inputs, never shapes. A segment that reads the KV cache is compiled once per KV-length bucket it
+meets, on first use (Transformer-Lite §2.1), so its attention costs O(pos0 + B), not O(capacity). Semantics are those of
 actors/kernels_numpy.py op by op, computed for B rows: rows N..B are padding, zeroed where they
 enter the graph (the arena may hold any bytes there) so every output stays finite, and written back
 like the rest. So every slot the segment touches, and every KV cache from row pos0, must have room
@@ -24,7 +26,9 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from .ov_build import BUILDERS, F32, Graph
+from socllm.policies.buckets import kv_bucket
+
+from .ov_build import BUILDERS, F32, Graph, kv_from_cache
 
 
 def pick_device(core: ov.Core) -> str:
@@ -54,16 +58,19 @@ class OVSegment:
     tasks        [(op, args)] in execution order, args as in graph/program.py
     live_out     arena offsets another processor or a later segment reads: only these slots
                  (their latest value) are written back; KV writes always are
-    kv_cap_rows  static rows of every KV cache Parameter [kv_cap_rows, kv_heads*head_dim]: the
-                 attention cost of every run, whatever pos0 (compile a few capacities if it matters)
-    compile_s    seconds compile_model took (a CACHE_DIR hit imports instead; 0 when shared)
+    kv_cap_rows  rows of every KV cache in the pool: the largest KV-length bucket
     last_row     the segment is row-wise ops ending in the lm-head: compile it for one row and run
                  it on row N-1 (one compiled lm-head serves every bucket)
     const_weights  Q4_1 weights as Constants (compressed FullyConnected) instead of graph inputs:
                  faster for one-row decode steps, at a weight copy per compiled graph
-    shared       a dict signature -> compiled model, kept by the caller: segments with the same
-                 signature (the layers of a hetero prefill) reuse one compiled graph, each with
-                 its own infer request bound to its own weights
+    shared       a dict key -> compiled graph, kept by the caller: segments with the same
+                 signature, bucket and KV length (the layers of a prefill) reuse one compiled
+                 graph, each with its own bound tensors (its weights, its layer's cache)
+
+    A segment without attention has one compiled graph. One with attention compiles the
+    KV-length bucket of pos0 = 0 here, ahead of use, and every other one the first time a step
+    needs it (`compile_s` counts both; CACHE_DIR makes a later process import instead): a fixed
+    set would be (capacity / KV_STEP) graphs per bucket and signature, most never used.
     """
 
     def __init__(self, core: ov.Core, tasks, arena: np.ndarray, bucket: int, live_out: set[int],
@@ -76,15 +83,55 @@ class OVSegment:
                 raise ValueError("last_row segments hold row-wise ops ending in the lm-head")
             bucket = 1
         self.arena, self.bucket, self.kv_cap = arena, bucket, kv_cap_rows
-        g = Graph(arena, bucket, kv_cap_rows, const_weights)
-        for i, (op, args) in enumerate(tasks):
+        self.tasks, self.live_out, self.const = tasks, live_out, const_weights
+        self.core, self.precision, self.config, self.cache_dir = core, precision, config, cache_dir
+        self.shared_graphs = {} if shared is None else shared
+        self._uses_kv = any(op == "attention" for op, _ in tasks)
+        self._step_rows = kv_from_cache(tasks)   # the step's own K/V rows are read from the cache
+        self.variants: dict = {}                 # kv_len -> _Variant (None: no attention)
+        self.compile_s = 0.0
+        first = self._variant(0) if self._uses_kv else self._build(None)
+        self.shared, self.compiled = first.shared, first.compiled
+
+    def kv_len(self, pos0: int) -> int:
+        """The KV-length bucket a step at pos0 reads: the pos0 earlier rows, plus this step's B
+        rows when they come from the cache."""
+        return kv_bucket(pos0 + (self.bucket if self._step_rows else 0), self.kv_cap)
+
+    def _variant(self, pos0: int) -> "_Variant":
+        kv_len = self.kv_len(pos0)
+        v = self.variants.get(kv_len)
+        return v if v is not None else self._build(kv_len)
+
+    def _build(self, kv_len: int | None) -> "_Variant":
+        g = Graph(self.arena, self.bucket, kv_len or 0, self.const)
+        for i, (op, args) in enumerate(self.tasks):
             g.begin(i)
             BUILDERS[op](g, args)
-        self._uses_kv = bool(g.kv_caches or g.kv_new)
+        v = _Variant(self, g, kv_len)
+        self.variants[kv_len] = v
+        self.compiled = v.compiled
+        return v
+
+    def run(self, N: int, pos0: int):
+        if self.last_row:
+            return self.variants[None].run_last_row(N, pos0)
+        B = self.bucket
+        if not 0 < N <= B or (self._uses_kv and pos0 + B > self.kv_cap):
+            raise ValueError(f"N={N}, pos0={pos0} do not fit bucket {B}, KV capacity {self.kv_cap}")
+        v = self._variant(pos0) if self._uses_kv else self.variants[None]
+        v.run(N, pos0)
+
+
+class _Variant:
+    """A segment's graph for one KV length: compiled (or shared), with this segment's pool tensors."""
+
+    def __init__(self, seg: OVSegment, g: Graph, kv_len: int | None):
+        self.arena, self.bucket = seg.arena, g.B
         self._at, self._copies, self._kv_outs = [], [], []  # (result index, view | off, cols)
         results = []
         for off, (val, deps, is_input) in g.vals.items():
-            if off in live_out and not is_input:
+            if off in seg.live_out and not is_input:
                 # A reader of the slot's arena version that the final writer does not wait for may
                 # run after OpenVINO wrote the result in place (measured: it does): copy it after.
                 racy = bool(g.input_readers.get(off, set()) - deps)
@@ -94,28 +141,23 @@ class OVSegment:
         for off, (val, _) in g.kv_new.items():
             self._kv_outs.append((len(results), off, val.get_shape()[1]))
             results.append(ops.result(val))
-        key = (signature(tasks, live_out, const_weights), bucket, kv_cap_rows, precision)
-        if shared is not None and key in shared:
-            self._slot, self.compile_s, self.shared = shared[key], 0.0, True
-            self.compiled = self._slot["compiled"]
-            self._bind(g)
-            return
-        model = ov.Model(results, g.params, "segment")
-        for i, node in enumerate(model.get_ordered_ops()):  # stable names: CACHE_DIR hashes them
-            node.set_friendly_name(f"n{i}")
-        for i, r in enumerate(results):
-            r.output(0).get_tensor().set_names({f"out{i}"})
-        self.compile_s = self._compile(core, model, precision, config, cache_dir)
-        self.shared = False
-        # one infer request per compiled graph: a request owns the graph's intermediate memory,
-        # so segments sharing a graph share it too (measured: a request per layer cost ~25 MB each)
-        self._slot = {"compiled": self.compiled, "req": self.compiled.create_infer_request(), "owner": None}
-        if shared is not None:
-            shared[key] = self._slot
-        self._bind(g)
-
-    def _bind(self, g: Graph):
-        self._req = self._slot["req"]
+        config = tuple(sorted((seg.config or {}).items()))
+        key = (signature(seg.tasks, seg.live_out, seg.const), g.B, kv_len, seg.precision, config)
+        self.shared = key in seg.shared_graphs
+        if not self.shared:
+            model = ov.Model(results, g.params, "segment")
+            for i, node in enumerate(model.get_ordered_ops()):  # stable names: CACHE_DIR hashes them
+                node.set_friendly_name(f"n{i}")
+            for i, r in enumerate(results):
+                r.output(0).get_tensor().set_names({f"out{i}"})
+            compiled, seconds = _compile(seg.core, model, seg.precision, seg.config, seg.cache_dir)
+            seg.compile_s += seconds
+            # one infer request per compiled graph: a request owns the graph's intermediate memory,
+            # so segments sharing a graph share it too (measured: a request per layer cost ~25 MB each)
+            seg.shared_graphs[key] = {"compiled": compiled, "req": compiled.create_infer_request(),
+                                      "owner": None}
+        self._slot = seg.shared_graphs[key]
+        self.compiled, self._req = self._slot["compiled"], self._slot["req"]
         self._pos0, self._n = np.zeros(1, np.int64), np.zeros(1, np.int64)  # read at each infer
         self._act_inputs = g.act_inputs
         self._inputs = [view if isinstance(view, ov.Tensor) else ov.Tensor(view, shared_memory=True)
@@ -132,25 +174,8 @@ class OVSegment:
             self._req.set_output_tensor(i, t)
         self._slot["owner"] = self
 
-    def _compile(self, core, model, precision, config, cache_dir) -> float:
-        device = pick_device(core)
-        supported = core.get_property(device, "SUPPORTED_PROPERTIES")
-        # Dynamic quantization would round activations to int8 per 32: the spec is f32 activations.
-        props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
-                 "NUM_STREAMS": 1, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, **(config or {})}
-        props = {k: v for k, v in props.items() if k in supported}
-        if cache_dir:
-            props["CACHE_DIR"] = cache_dir
-        t = time.perf_counter()
-        self.compiled = core.compile_model(model, device, props)
-        return time.perf_counter() - t
-
     def run(self, N: int, pos0: int):
-        if self.last_row:
-            return self._run_last_row(N, pos0)
         B = self.bucket
-        if not 0 < N <= B or (self._uses_kv and pos0 + B > self.kv_cap):
-            raise ValueError(f"N={N}, pos0={pos0} do not fit bucket {B}, KV capacity {self.kv_cap}")
         self._own_request()
         self._pos0[0], self._n[0] = pos0, N
         for i, off, cols in self._kv_outs:  # this step's rows of the cache, in place
@@ -160,7 +185,7 @@ class OVSegment:
         for i, dst in self._copies:
             np.copyto(dst, self._req.get_output_tensor(i).data)
 
-    def _run_last_row(self, N: int, pos0: int):
+    def run_last_row(self, N: int, pos0: int):
         """A row-wise tail ending in the lm-head (final norm, logits) needs row N-1 only: it is
         compiled for one row and reads that row of its inputs, whatever the step's bucket."""
         self._own_request()
@@ -173,3 +198,18 @@ class OVSegment:
         self._req.infer()
         for i, dst in self._copies:
             np.copyto(dst, self._req.get_output_tensor(i).data)
+
+
+def _compile(core, model, precision, config, cache_dir) -> tuple:
+    """-> (compiled model, seconds). Dynamic quantization (int8 activations per group) only when
+    the caller's config asks for it (precision q8): f32 keeps activations on the oracle's path."""
+    device = pick_device(core)
+    supported = core.get_property(device, "SUPPORTED_PROPERTIES")
+    props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
+             "NUM_STREAMS": 1, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, **(config or {})}
+    props = {k: v for k, v in props.items() if k in supported}
+    if cache_dir:
+        props["CACHE_DIR"] = cache_dir
+    t = time.perf_counter()
+    compiled = core.compile_model(model, device, props)
+    return compiled, time.perf_counter() - t

@@ -1,9 +1,11 @@
-"""Static shape buckets (NPU rules, DESIGN.md §1): prefill chunks of 32 ... 1024 rows, decode 1."""
+"""Static shape buckets (NPU rules, DESIGN.md §1): prefill chunks of 32 ... 1024 rows, decode 1, and
+KV-length buckets of 256 rows for the attention (Transformer-Lite §2.1)."""
 from __future__ import annotations
 
 PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024)
 DECODE_BUCKET = 1
 MAX_CHUNK = PREFILL_BUCKETS[-1]
+KV_STEP = 256            # KV rows an NPU attention graph reads come in multiples of this
 
 
 def bucket_for(n: int) -> int:
@@ -26,6 +28,17 @@ def prefill_chunks(n_tokens: int) -> list:
         chunks.append((rows, bucket_for(rows)))
         left -= rows
     return chunks
+
+
+def kv_bucket(rows: int, cap: int, step: int = KV_STEP) -> int:
+    """KV rows a static attention graph reads: `rows` (the cache rows the step needs) padded up to
+    a multiple of `step`, at most `cap` (the cache's capacity); 0 when no row is needed.
+    Transformer-Lite §2.1: pad the sequence length so that shapes change only when the real
+    length crosses a padding boundary; the attention mask covers the padded rows. So one compiled
+    graph serves `step` positions, and attention costs O(pos0 + B), not O(capacity)."""
+    if not 0 <= rows <= cap:
+        raise ValueError(f"{rows} KV rows do not fit the capacity {cap}")
+    return min(-(-rows // step) * step, cap)
 
 
 def const_weights(phase: str, bucket: int, prefer_speed: bool = False) -> bool:
