@@ -13,7 +13,7 @@ import sys
 
 from socllm.policies.placement import PLANS
 
-PRECISIONS = ("f32", "f16", "bf16", "q8")
+PRECISIONS = ("f32", "f16", "bf16", "q16", "q8")
 
 
 class UsageError(Exception):
@@ -36,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--plan", choices=PLANS, default=None, help="default: the fastest plan for this device")
     g.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="activations: f32 (the oracle's path), f16/bf16 (hints to OpenVINO), q8 "
-                        "(int8 activations in the GPU's decode matmuls); default: the fastest here")
+                   help="activations: f32 (the oracle's path), f16/bf16 (hints to OpenVINO), q16 / q8 "
+                        "(int16 / int8 activations in the GPU's decode matmuls); default: q16")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     g.add_argument("--context", type=int, default=2048)

@@ -21,7 +21,7 @@ from socllm.policies.sampling import Sampler, SamplingParams
 
 from .processor import ProcessorCore
 
-PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3}
+PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q16": 4}
 
 
 class ControlCore(ProcessorCore):

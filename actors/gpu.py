@@ -6,30 +6,45 @@ finished only where another processor needs a result (a signal) and at the end o
 """
 from __future__ import annotations
 
+import os
+
 from socllm.graph.program import StepProgram
 
-from .worker import kernel_units
+from .worker import Unit, kernel_units
 
 
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, arena_buf, lay, threads: int):
+    def __init__(self, arena_buf, lay, threads: int, profile: bool = False):
         from .kernels_cl import CLKernels, make_context, wrap_arena
-        self.ctx, self.queue, self.device = make_context()
+        self.ctx, self.queue, self.device = make_context(profile=profile)
         if not self.device.host_unified_memory:
             raise RuntimeError(f"{self.device.name}: discrete GPUs need an upload path (not built yet)")
         self.buf = wrap_arena(self.ctx, arena_buf)
-        self.kernels = CLKernels(self.ctx, self.queue, self.buf, scratch_off=lay.io["q8"])
+        self.kernels = CLKernels(self.ctx, self.queue, self.buf)
+        self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.threads = threads
+        self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
-        return kernel_units(self.kernels, prog.tasks.get(self.name, []))
+        if prog.phase != "decode" or not self.fuse:
+            return kernel_units(self.kernels, prog.tasks.get(self.name, []))
+        # Transformer-Lite §2.2: decode runs fused kernels (graph/fuse.py, cl/decode.cl)
+        from socllm.graph.fuse import Fused, fuse_decode
+        from .fused_cl import FusedCL
+        fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision)
+        units = []
+        for f in fuse_decode(prog, self.name):
+            if isinstance(f, Fused):
+                units.append(Unit(f.waits, (lambda n, p, f=f: fused.run(f, n, p)), f.signals, f.seqs))
+            else:
+                units += kernel_units(self.kernels, [f])
+        return units
 
     def begin_step(self, precision: str):
-        # q8 (W4A8): decode matmuls quantize their activation row to int8 per 32-block, as
-        # llama.cpp does; measured 2.2x faster GEMVs on PoCL. f32/f16/bf16 keep f32 activations.
-        self.kernels.set_activation_quant(precision == "q8")
+        """Nothing per step: a precision's activation format is built into its fused decode units
+        (q16: int16, q8: int8 GEMV activations; the rest f32); prefill runs in f32."""
 
     def finish(self):
         self.kernels.finish()

@@ -13,9 +13,9 @@ f32 tensors read as vectors start at multiples of 32 bytes (the pool's 64 is fin
 weights at multiples of 16 (any row of one), K and D are multiples of 32 and head_dim of 8.
 run() checks them and raises rather than fault.
 
-Decode GEMVs may opt in to int8 activations (set_activation_quant): the row is quantized per
-32-block into a scratch area of the arena (scratch_off) and dotted with the 4-bit weights in
-integers, llama.cpp's Q8_1 scheme: ~2.2x faster GEMVs on PoCL/AVX2, ~1e-2 relative error.
+Decode runs fused kernels instead (cl/decode.cl, launched by fused_cl.py), whose GEMVs take the
+activation row in f32, int16 or int8 (the f32, q16 and q8 precisions); those kernels are built into
+the same program, once per activation format.
 
 Threads: PoCL reads POCL_MAX_PTHREAD_COUNT when pyopencl first lists platforms; the actor sets it
 from the machine's thread budget (DESIGN.md §6) before importing this module. Nothing here sets it.
@@ -31,6 +31,7 @@ import pyopencl as cl
 from socllm.models.quant import QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
+DECODE_SRC = SRC.with_name("decode.cl")        # fused decode kernels, built with kernels.cl
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
@@ -44,8 +45,13 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "silu_mul": [u64] * 3 + [i32],
     "add": [u64] * 3 + [i32],
     "lm_head": [u64] * 4 + [i32, i32, i32],
-    "quantize_q8": [u64] * 2 + [i32],
-    "linear_q8": [u64] * 5 + [i32, i32],
+    # decode.cl
+    "prep": [u64] * 2 + [i32],
+    "norm_prep": [u64] * 4 + [i32, f32, i32],
+    "rope_table": [u64] + [i32, f32, i32],
+    "linear_act": [u64] * 6 + [i32, i32, i32],
+    "qkv_rope": [u64] * 14 + [i32] * 4,
+    "gate_up_silu": [u64] * 8 + [i32, i32],
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -55,9 +61,10 @@ _KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4, "ATT_WG": 64},
 _KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN|ATT_WG)=(\d+)")
 
 
-def make_context(device_kind: str = "any"):
+def make_context(device_kind: str = "any", profile: bool = False):
     """-> (ctx, queue, device). "any": the first GPU of any platform, else a CPU device (PoCL's
-    first); "gpu" / "cpu": only that kind, RuntimeError if there is none."""
+    first); "gpu" / "cpu": only that kind, RuntimeError if there is none. profile: a queue that
+    times every kernel (CLKernels.kernel_times)."""
     gpus, cpus = [], []
     for p in cl.get_platforms():
         for d in p.get_devices():
@@ -71,7 +78,8 @@ def make_context(device_kind: str = "any"):
         raise RuntimeError(f"no OpenCL {device_kind} device")
     device = pick[0]
     ctx = cl.Context([device])
-    return ctx, cl.CommandQueue(ctx, device), device
+    props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
+    return ctx, cl.CommandQueue(ctx, device, properties=props), device
 
 
 def wrap_arena(ctx: cl.Context, arena: np.ndarray) -> cl.Buffer:
@@ -101,16 +109,11 @@ def _aligned(op: str, *offsets: int, to: int = VEC):
 
 class CLKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
-                 build_options: str = "", scratch_off: int | None = None):
+                 build_options: str = ""):
         """Builds kernels.cl once (PoCL and pyopencl cache the binaries on disk; PoCL compiles each
         kernel again per work-group size at its first launch, also cached). build_options may
-        override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them.
-        scratch_off: byte offset (64-aligned) of a free arena area of K + 8 * K/32 bytes for the
-        largest K of a decode linear; needed only for set_activation_quant(True)."""
+        override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them."""
         self.ctx, self.queue, self.buf = ctx, queue, arena_buf
-        if scratch_off is not None and scratch_off % 64:
-            raise ValueError(f"scratch_off {scratch_off} is not 64-byte aligned")
-        self.scratch_off, self.activation_quant = scratch_off, False
         knobs = dict(_KNOBS["gpu" if queue.device.type & cl.device_type.GPU else "cpu"])
         knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
@@ -118,33 +121,39 @@ class CLKernels:
         self.options = " ".join([f"-D{k}={v}" for k, v in knobs.items()]
                                 + [_KNOB.sub("", build_options).strip()])
         self.group = 64               # work-group size of the element-wise kernels
-        self._by_head_dim = {}        # head_dim -> kernels: attention is compiled per head size
-        self.k = self._kernels(64)
+        self._by_head_dim = {}        # (head_dim, act_bits) -> kernels: attention is compiled per
+        self.k = self._kernels(64)    # head size, decode.cl per prepared-activation format
+        self.profile = bool(queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
+        self.events: list = []        # (kernel name, event) while profiling
 
-    def _kernels(self, head_dim: int) -> dict:
-        if head_dim not in self._by_head_dim:
+    def _kernels(self, head_dim: int, act_bits: int = 32) -> dict:
+        key = (head_dim, act_bits)
+        if key not in self._by_head_dim:
             if head_dim % 8:
                 raise ValueError(f"head_dim {head_dim} is not a multiple of 8")
-            prg = cl.Program(self.ctx, SRC.read_text()).build(
-                options=f"{self.options} -DHEAD_DIM={head_dim}")
+            prg = cl.Program(self.ctx, SRC.read_text() + DECODE_SRC.read_text()).build(
+                options=f"{self.options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits}")
             ks = {}
             for name, scalars in _SCALARS.items():
                 ks[name] = cl.Kernel(prg, name)
                 ks[name].set_scalar_arg_dtypes([None] + scalars)
-            self._by_head_dim[head_dim] = ks
-        return self._by_head_dim[head_dim]
-
-    def set_activation_quant(self, on: bool):
-        """Decode (N == 1) linears: int8 activations per 32-block (quantize_q8 + linear_q8) when on,
-        f32 activations (linear_gemv, the default) when off."""
-        if on and self.scratch_off is None:
-            raise ValueError("activation quantization needs a scratch area: pass scratch_off")
-        self.activation_quant = bool(on)
+            self._by_head_dim[key] = ks
+        return self._by_head_dim[key]
 
     def _go(self, name, gsize, lsize, *args, ks=None):
         knl = (ks or self.k)[name]
         knl.set_args(self.buf, *args)
-        cl.enqueue_nd_range_kernel(self.queue, knl, gsize, lsize)
+        ev = cl.enqueue_nd_range_kernel(self.queue, knl, gsize, lsize)
+        if self.profile:
+            self.events.append((name, ev))
+
+    def kernel_times(self) -> dict:
+        """kernel name -> (launches, seconds inside the kernel) over the events recorded so far."""
+        out: dict = {}
+        for name, ev in self.events:
+            n, t = out.get(name, (0, 0.0))
+            out[name] = (n + 1, t + (ev.profile.end - ev.profile.start) * 1e-9)
+        return out
 
     def run(self, op: str, a: dict, N: int, pos0: int):
         """Enqueue one op (args and semantics of NumpyKernels.run); does not wait."""
@@ -179,23 +188,12 @@ class CLKernels:
         _aligned("linear", a["x"][1])
         _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
         out = _out_off(a["out"], pos0, M)
-        if N == 1 and self.activation_quant:
-            self._linear_q8(a["x"][1], qs, d, m, out, K, M)
-        elif N == 1:
+        if N == 1:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
                      a["x"][1], qs, d, m, out, K, M)
         else:
             self._go("linear_gemm", (_up(M, self.lin_r), -(-N // self.gemm_tn)), (self.lin_r, 1),
                      a["x"][1], qs, d, m, out, K, M, N)
-
-    def _linear_q8(self, x, qs, d, m, out, K, M):
-        """x [1, K] -> int8 blocks in the scratch -> out [1, M] (see kernels.cl, W4A8 decode)"""
-        s, nb = self.scratch_off, K // QK
-        if s + K + 8 * nb > self.buf.size:
-            raise ValueError(f"linear: the scratch at {s} has no room for K={K}")
-        self._go("quantize_q8", (_up(nb, 8),), (8,), x, s, K)
-        rows = -(-M // 2)                          # Q8_R = 2 rows a work-item
-        self._go("linear_q8", (_up(rows, self.lin_r),), (self.lin_r,), s, qs, d, m, out, K, M)
 
     def _rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""

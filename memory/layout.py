@@ -91,11 +91,12 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
             lay.kv[f"{which}.{i}"] = take(lay.kv_rows * kv_cols * 4, ALIGN)
     lay.slot_bytes = list(slot_bytes)
     lay.slots = [take(b, ALIGN) for b in slot_bytes]
-    # q8: the GPU's int8-quantized activation row (values, block scales, block sums) for the
-    # widest matmul input, rewritten before each decode GEMV
-    q8 = max_k + 8 * max_k // 32
+    # act: the GPU's prepared activation row for its decode GEMVs (values f32 or int8, block
+    # scales, block sums; actors/cl/decode.cl) for the widest matmul input, rewritten per GEMV
+    # input; rope: the per-step RoPE cos/sin table (head_dim <= 1024)
+    act = 4 * max_k + 8 * max_k // 32
     lay.io = {"ids": take(max_rows * 4), "logits": take(vocab * 4), "ring": take(context * 4),
-              "q8": take(q8)}
+              "act": take(act), "rope": take(4 * 1024)}
     lay.ctl = take(len(CTL_FIELDS) * 8)
     locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]
     lay.locations = {k: W_FIRST_LOC + i for i, k in enumerate(locs)}

@@ -97,6 +97,15 @@ def test_f32_logits_match_the_oracle(engine, oracle, oracle_greedy, plan):
     assert np.abs(got - ref).max() <= 2e-4 * scale, f"{plan}: {np.abs(got - ref).max()} vs scale {scale}"
 
 
+def test_q16_default_decode_keeps_the_oracle_tokens(engine, oracle_greedy):
+    """The default precision (int16 activations in the GPU's fused decode GEMVs) gives the
+    oracle's 16 greedy tokens on the three prompts, as f32 does."""
+    for prompt in PROMPTS:
+        ids, want = oracle_greedy[prompt]
+        got = engine.generate_ids(ids, plan="gpu", precision="q16", max_tokens=16)["tokens"]
+        assert _agree(got, want, engine.stop_ids), f"q16: {prompt!r}: {got} != {want}"
+
+
 def test_q8_activations_stay_close_to_the_oracle(engine, oracle, oracle_greedy):
     """W4A8 decode (int8 activations in the GPU's GEMVs, like llama.cpp): top-1 agrees with the
     oracle on nearly every teacher-forced position, and Paris is still the answer."""

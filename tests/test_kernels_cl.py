@@ -283,15 +283,23 @@ def test_misaligned_offsets_raise_instead_of_faulting(dev, lay, rng):
         dev[1].run("linear", {"x": ("a", x + 4), "w": w, "out": ("a", out), "K": D, "M": F}, 1, 0)
 
 
-# -- linear, W4A8 decode (opt-in): int8 activations per 32-block --------------------------------
-def linear_q8_reference(x, qs, d, m, K, M):
-    """The W4A8 GEMV in numpy: x quantized per 32-block as quantize_q8 does (f32: dx = max|x|/127,
-    q = round-half-away(x * (1/dx)), sx = sum x), then sum_b d*dx*sum(q_w*q_x) + m*sx in f64."""
+# -- decode GEMVs on a prepared activation row (fused_cl.py): f32, int16 (q16), int8 (q8) -------
+ACT_OFF, ROPE_OFF = ARENA_BYTES - (1 << 20), ARENA_BYTES - (1 << 19)   # past a free gap
+BITS = {"f32": 32, "q16": 16, "q8": 8}
+
+
+def linear_act_reference(x, qs, d, m, K, M, bits):
+    """The decode GEMV in numpy (f64 sums): x as prep stores it — f32, or per 32-block
+    dx = max|x| / qmax (f32), q = round-half-away(x * (1/dx)) — then
+    sum_b d * dx * sum(q_w * q_x) + m * sum(x)."""
     xb = x.reshape(K // QK, QK)
-    dx = np.abs(xb).max(axis=1) / np.float32(127)
-    inv = np.where(dx != 0, np.float32(1) / np.where(dx != 0, dx, 1), 0).astype(np.float32)
-    t = xb * inv[:, None]
-    qx = np.trunc(t + np.copysign(np.float32(0.5), t))
+    if bits == 32:
+        qx, dx = xb.astype(np.float64), np.ones(K // QK)
+    else:
+        dx = np.abs(xb).max(axis=1) / np.float32(127 if bits == 8 else 32767)
+        inv = np.where(dx != 0, np.float32(1) / np.where(dx != 0, dx, 1), 0).astype(np.float32)
+        t = xb * inv[:, None]
+        qx = np.trunc(t + np.copysign(np.float32(0.5), t))
     qw = np.stack([qs & 0x0F, qs >> 4], axis=-1).reshape(M, K // QK, QK).astype(np.float64)
     dots = np.einsum("mbj,bj->mb", qw, qx.astype(np.float64))
     sx = xb.sum(axis=1, dtype=np.float64)
@@ -299,65 +307,73 @@ def linear_q8_reference(x, qs, d, m, K, M):
 
 
 @pytest.fixture(params=["", "-DSOCLLM_PORTABLE -DLIN_R=2"], ids=["avx2", "portable"])
-def q8(dev, lay, request):
-    """A CLKernels with int8 activations on, its scratch in the arena past a 1 MiB free gap; the
-    x86 build (AVX2 integer dot products) and the portable one a GPU gets."""
+def build(dev, request):
+    """The x86 build (AVX2 integer dot products, F16C) and the portable one a GPU gets."""
     clk = dev[1]
-    scratch = ARENA_BYTES - (1 << 20)
-    q8 = CLKernels(clk.ctx, clk.queue, clk.buf, request.param, scratch_off=scratch)
-    q8.set_activation_quant(True)
-    return q8
+    return CLKernels(clk.ctx, clk.queue, clk.buf, request.param)
 
 
+def linear_act(clk, precision, x, w, out, K, M, pos0=0, res=None):
+    from socllm.actors.fused_cl import FusedCL
+    from socllm.graph.fuse import Fused
+    f = FusedCL(clk, ACT_OFF, ROPE_OFF, precision)
+    f.run(Fused("prep", {"x": x, "K": K}), 1, pos0)
+    f.run(Fused("linear_act", {"x": x, "w": w, "out": out, "res": res, "K": K, "M": M}), 1, pos0)
+    clk.finish()
+
+
+@pytest.mark.parametrize("precision", ["f32", "q16", "q8"])
 @pytest.mark.parametrize("K,M", MODEL_LINEARS + [(64, 37), (288, 5)])
-def test_linear_q8_matches_its_numpy_reference(dev, lay, rng, q8, K, M):
+def test_linear_act_matches_its_numpy_reference(dev, lay, rng, build, precision, K, M):
     arena = dev[0]
     xv = rng.standard_normal(K).astype(np.float32)
     xv[:QK] = 0.0                                    # an all-zero block: dx = 0
     x, w, out = lay.put(xv), lay.w4(M, K, rng), lay.zeros(M)
     _, qs, d, m = w
     before = arena[:lay.top + GUARD].copy()
-    q8.run("linear", {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M}, 1, 0)
-    q8.finish()
+    linear_act(build, precision, ("a", x), w, ("a", out), K, M)
     got = arena[out: out + 4 * M].view(np.float32)
-    want = linear_q8_reference(xv, arena[qs: qs + M * K // 2].reshape(M, K // 2),
-                               arena[d: d + M * K // 16].view(np.float16).reshape(M, K // QK),
-                               arena[m: m + M * K // 16].view(np.float16).reshape(M, K // QK), K, M)
+    want = linear_act_reference(xv, arena[qs: qs + M * K // 2].reshape(M, K // 2),
+                                arena[d: d + M * K // 16].view(np.float16).reshape(M, K // QK),
+                                arena[m: m + M * K // 16].view(np.float16).reshape(M, K // QK),
+                                K, M, BITS[precision])
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * float(np.abs(want).max()))
     after = arena[:lay.top + GUARD]
     after[out: out + 4 * M] = before[out: out + 4 * M]
     assert np.array_equal(after, before), "bytes outside the output and the scratch changed"
 
 
+@pytest.mark.parametrize("precision,tol", [("f32", RTOL), ("q16", 1e-4), ("q8", 1e-2)])
 @pytest.mark.parametrize("K,M", MODEL_LINEARS)
-def test_linear_q8_is_close_to_f32(dev, lay, rng, q8, K, M):
-    """Quantizing activations to 8 bits costs ~1e-2 of the output's scale on random data."""
+def test_linear_act_is_as_close_to_f32_as_its_bits(dev, lay, rng, precision, tol, K, M):
+    """Against the op-by-op f32 GEMV: f32 only reassociates, int16 activations cost ~3e-5 of
+    the output's scale on random data, int8 ~1e-2."""
     x, w, out, out32 = rows(lay, rng, 1, K), lay.w4(M, K, rng), lay.zeros(M), lay.zeros(M)
-    args = {"x": ("a", x), "w": w, "K": K, "M": M}
-    q8.run("linear", {**args, "out": ("a", out)}, 1, 0)
-    dev[1].run("linear", {**args, "out": ("a", out32)}, 1, 0)
-    dev[1].finish()
+    dev[1].run("linear", {"x": ("a", x), "w": w, "out": ("a", out32), "K": K, "M": M}, 1, 0)
+    linear_act(dev[1], precision, ("a", x), w, ("a", out), K, M)
     got, want = (dev[0][o: o + 4 * M].view(np.float32) for o in (out, out32))
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-2 * float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * float(np.abs(want).max()))
 
 
-def test_linear_q8_writes_kv_rows_and_prefill_stays_f32(dev, lay, rng, q8):
-    """Only N == 1 takes the int8 path; N > 1 is the f32 GEMM, bit for bit the default one."""
-    pos0, cap, M, N = 37, 128, KVH * HD, 33
-    x, w, cache = rows(lay, rng, N, D), lay.w4(M, D, rng), rows(lay, rng, cap, M)
-    a = {"x": ("a", x), "w": w, "out": ("kv", cache), "K": D, "M": M}
-    check(dev, lay, "linear", a, N, pos0, [(cache + pos0 * M * 4, N * M * 4)], clk=q8)
-    row = dev[0][cache + pos0 * M * 4: cache + (pos0 + 1) * M * 4].view(np.float32).copy()
-    q8.run("linear", a, 1, pos0)
-    q8.finish()
-    got = dev[0][cache + pos0 * M * 4: cache + (pos0 + 1) * M * 4].view(np.float32)
-    assert not np.array_equal(got, row)              # row pos0 rewritten by the 1-token decode
-    np.testing.assert_allclose(got, row, rtol=0, atol=1e-2 * float(np.abs(row).max()))
+def test_linear_act_adds_the_residual_and_writes_kv_rows(dev, lay, rng):
+    pos0, cap, M = 37, 128, KVH * HD
+    x, w, cache = rows(lay, rng, 1, D), lay.w4(M, D, rng), rows(lay, rng, cap, M)
+    res, plain, out = rows(lay, rng, 1, M), lay.zeros(M), lay.zeros(M)
+    linear_act(dev[1], "f32", ("a", x), w, ("a", plain), D, M)
+    linear_act(dev[1], "f32", ("a", x), w, ("a", out), D, M, res=("a", res))
+
+    def f32(o, n=M):
+        return dev[0][o: o + 4 * n].view(np.float32)
+    np.testing.assert_allclose(f32(out), f32(plain) + f32(res), rtol=1e-6, atol=1e-6)
+    before = f32(cache, cap * M).reshape(cap, M).copy()
+    linear_act(dev[1], "f32", ("a", x), w, ("kv", cache), D, M, pos0=pos0)
+    after = f32(cache, cap * M).reshape(cap, M)
+    np.testing.assert_array_equal(after[pos0], f32(plain))
+    keep = np.arange(cap) != pos0
+    np.testing.assert_array_equal(after[keep], before[keep])
 
 
-def test_activation_quant_needs_a_scratch(dev):
-    clk = dev[1]
-    with pytest.raises(ValueError, match="scratch_off"):
-        CLKernels(clk.ctx, clk.queue, clk.buf).set_activation_quant(True)
+def test_fused_scratch_must_be_aligned(dev):
+    from socllm.actors.fused_cl import FusedCL
     with pytest.raises(ValueError, match="64-byte"):
-        CLKernels(clk.ctx, clk.queue, clk.buf, scratch_off=32)
+        FusedCL(dev[1], ACT_OFF + 32, ROPE_OFF)

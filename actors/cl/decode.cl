@@ -1,0 +1,270 @@
+// socllm's fused decode kernels (N == 1), appended to kernels.cl when it is built.
+//
+// Op by op, a decode step of SmolLM2-135M is 453 launches, and PoCL spends ~4.5 us on each
+// launch (scripts/profile_decode.py). Fused (Transformer-Lite §2.2), a layer is 9 launches:
+//   norm_prep      rmsnorm, then the normalized row is prepared for the GEMVs (below)
+//   qkv_rope       the Q, K and V GEMVs as one launch; RoPE applied to Q and K in registers from a
+//                  per-step table (rope_table); K and V written straight into KV row pos0
+//   attention      (kernels.cl), then prep of its output
+//   linear_act     GEMV, optionally plus the residual (o, down)
+//   gate_up_silu   a work-item computes the same rows of gate and up and stores silu(g) * u
+//
+// The prepared activation ("act", a scratch area of the arena at s_o; ACT_BITS picks the format):
+//   values [K]     per 32-block its 16 even elements, then its 16 odd ones: they line up with the
+//                  low and high nibbles of a Q4_1 block's 16 bytes, so the GEMV shuffles nothing.
+//                  ACT_BITS 32: f32, the oracle's numerics (only reassociated);
+//                  ACT_BITS 16: int16 per block (precision q16): relative error <= 2^-16 of the
+//                    block's max, products in integers (pmaddwd), ~1.6x fewer instructions;
+//                  ACT_BITS 8: int8 per block (precision q8, llama.cpp's Q8_1 idea; pmaddubsw)
+//   dx f32 [K/32]  block scale (1 for f32, max|x| / 32767 for int16, max|x| / 127 for int8)
+//   sx f32 [K/32]  block sum of x, exact in f32: sum_j (d q_j + m) x_j = d sum_j q_j x_j + m sx,
+//                  so the GEMV multiplies by d once per block and never forms d q + m
+
+// x86 builds use AVX2 / F16C target builtins directly: clang inlines them, unlike PoCL's library
+// builtins (see kernels.cl); SOCLLM_PORTABLE or another target takes plain OpenCL C.
+#if defined(__AVX2__) && defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
+#define Q8_X86 1
+typedef char v32qi __attribute__((__vector_size__(32)));
+typedef short v16hi __attribute__((__vector_size__(32)));
+typedef int v8si __attribute__((__vector_size__(32)));
+typedef uchar uchar32 __attribute__((ext_vector_type(32)));
+typedef ushort ushort8u __attribute__((ext_vector_type(8), aligned(2)));   // unaligned loads
+typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
+#define HALF8(p) __builtin_ia32_vcvtph2ps256(__builtin_astype(*(const __global ushort8u*)(p), short8))
+#define LOAD8(p) (*(const __global float8u*)(p))
+#else
+#define HALF8(p) vload_half8(0, (const __global half*)(p))
+#define LOAD8(p) vload8(0, (p))
+#endif
+
+#ifndef ACT_BITS
+#define ACT_BITS 32
+#endif
+#define ACT_BYTES (ACT_BITS / 8)
+#define ACT_QMAX (ACT_BITS == 8 ? 127.0f : 32767.0f)
+
+// sum_j q_w * q_x of one block as int lanes (q8): 16 weight bytes, 32 activation bytes (evens, odds)
+inline int8 dot_q4q8(uchar16 v, const __global char* xb)
+{
+#ifdef Q8_X86
+    const uchar32 w = __builtin_shufflevector(v, v >> (uchar)4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+            11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
+    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype(w & (uchar)0x0F, v32qi),
+                                                *(const __global v32qi*)xb);   // u8 * s8 pairs
+    return __builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8);
+#else
+    const __global char16* x = (const __global char16*)xb;   // |p| <= 2 * 15 * 127: fits a short
+    const short16 p = convert_short16(v & (uchar)0x0F) * convert_short16(x[0])
+                    + convert_short16(v >> (uchar)4) * convert_short16(x[1]);
+    return convert_int8(p.lo) + convert_int8(p.hi);
+#endif
+}
+
+
+#if ACT_BITS == 16
+// sum_j q_w * q_x of one block as int lanes: 16 weight bytes, 32 int16 activations (evens, odds)
+inline int8 dot_q4q16(uchar16 w, const __global short16* x)
+{
+#ifdef Q8_X86
+    const v8si lo = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(w & (uchar)0x0F, short16), v16hi),
+                                              __builtin_astype(x[0], v16hi));
+    const v8si hi = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(w >> (uchar)4, short16), v16hi),
+                                              __builtin_astype(x[1], v16hi));
+    return __builtin_astype(lo + hi, int8);
+#else
+    const int16 p = CVT(w & (uchar)0x0F, int16) * CVT(x[0], int16)
+                  + CVT(w >> (uchar)4, int16) * CVT(x[1], int16);
+    return p.lo + p.hi;
+#endif
+}
+#endif
+
+// one 32-block (four float8 in order) of the row into the prepared activation
+inline void prep_block(float8 x0, float8 x1, float8 x2, float8 x3, __global uchar* arena,
+                       ulong s_o, int K, int b)
+{
+    __global float* dx = AT(float, s_o + (ulong)ACT_BYTES * K);
+#if ACT_BITS < 32
+    const int8 abs_mask = (int8)0x7FFFFFFF, sign = (int8)0x80000000, one_half = as_int8((float8)0.5f);
+    const float8 a0 = as_float8(as_int8(x0) & abs_mask), a1 = as_float8(as_int8(x1) & abs_mask);
+    const float8 a2 = as_float8(as_int8(x2) & abs_mask), a3 = as_float8(as_int8(x3) & abs_mask);
+    const float8 m01 = a0 > a1 ? a0 : a1, m23 = a2 > a3 ? a2 : a3, m8 = m01 > m23 ? m01 : m23;
+    const float4 m4 = m8.lo > m8.hi ? m8.lo : m8.hi;
+    const float2 m2 = m4.lo > m4.hi ? m4.lo : m4.hi;
+    const float d = (m2.x > m2.y ? m2.x : m2.y) / ACT_QMAX, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float8 t0 = x0 * id, t1 = x1 * id, t2 = x2 * id, t3 = x3 * id;
+    const int8 q0 = CVT(t0 + as_float8((as_int8(t0) & sign) | one_half), int8);   // round half away
+    const int8 q1 = CVT(t1 + as_float8((as_int8(t1) & sign) | one_half), int8);
+    const int8 q2 = CVT(t2 + as_float8((as_int8(t2) & sign) | one_half), int8);
+    const int8 q3 = CVT(t3 + as_float8((as_int8(t3) & sign) | one_half), int8);
+#if ACT_BITS == 8
+    __global char16* v = AT(char16, s_o) + 2 * b;
+    v[0] = CVT(((int16)(q0.even, q1.even, q2.even, q3.even)), char16);
+    v[1] = CVT(((int16)(q0.odd, q1.odd, q2.odd, q3.odd)), char16);
+#else
+    __global short16* v = AT(short16, s_o) + 2 * b;
+    v[0] = CVT(((int16)(q0.even, q1.even, q2.even, q3.even)), short16);
+    v[1] = CVT(((int16)(q0.odd, q1.odd, q2.odd, q3.odd)), short16);
+#endif
+    dx[b] = d;
+#else
+    __global float8* v = AT(float8, s_o) + 4 * b;
+    v[0] = (float8)(x0.even, x1.even);
+    v[1] = (float8)(x2.even, x3.even);
+    v[2] = (float8)(x0.odd, x1.odd);
+    v[3] = (float8)(x2.odd, x3.odd);
+    dx[b] = 1.0f;
+#endif
+    dx[K / QK + b] = hsum8((x0 + x1) + (x2 + x3));
+}
+
+// sum_j q_j x_j of weight block w against prepared block b, as float8 partial sums
+inline float8 block_dot(uchar16 w, const __global uchar* act, int b)
+{
+#if ACT_BITS == 8
+    return CVT(dot_q4q8(w, (const __global char*)act + b * QK), float8);
+#elif ACT_BITS == 16
+    return CVT(dot_q4q16(w, (const __global short16*)act + 2 * b), float8);
+#else
+    const __global float8* x = (const __global float8*)act + 4 * b;
+    const uchar16 lo = w & (uchar)0x0F, hi = w >> (uchar)4;
+    return (CVT(lo.lo, float8) * x[0] + CVT(lo.hi, float8) * x[1])
+         + (CVT(hi.lo, float8) * x[2] + CVT(hi.hi, float8) * x[3]);
+#endif
+}
+
+// rows ra and rb of a Q4_1 weight [., K] times the prepared activation: two rows share its loads
+inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int ra, int rb,
+                   int K, ulong s_o)
+{
+    const int nb = K / QK;
+    const __global uchar16* qa = AT(const uchar16, qs_o) + (size_t)ra * nb;
+    const __global uchar16* qb = AT(const uchar16, qs_o) + (size_t)rb * nb;
+    const __global ushort* da = AT(const ushort, d_o) + (size_t)ra * nb;
+    const __global ushort* db = AT(const ushort, d_o) + (size_t)rb * nb;
+    const __global ushort* ma = AT(const ushort, m_o) + (size_t)ra * nb;
+    const __global ushort* mb = AT(const ushort, m_o) + (size_t)rb * nb;
+    const __global uchar* xv = AT(const uchar, s_o);
+    const __global float* dx = AT(const float, s_o + (ulong)ACT_BYTES * K);
+    const __global float* sx = dx + nb;
+    float8 aa = 0.0f, ab = 0.0f, ma8 = 0.0f, mb8 = 0.0f;
+    float sa = 0.0f, sb = 0.0f;
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {       // 8 blocks: their scales converted as one vector each
+        const float8 dx8 = LOAD8(dx + b), sx8 = LOAD8(sx + b);
+        float sca[8] __attribute__((aligned(32))), scb[8] __attribute__((aligned(32)));
+        *(float8*)sca = HALF8(da + b) * dx8;
+        *(float8*)scb = HALF8(db + b) * dx8;
+        ma8 += HALF8(ma + b) * sx8;
+        mb8 += HALF8(mb + b) * sx8;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            aa += block_dot(qa[b + j], xv, b + j) * sca[j];
+            ab += block_dot(qb[b + j], xv, b + j) * scb[j];
+        }
+    }
+    for (; b < nb; b++) {
+        aa += block_dot(qa[b], xv, b) * (HALF(da, b) * dx[b]);
+        ab += block_dot(qb[b], xv, b) * (HALF(db, b) * dx[b]);
+        sa += HALF(ma, b) * sx[b];
+        sb += HALF(mb, b) * sx[b];
+    }
+    return (float2)(hsum8(aa + ma8) + sa, hsum8(ab + mb8) + sb);
+}
+
+// prep: x [K] -> act.  global (K/32 rounded up)
+__kernel void prep(__global uchar* arena, ulong x_o, ulong s_o, int K)
+{
+    const int b = get_global_id(0);
+    if (b >= K / QK) return;
+    const __global float8* x = AT(const float8, x_o) + 4 * b;
+    prep_block(x[0], x[1], x[2], x[3], arena, s_o, K, b);
+}
+
+// norm_prep: x [D], w [D] -> act of rmsnorm(x) (as kernels.cl's rmsnorm computes it); also
+// stored at out_o when store != 0 (another op reads it).  global (1): D is small
+__kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, ulong out_o,
+                        int D, float eps, int store)
+{
+    const __global float8* x = AT(const float8, x_o);
+    const __global float8* w = AT(const float8, w_o);
+    __global float8* out = AT(float8, out_o);
+    float8 acc = 0.0f;
+    for (int j = 0; j < D / 8; j++) acc += x[j] * x[j];
+    const float r = 1.0f / sqrt(hsum8(acc) / (float)D + eps);
+    for (int b = 0; b < D / QK; b++) {
+        const float8 y0 = x[4 * b] * r * w[4 * b], y1 = x[4 * b + 1] * r * w[4 * b + 1];
+        const float8 y2 = x[4 * b + 2] * r * w[4 * b + 2], y3 = x[4 * b + 3] * r * w[4 * b + 3];
+        prep_block(y0, y1, y2, y3, arena, s_o, D, b);
+        if (store) {
+            out[4 * b] = y0, out[4 * b + 1] = y1, out[4 * b + 2] = y2, out[4 * b + 3] = y3;
+        }
+    }
+}
+
+// rope_table: cos [hd/2] then sin [hd/2] of position pos0 at t_o (the rope kernel's formula).
+// global (hd/2)
+__kernel void rope_table(__global uchar* arena, ulong t_o, int hd, float theta, int pos0)
+{
+    const int i = get_global_id(0);
+    const float ang = (float)pos0 * pow(theta, -(float)(2 * i) / (float)hd);
+    AT(float, t_o)[i] = cos(ang);
+    AT(float, t_o)[hd / 2 + i] = sin(ang);
+}
+
+// linear_act: act [K], W Q4_1 [M, K] -> out [M] = W act (+ res [M] when add != 0; out may be
+// res itself or a KV row).  global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
+__kernel void linear_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                         ulong out_o, ulong res_o, int K, int M, int add)
+{
+    const int r0 = 2 * get_global_id(0);
+    if (r0 >= M) return;
+    const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
+    float2 y = dot2(arena, qs_o, d_o, m_o, r0, r1, K, s_o);
+    if (add) y += (float2)(AT(const float, res_o)[r0], AT(const float, res_o)[r1]);
+    AT(float, out_o)[r0] = y.x;
+    if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = y.y;
+}
+
+// qkv_rope: act [K] -> q [Mq] roped, k [Mk] roped, v [Mk] (k_out, v_out: KV rows pos0). The three
+// weights' rows are one index space (q, then k, then v); a work-item takes rows (2i, 2i+1), which
+// are one GGML NORM RoPE pair (Mq, Mk and hd are even). t_o: rope_table of this step's position.
+// global (ceil((Mq + 2 Mk) / 2) rounded up to LIN_R), local (LIN_R)
+__kernel void qkv_rope(__global uchar* arena, ulong s_o,
+                       ulong q_qs, ulong q_d, ulong q_m, ulong k_qs, ulong k_d, ulong k_m,
+                       ulong v_qs, ulong v_d, ulong v_m, ulong q_out, ulong k_out, ulong v_out,
+                       ulong t_o, int K, int Mq, int Mk, int hd)
+{
+    int r = 2 * get_global_id(0);
+    if (r >= Mq + 2 * Mk) return;
+    ulong qs = q_qs, d = q_d, m = q_m, out = q_out;
+    int rope = 1;
+    if (r >= Mq + Mk) {
+        r -= Mq + Mk, qs = v_qs, d = v_d, m = v_m, out = v_out, rope = 0;
+    } else if (r >= Mq) {
+        r -= Mq, qs = k_qs, d = k_d, m = k_m, out = k_out;
+    }
+    float2 y = dot2(arena, qs, d, m, r, r + 1, K, s_o);
+    if (rope) {
+        const int i = (r % hd) / 2;
+        const float c = AT(const float, t_o)[i], s = AT(const float, t_o)[hd / 2 + i];
+        y = (float2)(y.x * c - y.y * s, y.x * s + y.y * c);
+    }
+    AT(float, out)[r] = y.x;
+    AT(float, out)[r + 1] = y.y;
+}
+
+// gate_up_silu: act [K], W_gate, W_up Q4_1 [M, K] -> out [M] = silu(W_gate act) * (W_up act).
+// global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
+__kernel void gate_up_silu(__global uchar* arena, ulong s_o, ulong g_qs, ulong g_d, ulong g_m,
+                           ulong u_qs, ulong u_d, ulong u_m, ulong out_o, int K, int M)
+{
+    const int r0 = 2 * get_global_id(0);
+    if (r0 >= M) return;
+    const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
+    const float2 g = dot2(arena, g_qs, g_d, g_m, r0, r1, K, s_o);
+    const float2 u = dot2(arena, u_qs, u_d, u_m, r0, r1, K, s_o);
+    AT(float, out_o)[r0] = g.x / (1.0f + exp_f32(-g.x)) * u.x;
+    if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = g.y / (1.0f + exp_f32(-g.y)) * u.y;
+}

@@ -1,0 +1,83 @@
+"""Launches of the fused decode kernels (cl/decode.cl) for the tasks graph/fuse.py produced.
+
+The prepared activation row lives in the arena's "act" scratch and the per-step RoPE table in its
+"rope" scratch (memory/layout.py). Its format follows the precision (ACT_BITS): f32 keeps the
+oracle's numerics (only reassociated: d * sum(q x) + m * sum(x) per block), q16 rounds it to int16
+per 32-block, q8 to int8.
+"""
+from __future__ import annotations
+
+from socllm.models.quant import QK
+
+from .kernels_cl import CLKernels, _aligned, _out_off, _up
+
+
+ACT_BITS = {"q16": 16, "q8": 8}     # other precisions: f32 activations
+
+
+class FusedCL:
+    def __init__(self, kernels: CLKernels, act_off: int, rope_off: int, precision: str = "f32"):
+        if act_off % 64 or rope_off % 64:
+            raise ValueError("the act and rope scratch areas must be 64-byte aligned")
+        self.k, self.act, self.table = kernels, act_off, rope_off
+        self.ks = kernels._kernels(64, ACT_BITS.get(precision, 32))
+        self.lin_r = kernels.lin_r
+
+    def run(self, f, N: int, pos0: int):
+        if N != 1:
+            raise ValueError(f"{f.op}: fused decode kernels take one row, got N={N}")
+        getattr(self, "_" + f.op)(f.args, pos0)
+
+    def _go(self, name, gsize, lsize, *args):
+        self.k._go(name, gsize, lsize, *args, ks=self.ks)
+
+    def _rows(self, m: int):
+        """global and local size for kernels where a work-item takes 2 rows of m"""
+        return (_up(-(-m // 2), self.lin_r),), (self.lin_r,)
+
+    def _prep(self, a, pos0):
+        """x [K] -> act"""
+        K = a["K"]
+        if K % QK:
+            raise ValueError(f"prep: K={K} is not a multiple of {QK}")
+        _aligned("prep", a["x"][1])
+        self._go("prep", (_up(K // QK, 8),), (8,), a["x"][1], self.act, K)
+
+    def _norm_prep(self, a, pos0):
+        """x [D], w [D] -> act of rmsnorm(x) (and out [D] if a["store"])"""
+        D = a["D"]
+        if D % QK:
+            raise ValueError(f"norm_prep: D={D} is not a multiple of {QK}")
+        _aligned("norm_prep", a["x"][1], a["w"][1], a["out"][1])
+        self._go("norm_prep", (1,), (1,), a["x"][1], a["w"][1], self.act, a["out"][1], D,
+                 a["eps"], int(a["store"]))
+
+    def _rope_table(self, a, pos0):
+        """cos, sin [head_dim / 2] of position pos0 -> the rope scratch"""
+        hd = a["head_dim"]
+        self._go("rope_table", (hd // 2,), None, self.table, hd, a["theta"], pos0)
+
+    def _linear_act(self, a, pos0):
+        """act [K], W [M, K] -> out [M] (+ res [M])"""
+        M, (_, qs, d, m) = a["M"], a["w"]
+        out = _out_off(a["out"], pos0, M)
+        res = a["res"][1] if a["res"] is not None else 0
+        self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
+                 int(a["res"] is not None))
+
+    def _qkv_rope(self, a, pos0):
+        """act [K] -> q [Mq] roped, K cache row pos0 roped, V cache row pos0"""
+        Mq, Mk, hd = a["Mq"], a["Mk"], a["head_dim"]
+        if Mq % 2 or Mk % 2 or hd % 2:
+            raise ValueError(f"qkv_rope: Mq={Mq}, Mk={Mk}, head_dim={hd} must be even")
+        ws = [x for w in ("wq", "wk", "wv") for x in a[w][1:]]
+        outs = [_out_off(a["q_out"], pos0, Mq), _out_off(a["k_out"], pos0, Mk),
+                _out_off(a["v_out"], pos0, Mk)]
+        self._go("qkv_rope", *self._rows(Mq + 2 * Mk), self.act, *ws, *outs, self.table,
+                 a["K"], Mq, Mk, hd)
+
+    def _gate_up_silu(self, a, pos0):
+        """act [K] -> out [M] = silu(W_gate act) * (W_up act)"""
+        M = a["M"]
+        self._go("gate_up_silu", *self._rows(M), self.act, *a["wg"][1:], *a["wu"][1:],
+                 a["out"][1], a["K"], M)

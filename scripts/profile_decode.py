@@ -1,0 +1,95 @@
+"""Where a GPU decode step's time goes: kernels (OpenCL profiling events) vs everything else.
+
+    python -m socllm.scripts.profile_decode [--pos 512] [--steps 30] [--precision f32|q8]
+
+Runs the gpu plan's decode program in this process, on a pool laid out exactly as the engine lays
+it out (no Ray: the step's own cost, without the hop to the control actor). Reports the step's wall
+time, the time inside kernels (sum of event durations, per op) and the rest: Python dispatch,
+launch overhead and queue gaps — issue 3's "time spent outside kernels". Profiling events cost a
+little themselves; the wall time without them is reported too.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import time
+
+import numpy as np
+
+from socllm.policies.threads import actor_env, machine_budget
+
+
+def build(precision: str, profile: bool):
+    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.planner import PlannerCore
+    from socllm.graph.program import StepProgram
+    from socllm.memory.arena import Arena
+    from socllm.memory.layout import plan_layout, write_weights
+    from socllm.models.gguf_file import default_model_path, open_gguf
+    from socllm.models.llama import load_config, load_weights
+    from socllm.policies.buckets import MAX_CHUNK
+    reader = open_gguf(default_model_path())
+    cfg = load_config(reader)
+    weights = load_weights(reader, cfg)
+    planner = PlannerCore(cfg)
+    slot_bytes = [planner.slots.nbytes(i, MAX_CHUNK) for i in range(len(planner.slots.sizes))]
+    lay = plan_layout(weights, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, slot_bytes, MAX_CHUNK,
+                      2048, cfg.vocab, max(cfg.dim, cfg.ffn_dim))
+    arena = Arena.create(lay.size, lay.readonly_bytes)
+    write_weights(arena.buf, lay, weights)
+    planner.set_layout(lay.to_dict())
+    prog = StepProgram.from_bytes(planner.program("gpu", "decode", 1)[1])
+    gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
+    units = gpu.build_units(prog, precision)
+    return arena, gpu, units
+
+
+def run_steps(gpu, units, precision, pos, steps):
+    walls = []
+    for s in range(steps):
+        gpu.begin_step(precision)
+        t0 = time.perf_counter()
+        for u in units:
+            u.run(1, pos + s)
+        gpu.finish()
+        walls.append(time.perf_counter() - t0)
+    return walls
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pos", type=int, default=512, help="KV rows before the step")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--precision", default="f32", choices=("f32", "q8"))
+    args = ap.parse_args(argv)
+    for k, v in actor_env(machine_budget()).items():
+        os.environ.setdefault(k, v)
+    out = {}
+    for profile in (False, True):
+        arena, gpu, units = build(args.precision, profile)
+        try:
+            run_steps(gpu, units, args.precision, args.pos, 3)          # compile, warm caches
+            gpu.kernels.events.clear()
+            walls = run_steps(gpu, units, args.precision, args.pos, args.steps)
+            out[profile] = (walls, gpu.kernels.kernel_times())
+        finally:
+            arena.unlink()
+    plain, (walls, per_op) = out[False][0], out[True]
+    launches = sum(n for n, _ in per_op.values()) / args.steps
+    busy = sum(t for _, t in per_op.values()) / args.steps
+    med = statistics.median(walls)
+    print(f"decode step at pos {args.pos}, precision {args.precision}, {args.steps} steps, "
+          f"{len(units)} units, {launches:.0f} launches/step")
+    print(f"  wall without events: median {statistics.median(plain) * 1e3:.2f} ms "
+          f"(min {min(plain) * 1e3:.2f}, max {max(plain) * 1e3:.2f})")
+    print(f"  wall with events:    median {med * 1e3:.2f} ms; inside kernels {busy * 1e3:.2f} ms; "
+          f"outside {(med - busy) * 1e3:.2f} ms = {(med - busy) / med:.0%}")
+    for op, (n, t) in sorted(per_op.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {op:16s} {n / args.steps:5.0f} launches  {t / args.steps * 1e3:6.2f} ms/step "
+              f"{t / n * 1e6:7.1f} us each")
+
+
+if __name__ == "__main__":
+    main()

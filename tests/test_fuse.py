@@ -1,0 +1,115 @@
+"""Decode operator fusion: the pass (graph/fuse.py) and its kernels (actors/cl/decode.cl).
+
+The fused decode step must compute what the op-by-op step computes: f32 within 1e-5 (sums only
+reassociated), q16 within 1e-3 of the logits' scale; KV rows written in place the same way.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", "2")  # before pyopencl starts PoCL
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from socllm.graph.fuse import Fused, fuse_decode
+from socllm.graph.program import StepProgram
+
+from test_pool import _program
+
+LAYERS = 2
+
+
+def test_a_decode_layer_is_nine_launches(model_config):
+    _, prog = _program(model_config, "gpu", "decode", LAYERS)
+    units = fuse_decode(prog, "gpu")
+    ops = Counter(u.op for u in units)
+    per_layer = {"norm_prep": 2, "qkv_rope": 1, "attention": 1, "prep": 2, "linear_act": 2,
+                 "gate_up_silu": 1}
+    assert ops == Counter({**{k: v * LAYERS for k, v in per_layer.items()},
+                           "embed": 1, "rope_table": 1, "rmsnorm": 1, "lm_head": 1})
+    replaced = sorted(s for u in units for s in (u.seqs if isinstance(u, Fused) else (u.seq,)))
+    assert replaced == sorted(t.seq for t in prog.tasks["gpu"])      # every task exactly once
+
+
+@pytest.mark.parametrize("plan,phase", [("hetero", "prefill"), ("gpu", "decode"), ("npu", "decode")])
+def test_fusion_never_crosses_a_wait_or_a_signal(model_config, plan, phase):
+    _, prog = _program(model_config, plan, phase, LAYERS)
+    for proc, tasks in prog.tasks.items():
+        by_seq = {t.seq: t for t in tasks}
+        for u in fuse_decode(prog, proc):
+            if isinstance(u, Fused) and u.seqs:
+                inner = [by_seq[s] for s in u.seqs]
+                assert all(not t.waits for t in inner[1:]) and all(not t.signals for t in inner[:-1])
+                assert u.signals == inner[-1].signals
+
+
+def test_an_intermediate_read_elsewhere_is_not_dropped(model_config):
+    """If another processor read layer 0's q projection, q + rope must not fuse into qkv_rope."""
+    _, prog = _program(model_config, "gpu", "decode", LAYERS)
+    tasks = prog.tasks["gpu"]
+    q = next(t for t in tasks if t.op == "linear" and t.layer == 0)
+    spy = type(q)("add", {"a": q.args["out"], "b": q.args["out"], "out": ("a", 1), "D": 1},
+                  seq=q.seq + 1, layer=0)
+    for t in tasks:                         # make room in the global order right after q
+        t.seq += 1 if t.seq > q.seq else 0
+    prog = StepProgram(prog.phase, prog.bucket, {"gpu": tasks, "cpu": [spy]}, prog.final)
+    ops = Counter(u.op for u in fuse_decode(prog, "gpu"))
+    assert ops["qkv_rope"] == LAYERS - 1 and ops["linear_act"] == 2 * LAYERS + 3
+
+
+# -- the fused step against the op-by-op step, on the real model's first layers ---------------
+@pytest.fixture(scope="module")
+def pool(model_config, model_weights):
+    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.planner import PlannerCore
+    from socllm.memory.arena import Arena
+    from socllm.memory.layout import plan_layout, write_weights
+    cfg = model_config
+    weights = {k: v for k, v in model_weights.items()
+               if not k.startswith("blk.") or int(k.split(".")[1]) < LAYERS}
+    planner = PlannerCore(cfg, LAYERS)
+    slot_bytes = [planner.slots.nbytes(i, 64) for i in range(len(planner.slots.sizes))]
+    lay = plan_layout(weights, LAYERS, cfg.n_kv_heads * cfg.head_dim, slot_bytes, 64, 128,
+                      cfg.vocab, max(cfg.dim, cfg.ffn_dim))
+    arena = Arena.create(lay.size, lay.readonly_bytes)
+    try:
+        write_weights(arena.buf, lay, weights)
+        planner.set_layout(lay.to_dict())
+        prog = StepProgram.from_bytes(planner.program("gpu", "decode", 1)[1])
+        yield arena, lay, prog, GPUBackend(arena.buf, lay, 2)
+    finally:
+        arena.unlink()
+
+
+def _step(gpu, prog, precision, pos0, fuse):
+    gpu.fuse = fuse
+    gpu.begin_step(precision)
+    for u in gpu.build_units(prog, precision):
+        u.run(1, pos0)
+    gpu.finish()
+
+
+@pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3)])
+def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol):
+    arena, lay, prog, gpu = pool
+    rng = np.random.default_rng(1)
+    pos0, cols = 37, lay.kv_cols
+    buf = arena.buf
+    kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
+          for off in lay.kv.values()]
+    for c in kv:
+        c[:pos0] = rng.standard_normal((pos0, cols)).astype(np.float32)
+    logits = buf[lay.io["logits"]: lay.io["logits"] + lay.vocab * 4].view(np.float32)
+    buf[lay.io["ids"]: lay.io["ids"] + 4].view(np.int32)[0] = 3575
+    _step(gpu, prog, "f32", pos0, fuse=False)
+    want, want_kv = logits.copy(), [c[:pos0 + 2].copy() for c in kv]
+    _step(gpu, prog, precision, pos0, fuse=True)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(logits, want, rtol=0, atol=rtol * scale)
+    for c, w in zip(kv, want_kv):
+        np.testing.assert_array_equal(c[:pos0], w[:pos0])              # history untouched
+        np.testing.assert_allclose(c[pos0], w[pos0], rtol=0, atol=rtol * np.abs(w[pos0]).max())
+        np.testing.assert_array_equal(c[pos0 + 1], w[pos0 + 1])         # nothing past row pos0
