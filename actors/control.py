@@ -14,7 +14,7 @@ import ray
 
 from socllm.memory.kvcache import KVCache
 from socllm.memory.layout import W_FIRST_LOC, W_TOKENS
-from socllm.memory.ready import MAX_EPOCH, STEP
+from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
 from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
 from socllm.policies.placement import resolve
 from socllm.policies.sampling import Sampler, SamplingParams
@@ -35,6 +35,7 @@ class ControlCore(ProcessorCore):
         self.logits = self.arena.buf[lay.io["logits"]: lay.io["logits"] + lay.vocab * 4].view(np.float32)
         self.ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
         self.kv = KVCache(lay.kv_rows, len(lay.kv) // 2, lay.kv_cols)
+        self.step_predict = SleepPredictor()
 
     # -- programs ------------------------------------------------------------------------------
     def _program(self, plan, phase, bucket, precision):
@@ -71,8 +72,9 @@ class ControlCore(ProcessorCore):
         ctl["precision"] = PRECISIONS[precision]
         for p in procs:
             words.store(self.lay.go(p), self.epoch)
-        for p in procs:
-            while not words.wait(self.lay.done(p), base + final[p], timeout_s=0.25):
+        for p in procs:     # a decode step's length is learned: sleep most of it, then poll
+            while not self.step_predict.wait(words, (pid, p), self.lay.done(p), base + final[p],
+                                             timeout_s=0.25):
                 self._check_errors(procs)
         self._check_errors(procs)
 

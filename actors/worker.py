@@ -12,7 +12,7 @@ import time
 import traceback
 
 from socllm.memory.layout import W_ERROR, Control, PoolLayout
-from socllm.memory.ready import STEP, ReadyWords
+from socllm.memory.ready import STEP, ReadyWords, SleepPredictor
 
 
 class Unit:
@@ -38,6 +38,7 @@ class Worker:
         self.error: str | None = None
         self.busy_s = 0.0                  # time spent running units (not waiting)
         self.steps = 0
+        self.predict = SleepPredictor()    # learned per (program, unit): HeteroLLM §4.2
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"socllm-{name}", daemon=True)
         self._thread.start()
@@ -68,9 +69,9 @@ class Worker:
         units = self.units[(pid, prec)]
         self.backend.begin_step(self.precisions[prec])
         t0 = time.perf_counter()
-        for u in units:
+        for k, u in enumerate(units):
             for w, v in u.waits:
-                if not words.wait(w, base + v, timeout_s=300):
+                if not self.predict.wait(words, (pid, k), w, base + v, timeout_s=300):
                     raise TimeoutError(f"waited 300 s for ready word {w}")
             u.run(n, pos0)
             if u.signals:

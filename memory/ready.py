@@ -88,3 +88,32 @@ class ReadyWords:
                           None, 0)
             cur = int(self.words[i])
         return cur
+
+
+class SleepPredictor:
+    """HeteroLLM §4.2 predicted sleep, learned: per wait site (a unit of a program, or a step), an
+    exponential average of how long the wait lasted in earlier steps. The waiter sleeps `fraction`
+    of that (only if it is long enough to be worth a sleep), then polls, then blocks (wait)."""
+
+    def __init__(self, fraction: float = 0.8, alpha: float = 0.5, min_s: float = 200e-6):
+        self.fraction, self.alpha, self.min_s = fraction, alpha, min_s
+        self.expected: dict = {}            # site -> seconds
+
+    def sleep_s(self, site) -> float:
+        e = self.expected.get(site, 0.0)
+        return self.fraction * e if e >= self.min_s else 0.0
+
+    def observe(self, site, waited_s: float):
+        e = self.expected.get(site)
+        self.expected[site] = waited_s if e is None else e + self.alpha * (waited_s - e)
+
+    def wait(self, words: "ReadyWords", site, i: int, value: int, timeout_s: float | None = None) -> bool:
+        """words.wait with the predicted sleep for `site`, learning from how long it took."""
+        if words.words[i] >= value:
+            self.observe(site, 0.0)
+            return True
+        t0 = time.perf_counter()
+        ok = words.wait(i, value, timeout_s=timeout_s, sleep_s=self.sleep_s(site))
+        self.observe(site, time.perf_counter() - t0)
+        return ok
+

@@ -16,7 +16,7 @@ from socllm.graph.lower import lower
 from socllm.graph.program import StepProgram, segment_live_out
 from socllm.memory.arena import SHM_DIR, Arena, reap_orphans
 from socllm.memory.layout import PROCESSORS, PoolLayout
-from socllm.memory.ready import ReadyWords
+from socllm.memory.ready import ReadyWords, SleepPredictor
 from socllm.policies.placement import placement
 
 
@@ -111,6 +111,24 @@ def test_ready_word_blocking_wait_burns_no_core():
         assert words.wait(2, 7)
         assert time.process_time() - t0 < 0.05             # slept in the kernel, did not spin
         assert not words.wait(3, 1, timeout_s=0.05)
+    finally:
+        arena.unlink()
+
+
+def test_predicted_sleep_learns_the_wait_and_still_wakes_on_time():
+    """HeteroLLM §4.2: after a few steps of ~20 ms waits the waiter sleeps ~80 % of it, then
+    polls; each wait still ends when the word is stored, and a short wait is never slept."""
+    arena = Arena.create(1 << 16)
+    try:
+        words, pred = ReadyWords(arena.buf[:64]), SleepPredictor()
+        for step in range(1, 5):
+            t0 = time.perf_counter()
+            threading.Timer(0.02, lambda v=step: words.store(2, v)).start()
+            assert pred.wait(words, "site", 2, step, timeout_s=5)
+            assert time.perf_counter() - t0 < 0.2
+        assert 0.8 * 0.015 < pred.sleep_s("site") < 0.8 * 0.1
+        words.store(3, 1)
+        assert pred.wait(words, "short", 3, 1) and pred.sleep_s("short") == 0.0
     finally:
         arena.unlink()
 
