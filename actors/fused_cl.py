@@ -50,7 +50,7 @@ class FusedCL:
             raise ValueError(f"norm_prep: D={D} is not a multiple of {QK}")
         _aligned("norm_prep", a["x"][1], a["w"][1], a["out"][1])
         self._go("norm_prep", (1,), (1,), a["x"][1], a["w"][1], self.act, a["out"][1], D,
-                 a["eps"], int(a["store"]))
+                 a["eps"], int(a["store"]), int(a.get("natural", False)))
 
     def _rope_table(self, a, pos0):
         """cos, sin [head_dim / 2] of position pos0 -> the rope scratch"""
@@ -81,3 +81,11 @@ class FusedCL:
         M = a["M"]
         self._go("gate_up_silu", *self._rows(M), self.act, *a["wg"][1:], *a["wu"][1:],
                  a["out"][1], a["K"], M)
+
+    def _lm_head_act(self, a, pos0):
+        """act [D] (natural order), table Q8_0 [V, D] -> logits [V]"""
+        D, V, (_, qs, d) = a["D"], a["V"], a["table"]
+        if D % QK:
+            raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
+        _aligned("lm_head", qs, to=16)
+        self._go("lm_head_act", *self._rows(V), self.act, qs, d, a["out"][1], D, V)

@@ -8,6 +8,7 @@ instead of 15 (22 with q8), and it never changes what the step computes:
   linear gate, up + silu_mul(gate, up)     gate_up_silu
   linear + add(residual, linear)           linear_act(add=1)
   any other linear                         prep + linear_act
+  rmsnorm -> lm_head                       norm_prep(natural) + lm_head_act
 
 A fused task's intermediate outputs are dropped only when no task outside it reads them
 (`_readers` over the whole program, so another processor's reads count); a run is fused only if
@@ -120,6 +121,15 @@ def fuse_decode(prog: StepProgram, proc: str) -> list:
             store = bool(readers[t.seq] - {u.seq for u in run})
             out.append(Fused("norm_prep", {**t.args, "store": store}, t.waits, [], (t.seq,), t.layer))
             prepared, i = t.args["out"], i + 1
+            continue
+        nxt = tasks[i + 1] if i + 1 < len(tasks) else None
+        if t.op == "rmsnorm" and nxt is not None and nxt.op == "lm_head" \
+                and nxt.args["x"] == t.args["out"] and _joinable([t, nxt]):
+            store = bool(readers[t.seq] - {nxt.seq})
+            out.append(Fused("norm_prep", {**t.args, "store": store, "natural": True}, t.waits, [],
+                             (t.seq,), t.layer))
+            out.append(Fused("lm_head_act", dict(nxt.args), [], nxt.signals, (nxt.seq,), nxt.layer))
+            prepared, i = None, i + 2
             continue
         if t.op == "linear":
             waits = t.waits

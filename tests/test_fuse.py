@@ -1,7 +1,7 @@
 """Decode operator fusion: the pass (graph/fuse.py) and its kernels (actors/cl/decode.cl).
 
 The fused decode step must compute what the op-by-op step computes: f32 within 1e-5 (sums only
-reassociated), q16 within 1e-3 of the logits' scale; KV rows written in place the same way.
+reassociated), q16 within 1e-3 of the logits' scale, q8 within 5e-2; KV rows written in place the same way.
 """
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ def test_a_decode_layer_is_nine_launches(model_config):
     ops = Counter(u.op for u in units)
     per_layer = {"norm_prep": 2, "qkv_rope": 1, "attention": 1, "prep": 2, "linear_act": 2,
                  "gate_up_silu": 1}
+    ops["norm_prep"] -= 1                                   # the final norm, before lm_head_act
+    assert ops.pop("lm_head_act") == 1
     assert ops == Counter({**{k: v * LAYERS for k, v in per_layer.items()},
-                           "embed": 1, "rope_table": 1, "rmsnorm": 1, "lm_head": 1})
+                           "embed": 1, "rope_table": 1})
     replaced = sorted(s for u in units for s in (u.seqs if isinstance(u, Fused) else (u.seq,)))
     assert replaced == sorted(t.seq for t in prog.tasks["gpu"])      # every task exactly once
 
@@ -92,7 +94,7 @@ def _step(gpu, prog, precision, pos0, fuse):
     gpu.finish()
 
 
-@pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3)])
+@pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3), ("q8", 5e-2)])
 def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol):
     arena, lay, prog, gpu = pool
     rng = np.random.default_rng(1)

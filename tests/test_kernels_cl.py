@@ -377,3 +377,25 @@ def test_fused_scratch_must_be_aligned(dev):
     from socllm.actors.fused_cl import FusedCL
     with pytest.raises(ValueError, match="64-byte"):
         FusedCL(dev[1], ACT_OFF + 32, ROPE_OFF)
+
+
+@pytest.mark.parametrize("precision,tol", [("f32", RTOL), ("q16", 1e-4), ("q8", 2e-2)])
+def test_lm_head_act_matches_numpy(dev, lay, rng, build, precision, tol):
+    """The final norm prepared in natural order, then the Q8_0 lm-head (two rows a work-item)."""
+    from socllm.actors.fused_cl import FusedCL
+    from socllm.graph.fuse import Fused
+    Vs = 1001                                         # odd: the last work-item has one row
+    x, w, table = rows(lay, rng, 1, D), lay.put(rng.uniform(0.5, 1.5, D).astype(np.float32)), lay.w8(Vs, D, rng)
+    xn, out = lay.zeros(D), lay.zeros(Vs)
+    ref = dev[0].copy()
+    spec = NumpyKernels(ref)
+    spec.run("rmsnorm", {"x": ("a", x), "w": ("wf", w), "out": ("a", xn), "D": D, "eps": 1e-5}, 1, 0)
+    spec.run("lm_head", {"x": ("a", xn), "table": table, "out": ("a", out), "D": D, "V": Vs}, 1, 0)
+    f = FusedCL(build, ACT_OFF, ROPE_OFF, precision)
+    f.run(Fused("norm_prep", {"x": ("a", x), "w": ("wf", w), "out": ("a", xn), "D": D, "eps": 1e-5,
+                              "store": False, "natural": True}), 1, 0)
+    f.run(Fused("lm_head_act", {"x": ("a", xn), "table": table, "out": ("a", out), "D": D, "V": Vs}), 1, 0)
+    build.finish()
+    got, want = (a[out: out + 4 * Vs].view(np.float32) for a in (dev[0], ref))
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * float(np.abs(want).max()))
+    assert not dev[0][xn: xn + 4 * D].any()           # store=False: the normalized row stays unwritten

@@ -17,6 +17,7 @@
 //                    block's max, products in integers (pmaddwd), ~1.6x fewer instructions;
 //                  ACT_BITS 8: int8 per block (precision q8, llama.cpp's Q8_1 idea; pmaddubsw)
 //   dx f32 [K/32]  block scale (1 for f32, max|x| / 32767 for int16, max|x| / 127 for int8)
+//                  (lm_head_act reads its values in natural order instead: norm_prep natural=1)
 //   sx f32 [K/32]  block sum of x, exact in f32: sum_j (d q_j + m) x_j = d sum_j q_j x_j + m sx,
 //                  so the GEMV multiplies by d once per block and never forms d q + m
 
@@ -28,6 +29,7 @@ typedef char v32qi __attribute__((__vector_size__(32)));
 typedef short v16hi __attribute__((__vector_size__(32)));
 typedef int v8si __attribute__((__vector_size__(32)));
 typedef uchar uchar32 __attribute__((ext_vector_type(32)));
+typedef char char32 __attribute__((ext_vector_type(32)));
 typedef ushort ushort8u __attribute__((ext_vector_type(8), aligned(2)));   // unaligned loads
 typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
 #define HALF8(p) __builtin_ia32_vcvtph2ps256(__builtin_astype(*(const __global ushort8u*)(p), short8))
@@ -82,7 +84,7 @@ inline int8 dot_q4q16(uchar16 w, const __global short16* x)
 
 // one 32-block (four float8 in order) of the row into the prepared activation
 inline void prep_block(float8 x0, float8 x1, float8 x2, float8 x3, __global uchar* arena,
-                       ulong s_o, int K, int b)
+                       ulong s_o, int K, int b, int natural)
 {
     __global float* dx = AT(float, s_o + (ulong)ACT_BYTES * K);
 #if ACT_BITS < 32
@@ -98,22 +100,24 @@ inline void prep_block(float8 x0, float8 x1, float8 x2, float8 x3, __global ucha
     const int8 q1 = CVT(t1 + as_float8((as_int8(t1) & sign) | one_half), int8);
     const int8 q2 = CVT(t2 + as_float8((as_int8(t2) & sign) | one_half), int8);
     const int8 q3 = CVT(t3 + as_float8((as_int8(t3) & sign) | one_half), int8);
+    const int16 e = natural ? (int16)(q0, q1) : (int16)(q0.even, q1.even, q2.even, q3.even);
+    const int16 o = natural ? (int16)(q2, q3) : (int16)(q0.odd, q1.odd, q2.odd, q3.odd);
 #if ACT_BITS == 8
     __global char16* v = AT(char16, s_o) + 2 * b;
-    v[0] = CVT(((int16)(q0.even, q1.even, q2.even, q3.even)), char16);
-    v[1] = CVT(((int16)(q0.odd, q1.odd, q2.odd, q3.odd)), char16);
+    v[0] = CVT(e, char16);
+    v[1] = CVT(o, char16);
 #else
     __global short16* v = AT(short16, s_o) + 2 * b;
-    v[0] = CVT(((int16)(q0.even, q1.even, q2.even, q3.even)), short16);
-    v[1] = CVT(((int16)(q0.odd, q1.odd, q2.odd, q3.odd)), short16);
+    v[0] = CVT(e, short16);
+    v[1] = CVT(o, short16);
 #endif
     dx[b] = d;
 #else
     __global float8* v = AT(float8, s_o) + 4 * b;
-    v[0] = (float8)(x0.even, x1.even);
-    v[1] = (float8)(x2.even, x3.even);
-    v[2] = (float8)(x0.odd, x1.odd);
-    v[3] = (float8)(x2.odd, x3.odd);
+    v[0] = natural ? x0 : (float8)(x0.even, x1.even);
+    v[1] = natural ? x1 : (float8)(x2.even, x3.even);
+    v[2] = natural ? x2 : (float8)(x0.odd, x1.odd);
+    v[3] = natural ? x3 : (float8)(x2.odd, x3.odd);
     dx[b] = 1.0f;
 #endif
     dx[K / QK + b] = hsum8((x0 + x1) + (x2 + x3));
@@ -179,13 +183,14 @@ __kernel void prep(__global uchar* arena, ulong x_o, ulong s_o, int K)
     const int b = get_global_id(0);
     if (b >= K / QK) return;
     const __global float8* x = AT(const float8, x_o) + 4 * b;
-    prep_block(x[0], x[1], x[2], x[3], arena, s_o, K, b);
+    prep_block(x[0], x[1], x[2], x[3], arena, s_o, K, b, 0);
 }
 
 // norm_prep: x [D], w [D] -> act of rmsnorm(x) (as kernels.cl's rmsnorm computes it); also
-// stored at out_o when store != 0 (another op reads it).  global (1): D is small
+// stored at out_o when store != 0 (another op reads it). natural != 0: values in their own order
+// (for lm_head_act's Q8_0 rows), not evens/odds.  global (1): D is small
 __kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, ulong out_o,
-                        int D, float eps, int store)
+                        int D, float eps, int store, int natural)
 {
     const __global float8* x = AT(const float8, x_o);
     const __global float8* w = AT(const float8, w_o);
@@ -196,7 +201,7 @@ __kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, 
     for (int b = 0; b < D / QK; b++) {
         const float8 y0 = x[4 * b] * r * w[4 * b], y1 = x[4 * b + 1] * r * w[4 * b + 1];
         const float8 y2 = x[4 * b + 2] * r * w[4 * b + 2], y3 = x[4 * b + 3] * r * w[4 * b + 3];
-        prep_block(y0, y1, y2, y3, arena, s_o, D, b);
+        prep_block(y0, y1, y2, y3, arena, s_o, D, b, natural);
         if (store) {
             out[4 * b] = y0, out[4 * b + 1] = y1, out[4 * b + 2] = y2, out[4 * b + 3] = y3;
         }
@@ -267,4 +272,72 @@ __kernel void gate_up_silu(__global uchar* arena, ulong s_o, ulong g_qs, ulong g
     const float2 u = dot2(arena, u_qs, u_d, u_m, r0, r1, K, s_o);
     AT(float, out_o)[r0] = g.x / (1.0f + exp_f32(-g.x)) * u.x;
     if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = g.y / (1.0f + exp_f32(-g.y)) * u.y;
+}
+
+// sum_j q_j x_j of a Q8_0 block (32 int8 weights, natural order) against natural-order act block b
+inline float8 block_dot_q8_0(const __global char16* q, const __global uchar* act, int b)
+{
+    const char16 q0 = q[0], q1 = q[1];
+#if ACT_BITS == 8 && defined(Q8_X86)
+    // s8 * s8 with pmaddubsw (u8 * s8): |w| times x with w's sign moved onto x (llama.cpp's trick)
+    const v32qi w = __builtin_astype((char32)(q0, q1), v32qi);
+    const v32qi x = *((const __global v32qi*)act + b);
+    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(w, w),   // |w| (-128: 0x80 = 128 unsigned)
+                                                __builtin_ia32_psignb256(x, w));
+    return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
+#elif ACT_BITS == 8
+    const __global char16* x = (const __global char16*)act + 2 * b;
+    const short16 p = CVT(q0, short16) * CVT(x[0], short16) + CVT(q1, short16) * CVT(x[1], short16);
+    return CVT(CVT(p.lo, int8) + CVT(p.hi, int8), float8);
+#elif ACT_BITS == 16
+    const __global short16* x = (const __global short16*)act + 2 * b;
+#ifdef Q8_X86
+    const v8si lo = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(q0, short16), v16hi), __builtin_astype(x[0], v16hi));
+    const v8si hi = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(q1, short16), v16hi), __builtin_astype(x[1], v16hi));
+    return CVT(__builtin_astype(lo + hi, int8), float8);
+#else
+    const int16 p = CVT(q0, int16) * CVT(x[0], int16) + CVT(q1, int16) * CVT(x[1], int16);
+    return CVT(p.lo + p.hi, float8);
+#endif
+#else
+    const __global float8* x = (const __global float8*)act + 4 * b;
+    return (CVT(q0.lo, float8) * x[0] + CVT(q0.hi, float8) * x[1])
+         + (CVT(q1.lo, float8) * x[2] + CVT(q1.hi, float8) * x[3]);
+#endif
+}
+
+// lm_head_act: act [D] (natural order), table Q8_0 [V, D] -> out [V]; two rows a work-item.
+// global (ceil(V / 2) rounded up to LIN_R), local (LIN_R)
+__kernel void lm_head_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong out_o,
+                          int D, int V)
+{
+    const int r0 = 2 * get_global_id(0);
+    if (r0 >= V) return;
+    const int r1 = r0 + 1 < V ? r0 + 1 : V - 1, nb = D / QK;
+    const __global char16* qa = AT(const char16, qs_o) + (size_t)r0 * (D / 16);
+    const __global char16* qb = AT(const char16, qs_o) + (size_t)r1 * (D / 16);
+    const __global ushort* da = AT(const ushort, d_o) + (size_t)r0 * nb;
+    const __global ushort* db = AT(const ushort, d_o) + (size_t)r1 * nb;
+    const __global uchar* xv = AT(const uchar, s_o);
+    const __global float* dx = AT(const float, s_o + (ulong)ACT_BYTES * D);
+    float8 aa = 0.0f, ab = 0.0f;
+    int b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const float8 dx8 = LOAD8(dx + b);
+        float sca[8] __attribute__((aligned(32))), scb[8] __attribute__((aligned(32)));
+        *(float8*)sca = HALF8(da + b) * dx8;
+        *(float8*)scb = HALF8(db + b) * dx8;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            aa += block_dot_q8_0(qa + 2 * (b + j), xv, b + j) * sca[j];
+            ab += block_dot_q8_0(qb + 2 * (b + j), xv, b + j) * scb[j];
+        }
+    }
+    for (; b < nb; b++) {
+        aa += block_dot_q8_0(qa + 2 * b, xv, b) * (HALF(da, b) * dx[b]);
+        ab += block_dot_q8_0(qb + 2 * b, xv, b) * (HALF(db, b) * dx[b]);
+    }
+    AT(float, out_o)[r0] = hsum8(aa);
+    if (r0 + 1 < V) AT(float, out_o)[r0 + 1] = hsum8(ab);
 }
