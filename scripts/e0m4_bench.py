@@ -4,8 +4,9 @@
 
 Both sides read the same layer's weights of the model (blk.0: attn_q 576x576, ffn_gate 1536x576,
 ffn_down 576x1536; E0M4 requantized from the Q4_1 values) from one zero-copy arena. Q4_1 runs as the
-engine runs it: CLKernels.run("linear", ..., N=1) with f32 activations (linear_gemv); E0M4 runs
-E0M4Kernels.gemv, the same kernel but for the dequantization, with the same LIN_T / LIN_R. A
+engine's unfused linear op runs it: CLKernels.run("linear", ..., N=1), f32 activations (linear_gemv);
+E0M4 runs E0M4Kernels.gemv, the same kernel but for the dequantization, with the same LIN_T / LIN_R.
+(The fused decode, graph/fuse.py's linear_act over a prepared activation row, is not compared.) A
 timing is the wall time of `inner` back-to-back launches and one finish, divided by `inner`; the
 two formats alternate rep by rep so that load from other processes falls on both.
 Threads: PoCL's POCL_MAX_PTHREAD_COUNT as set in the environment (its default: all cores).
