@@ -88,4 +88,4 @@ class FusedCL:
         if D % QK:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
         _aligned("lm_head", qs, to=16)
-        self._go("lm_head_act", *self._rows(V), self.act, qs, d, a["out"][1], D, V)
+        self._go("lm_head_act", (_up(V, 64),), (64,), self.act, qs, d, a["out"][1], D, V)

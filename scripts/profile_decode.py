@@ -1,6 +1,6 @@
 """Where a GPU decode step's time goes: kernels (OpenCL profiling events) vs everything else.
 
-    python -m socllm.scripts.profile_decode [--pos 512] [--steps 30] [--precision f32|q8]
+    python -m socllm.scripts.profile_decode [--pos 512] [--steps 30] [--precision f32|q16|q8]
 
 Runs the gpu plan's decode program in this process, on a pool laid out exactly as the engine lays
 it out (no Ray: the step's own cost, without the hop to the control actor). Reports the step's wall
@@ -62,7 +62,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pos", type=int, default=512, help="KV rows before the step")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--precision", default="f32", choices=("f32", "q8"))
+    ap.add_argument("--precision", default="f32", choices=("f32", "q16", "q8"))
     args = ap.parse_args(argv)
     for k, v in actor_env(machine_budget()).items():
         os.environ.setdefault(k, v)
