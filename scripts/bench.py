@@ -43,11 +43,13 @@ def _pss_mb(pids) -> float:
 
 
 class Socllm:
-    """A plan, optionally with a precision: "auto", "gpu", "auto/q8"."""
+    """A plan, optionally with a precision: "auto" (the default precision), "gpu", "auto/q8"."""
 
     def __init__(self, engine, spec: str):
+        from socllm.actors.engine import DEFAULT_PRECISION
         self.plan, _, self.precision = spec.partition("/")
-        self.engine, self.name = engine, f"socllm:{spec}"
+        self.engine = engine
+        self.name = f"socllm:{self.plan}/{self.precision or DEFAULT_PRECISION}"
 
     def run(self, ids, n_decode):
         out = self.engine.generate_ids(ids, plan=self.plan, precision=self.precision or None,
@@ -156,13 +158,20 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="32,128,512,1024")
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--plans", default="auto,auto/q8", help="plan[/precision],...")
+    ap.add_argument("--plans", default="auto,auto/f32,auto/q8",
+                    help="plan[/precision],... (no precision: the default, q16)")
     ap.add_argument("--peers", default="llama.cpp,openvino-genai")
     ap.add_argument("--json", dest="json_path")
     ap.add_argument("--plot")
     ap.add_argument("--no-oracle", action="store_true")
     ap.add_argument("--sync", action="store_true", help="the synchronization microbenchmark instead")
+    ap.add_argument("--profile", metavar="PRECISION", nargs="?", const="q16",
+                    help="where a GPU decode step's time goes (scripts/profile_decode.py) instead")
     a = ap.parse_args(argv)
+    if a.profile:
+        from .profile_decode import main as profile
+        profile(["--precision", a.profile])
+        return 0
     if a.sync:
         from .sync_bench import main as sync
         report = sync()
