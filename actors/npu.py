@@ -15,10 +15,11 @@ from socllm.policies.buckets import const_weights
 
 from .worker import Unit
 
-# q8 (int8 activations) maps to OpenVINO's dynamic quantization of FullyConnected inputs in groups
-# of 32 (OV GenAI's CPU default) over f32 graphs; f32 keeps it off so results follow the oracle.
+# q8 / q16 (int8 / int16 activations in the GPU's decode GEMVs) have no OpenVINO hint of their own:
+# the NPU's graphs stay f32. q8 also turns on OpenVINO's dynamic quantization of FullyConnected
+# inputs in groups of 32 (OV GenAI's CPU default); f32 keeps it off so results follow the oracle.
 # On this AVX2 CPU without VNNI the plugin keeps its f32 brgemm kernels either way (measured).
-OV_HINT = {"q8": "f32"}
+OV_HINT = {"q8": "f32", "q16": "f32"}
 DYNAMIC_QUANT_GROUP = {"q8": 32}
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "openvino")
 
@@ -31,10 +32,13 @@ def segments(tasks: list, per_layer: bool = True) -> list:
     the model's. The attention alone in its segment is the only graph compiled per KV-length
     bucket (ov_segment.py): the weight-bearing graphs are compiled once, whatever pos0."""
     segs, cur = [], []
-    for t in tasks:
+    for i, t in enumerate(tasks):
         layer_break = per_layer and t.layer != cur[-1].layer if cur else False
         att_break = cur and (t.op == "attention" or cur[-1].op == "attention")
-        if cur and (t.waits or layer_break or att_break or t.op == "lm_head" and cur[-1].op != "rmsnorm"):
+        # the final norm + lm-head: the one-row tail every bucket shares (ov_segment last_row)
+        tail = t.op == "lm_head" and cur[-1].op != "rmsnorm" or \
+            t.op == "rmsnorm" and i + 1 < len(tasks) and tasks[i + 1].op == "lm_head"
+        if cur and (t.waits or layer_break or att_break or tail):
             segs.append(cur)
             cur = []
         cur.append(t)
@@ -68,7 +72,8 @@ class NPUBackend:
         const = const_weights(prog.phase, prog.bucket)
         config = {"INFERENCE_NUM_THREADS": self.threads,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_QUANT_GROUP.get(precision, 0)}
-        # constants cannot be shared across layers: a decode graph spans all its layers instead
+        # constants cannot be shared across layers: a decode graph spans from one attention to
+        # the next instead (the attentions, weightless, share one graph per KV-length bucket)
         for seg in segments(prog.tasks.get(self.name, []), per_layer=not const):
             seqs = {t.seq for t in seg}
             ops = [t.op for t in seg]

@@ -174,16 +174,18 @@ def _linear(g: Graph, a):
 
 
 def _rope(g: Graph, a):
+    """Interleaved pairs (x0, x1) -> (x0 c - x1 s, x1 c + x0 s) as x*[c, c] + swap(x)*[-s, s]:
+    the swap is a Gather on the pair axis, so no [B, H*hd] Concat runs (the CPU plugin's Concat
+    here is a reference kernel: measured 3-5 ms of a 10 ms layer head at 512 rows)."""
     H, hd, B = a["heads"], a["head_dim"], g.B
     x = ops.reshape(g.read(a["x"], H * hd), np.array([B, H, hd // 2, 2], np.int64), False)
-    inv = F32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=F32) / F32(hd))      # [hd/2]
-    pos = ops.convert(ops.add(g.rows, g.pos0), F32)                           # [B]
-    ang = ops.unsqueeze(ops.multiply(ops.unsqueeze(pos, 1), f32(inv[None])), 1)  # [B, 1, hd/2]
-    c, s = ops.cos(ang), ops.sin(ang)
-    x0, x1 = ops.gather(x, np.int64(0), 3), ops.gather(x, np.int64(1), 3)       # [B, H, hd/2]
-    y0 = ops.subtract(ops.multiply(x0, c), ops.multiply(x1, s))
-    y1 = ops.add(ops.multiply(x0, s), ops.multiply(x1, c))
-    y = ops.concat([ops.unsqueeze(y0, 3), ops.unsqueeze(y1, 3)], 3)
+    inv = F32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=F32) / F32(hd))         # [hd/2]
+    pos = ops.convert(ops.add(g.rows, g.pos0), F32)                              # [B]
+    ang = ops.unsqueeze(ops.multiply(ops.unsqueeze(pos, 1), f32(inv[None])), np.array([1, 3], np.int64))
+    c, s = ops.cos(ang), ops.sin(ang)                                           # [B, 1, hd/2, 1]
+    cc, ss = ops.concat([c, c], 3), ops.concat([ops.negative(s), s], 3)         # [B, 1, hd/2, 2]
+    swap = ops.gather(x, np.array([1, 0], np.int64), 3)                         # (x1, x0)
+    y = ops.add(ops.multiply(x, cc), ops.multiply(swap, ss))
     g.write(a["out"], ops.reshape(y, np.array([B, H * hd], np.int64), False))
 
 

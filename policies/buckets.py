@@ -41,12 +41,21 @@ def kv_bucket(rows: int, cap: int, step: int = KV_STEP) -> int:
     return min(-(-rows // step) * step, cap)
 
 
-def const_weights(phase: str, bucket: int, prefer_speed: bool = False) -> bool:
+def const_weights(phase: str, bucket: int) -> bool:
     """Should the NPU compile weights into its graphs (compressed-FullyConnected constants) or
-    read them from the pool as graph inputs? Measured on OpenVINO 2026.4's CPU device (2 cores,
-    AVX2, `python -m socllm.scripts.measure`): constants make the npu plan's decode 3.6x faster
-    (39 vs 11 tok/s) but cost ~525 MB for the one decode graph (the plugin repacks ~5 bytes per
-    4-bit weight); prefill chunks run about as fast either way (200-209 tok/s at 512). Inputs keep
-    the weights only in the pool and let every layer share one compiled graph. socllm keeps the
-    memory (its default plan decodes on the GPU); prefer_speed turns constants on for decode."""
-    return prefer_speed and phase == "decode"
+    read them from the pool as graph inputs (dequantized in the graph at every run)?
+
+    Measured on OpenVINO 2026.4's CPU device (2 cores, AVX2 without VNNI), 40 matmuls [1536, 576]:
+    the plugin recognises Q4_1 as u4 Constant -> Convert -> Subtract(zp = -m/d, f32, non-integer
+    is accepted) -> Multiply(d, f32) -> Reshape and runs it as a u4 FullyConnected
+    (brgemm_avx2_f32) at 1.8 bytes per weight, relative error 2e-7; f16 zero points cost 4e-4
+    error, and w = q*d + m (Multiply, Add) is folded to f32 weights, 9 bytes per weight, 2.5x
+    slower. One row: 2.6 ms as constants vs 37 ms as inputs (14x); 512 rows: 348 vs 380 ms (the
+    step is compute-bound either way). The "5 bytes per weight" measured before was the actor's
+    RSS, which also counted the KV cache pages its whole-capacity attention touched.
+
+    So: decode (one row) compiles each layer's weights in once, ~2 bytes per weight (~0.2 GB for
+    the default model, only in a process that decodes on the NPU); prefill buckets read them as
+    inputs, so all layers and all buckets share the pool's copy (constants would cost a copy per
+    bucket, for <10%)."""
+    return phase == "decode"

@@ -333,5 +333,10 @@ def test_constant_weight_decode_graph_matches_numpy():
     ref = arena.copy()
     for op, args in tasks:
         NumpyKernels(ref).run(op, args, 1, 9)
-    OVSegment(ov.Core(), tasks, arena, 1, {s["x"]}, CAP, config=CONFIG, const_weights=True).run(1, 9)
+    seg = OVSegment(ov.Core(), tasks, arena, 1, {s["x"]}, CAP, config=CONFIG, const_weights=True)
+    seg.run(1, 9)
     close(f32(arena, s["x"], 1, D), f32(ref, s["x"], 1, D))
+    # the plugin kept Q4_1 compressed (zp = -m/d non-integer f32): u4 FullyConnected, not f32
+    fc = [n.get_rt_info()["runtimePrecision"].astype(str) for n in seg.compiled.get_runtime_model().get_ordered_ops()
+          if n.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
+    assert fc == ["u4"] * 7
