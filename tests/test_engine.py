@@ -48,8 +48,8 @@ def test_odd_prompt_lengths_on_every_processor(engine, oracle, n_prompt):
     for plan in ("gpu", "npu", "hetero", "auto"):
         out = engine.generate_ids(ids, plan=plan, precision="f32", max_tokens=3)
         assert _agree(out["tokens"], want, engine.stop_ids), f"{plan} with {n_prompt} prompt tokens"
-    # the decider (auto) prefills long chunks on NPU+GPU, short ones and decode on the GPU
-    assert out["placement"] == {"prefill": "hetero" if n_prompt > 256 else "gpu", "decode": "gpu"}
+    # the decider (auto) prefills long chunks on the NPU, short ones and decode on the GPU
+    assert out["placement"] == {"prefill": "npu" if n_prompt > 256 else "gpu", "decode": "gpu"}
 
 
 def test_kv_cache_holds_the_oracle_keys_in_place(engine, oracle, oracle_greedy):
