@@ -38,7 +38,7 @@ class Worker:
         self.error: str | None = None
         self.busy_s = 0.0                  # time spent running units (not waiting)
         self.steps = 0
-        self.predict = SleepPredictor()    # learned per (program, unit): HeteroLLM §4.2
+        self.predict = SleepPredictor()    # per (program, unit): HeteroLLM §4.2 (off by default)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"socllm-{name}", daemon=True)
         self._thread.start()

@@ -11,6 +11,7 @@ the word in the step's global order. They only grow within an epoch cycle, so `>
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 
 import numpy as np
@@ -92,10 +93,18 @@ class ReadyWords:
 
 class SleepPredictor:
     """HeteroLLM §4.2 predicted sleep, learned: per wait site (a unit of a program, or a step), an
-    exponential average of how long the wait lasted in earlier steps. The waiter sleeps `fraction`
-    of that (only if it is long enough to be worth a sleep), then polls, then blocks (wait)."""
+    exponential average of how long the producer took in earlier steps. The waiter sleeps
+    `fraction` of that (if it is long enough to be worth a sleep), then polls, then blocks (wait).
 
-    def __init__(self, fraction: float = 0.8, alpha: float = 0.5, min_s: float = 200e-6):
+    Off by default (fraction 0, SOCLLM_SLEEP_FRACTION sets it): on the 2-core dev machine a
+    fraction of 0.8 made hetero prefill 1.4-2.5x slower (512 tokens: 230-305 vs 417-432 tok/s;
+    npu 128: 144-185 vs 368-375) and left decode unchanged — a futex wake costs ~1-2 us here
+    (bench --sync), and a sleeping thread wakes later than a futex waiter on busy cores. The paper
+    sleeps because polling a GPU fence burns a core; here the blocking wait already burns none."""
+
+    def __init__(self, fraction: float | None = None, alpha: float = 0.5, min_s: float = 200e-6):
+        if fraction is None:
+            fraction = float(os.environ.get("SOCLLM_SLEEP_FRACTION", "0"))
         self.fraction, self.alpha, self.min_s = fraction, alpha, min_s
         self.expected: dict = {}            # site -> seconds
 
@@ -108,12 +117,19 @@ class SleepPredictor:
         self.expected[site] = waited_s if e is None else e + self.alpha * (waited_s - e)
 
     def wait(self, words: "ReadyWords", site, i: int, value: int, timeout_s: float | None = None) -> bool:
-        """words.wait with the predicted sleep for `site`, learning from how long it took."""
+        """words.wait with the predicted sleep for `site`, learning how long the producer takes.
+        A sleep that overshoots (the word was ready when it ended) teaches the sleep's length,
+        not the time slept: an oversleep under load must not feed the next prediction."""
         if words.words[i] >= value:
             self.observe(site, 0.0)
             return True
         t0 = time.perf_counter()
-        ok = words.wait(i, value, timeout_s=timeout_s, sleep_s=self.sleep_s(site))
+        s = self.sleep_s(site)
+        if s > 0:
+            time.sleep(s)
+            if words.words[i] >= value:
+                self.observe(site, s)
+                return True
+        ok = words.wait(i, value, timeout_s=timeout_s)
         self.observe(site, time.perf_counter() - t0)
         return ok
-

@@ -120,7 +120,7 @@ def test_predicted_sleep_learns_the_wait_and_still_wakes_on_time():
     polls; each wait still ends when the word is stored, and a short wait is never slept."""
     arena = Arena.create(1 << 16)
     try:
-        words, pred = ReadyWords(arena.buf[:64]), SleepPredictor()
+        words, pred = ReadyWords(arena.buf[:64]), SleepPredictor(fraction=0.8)
         for step in range(1, 5):
             t0 = time.perf_counter()
             threading.Timer(0.02, lambda v=step: words.store(2, v)).start()
