@@ -34,12 +34,14 @@ class GPUBackend:
         from socllm.graph.fuse import Fused, fuse_decode
         from .fused_cl import FusedCL
         fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision)
-        units = []
+        units, k = [], self.kernels
         for f in fuse_decode(prog, self.name):
             if isinstance(f, Fused):
-                units.append(Unit(f.waits, (lambda n, p, f=f: fused.run(f, n, p)), f.signals, f.seqs))
+                run = k.bind(lambda p, f=f: fused.run(f, 1, p))
             else:
-                units += kernel_units(self.kernels, [f])
+                run = k.bind(lambda p, f=f: k.run(f.op, f.args, 1, p))
+            seqs = f.seqs if isinstance(f, Fused) else (f.seq,)
+            units.append(Unit(f.waits, _one_row(run), f.signals, seqs))
         return units
 
     def begin_step(self, precision: str):
@@ -54,3 +56,12 @@ class GPUBackend:
         return {"processor": "gpu", "api": "OpenCL", "platform": d.platform.name, "device": d.name,
                 "type": "CPU (PoCL: OpenCL on the CPU, not a GPU)" if d.type & 2 else "GPU",
                 "host_unified_memory": bool(d.host_unified_memory), "threads": self.threads}
+
+
+def _one_row(run):
+    """A unit's run(n, pos0) over a bound decode launch, which holds for one row only."""
+    def unit(n, pos0):
+        if n != 1:
+            raise ValueError(f"a decode unit runs one row, got {n}")
+        run(pos0)
+    return unit

@@ -126,6 +126,7 @@ class CLKernels:
         self.k = self._kernels(64)    # head size, decode.cl per prepared-activation format
         self.profile = bool(queue.properties & cl.command_queue_properties.PROFILING_ENABLE)
         self.events: list = []        # (kernel name, event) while profiling
+        self._recording = None        # bind(): launches collected instead of enqueued
 
     def _kernels(self, head_dim: int, act_bits: int = 32) -> dict:
         key = (head_dim, act_bits)
@@ -142,11 +143,47 @@ class CLKernels:
         return self._by_head_dim[key]
 
     def _go(self, name, gsize, lsize, *args, ks=None):
+        if self._recording is not None:
+            self._recording.append((name, gsize, lsize, args, ks or self.k))
+            return
         knl = (ks or self.k)[name]
         knl.set_args(self.buf, *args)
         ev = cl.enqueue_nd_range_kernel(self.queue, knl, gsize, lsize)
         if self.profile:
             self.events.append((name, ev))
+
+    def bind(self, launch):
+        """A one-row (decode) unit as pre-bound kernels: `launch(pos0)` enqueues some kernels
+        through _go; it is recorded at pos0 = 0 and 1, each kernel gets its own cl.Kernel with its
+        arguments set once, and per step only the arguments that move with pos0 (KV row offsets,
+        pos0 itself: affine in pos0) are set again. Saves ~1.2 us of a ~4 us launch on PoCL.
+        Returns run(pos0)."""
+        recs = []
+        for pos0 in (0, 1):
+            self._recording = []
+            try:
+                launch(pos0)
+            finally:
+                recs.append(self._recording)
+                self._recording = None
+        bound = []
+        for (name, gsize, lsize, a0, ks), (_, _, _, a1, _) in zip(*recs):
+            knl = ks[name].clone()
+            knl.set_scalar_arg_dtypes([None] + _SCALARS[name])
+            knl.set_args(self.buf, *a0)
+            moving = [(i + 1, _SCALARS[name][i], v0, v1 - v0)
+                      for i, (v0, v1) in enumerate(zip(a0, a1)) if v0 != v1]
+            bound.append((name, knl, gsize, lsize, moving))
+        queue, events, profile = self.queue, self.events, self.profile
+
+        def run(pos0):
+            for name, knl, gsize, lsize, moving in bound:
+                for i, dtype, v0, dv in moving:
+                    knl.set_arg(i, dtype(v0 + dv * pos0))
+                ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
+                if profile:
+                    events.append((name, ev))
+        return run
 
     def kernel_times(self) -> dict:
         """kernel name -> (launches, seconds inside the kernel) over the events recorded so far."""
