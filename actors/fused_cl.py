@@ -7,6 +7,7 @@ per 32-block, q8 to int8.
 """
 from __future__ import annotations
 
+from socllm.memory.layout import ATT_SPLITS
 from socllm.models.quant import QK
 
 from .kernels_cl import CLKernels, _aligned, _out_off, _up
@@ -16,11 +17,16 @@ ACT_BITS = {"q16": 16, "q8": 8}     # other precisions: f32 activations
 
 
 class FusedCL:
-    def __init__(self, kernels: CLKernels, act_off: int, rope_off: int, precision: str = "f32"):
-        if act_off % 64 or rope_off % 64:
-            raise ValueError("the act and rope scratch areas must be 64-byte aligned")
+    def __init__(self, kernels: CLKernels, act_off: int, rope_off: int, precision: str = "f32",
+                 att_off: int | None = None, att_bytes: int = 0):
+        """att_off / att_bytes: the scratch of split-K attention's partials (none: no
+        attention_split)."""
+        if act_off % 64 or rope_off % 64 or (att_off or 0) % 64:
+            raise ValueError("the act, rope and att scratch areas must be 64-byte aligned")
         self.k, self.act, self.table = kernels, act_off, rope_off
-        self.ks = kernels._kernels(64, ACT_BITS.get(precision, 32))
+        self.att, self.att_bytes = att_off, att_bytes
+        self.bits = ACT_BITS.get(precision, 32)
+        self.ks = kernels._kernels(64, self.bits)
         self.lin_r = kernels.lin_r
 
     def run(self, f, N: int, pos0: int):
@@ -89,3 +95,21 @@ class FusedCL:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
         _aligned("lm_head", qs, to=16)
         self._go("lm_head_act", (_up(V, 64),), (64,), self.act, qs, d, a["out"][1], D, V)
+
+    def _attention_split(self, a, pos0):
+        """q [H*hd], K/V cache rows 0 .. pos0 -> partials [H, ATT_SPLITS, hd + 2] in att"""
+        H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
+        if self.att is None or ATT_SPLITS * H * (hd + 2) * 4 > self.att_bytes:
+            raise ValueError(f"attention_split: no room for {H} heads' partials")
+        if H % KVH or hd % QK:
+            raise ValueError(f"attention_split: heads {H} / kv {KVH}, head_dim {hd} (a multiple of {QK})")
+        _aligned("attention", a["q"][1], a["k"][1], a["v"][1])
+        self.k._go("attention_split", (ATT_SPLITS, KVH), (1, 1), a["q"][1], a["k"][1], a["v"][1],
+                   self.att, H, KVH, pos0, ks=self.k._kernels(hd, self.bits))
+
+    def _merge_prep(self, a, pos0):
+        """partials -> act of the attention row (and out [H*hd] if a["store"])"""
+        H, hd = a["heads"], a["head_dim"]
+        _aligned("merge_prep", a["out"][1])
+        self.k._go("merge_prep", (1,), (1,), self.att, self.act, a["out"][1], H, int(a["store"]),
+                   ks=self.k._kernels(hd, self.bits))

@@ -24,6 +24,7 @@ class GPUBackend:
         self.buf = wrap_arena(self.ctx, arena_buf)
         self.kernels = CLKernels(self.ctx, self.queue, self.buf)
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
+        self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
         self.threads = threads
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)
 
@@ -33,7 +34,8 @@ class GPUBackend:
         # Transformer-Lite §2.2: decode runs fused kernels (graph/fuse.py, cl/decode.cl)
         from socllm.graph.fuse import Fused, fuse_decode
         from .fused_cl import FusedCL
-        fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision)
+        fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision, self.att_off,
+                        self.att_bytes)
         units, k = [], self.kernels
         for f in fuse_decode(prog, self.name):
             if isinstance(f, Fused):

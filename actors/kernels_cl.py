@@ -49,6 +49,8 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "prep": [u64] * 2 + [i32],
     "norm_prep": [u64] * 4 + [i32, f32, i32, i32],
     "lm_head_act": [u64] * 4 + [i32, i32],
+    "attention_split": [u64] * 4 + [i32, i32, i32],
+    "merge_prep": [u64] * 3 + [i32, i32],
     "rope_table": [u64] + [i32, f32, i32],
     "linear_act": [u64] * 6 + [i32, i32, i32],
     "qkv_rope": [u64] * 14 + [i32] * 4,

@@ -9,6 +9,7 @@ instead of 15 (22 with q8), and it never changes what the step computes:
   linear + add(residual, linear)           linear_act(add=1)
   any other linear                         prep + linear_act
   rmsnorm -> lm_head                       norm_prep(natural) + lm_head_act
+  attention -> linears reading it          attention_split + merge_prep (split-K, GQA shared)
 
 A fused task's intermediate outputs are dropped only when no task outside it reads them
 (`_readers` over the whole program, so another processor's reads count); a run is fused only if
@@ -130,6 +131,16 @@ def fuse_decode(prog: StepProgram, proc: str) -> list:
                              (t.seq,), t.layer))
             out.append(Fused("lm_head_act", dict(nxt.args), [], nxt.signals, (nxt.seq,), nxt.layer))
             prepared, i = None, i + 2
+            continue
+        if t.op == "attention" and nxt is not None and _linears(tasks, i + 1, t.args["out"]) > i + 1 \
+                and _joinable([t, nxt]) and t.args["out"][0] == "a":
+            run = tasks[i + 1:_linears(tasks, i + 1, t.args["out"])]
+            store = bool(readers[t.seq] - {u.seq for u in run})
+            out.append(Fused("attention_split", dict(t.args), t.waits, [], (t.seq,), t.layer))
+            out.append(Fused("merge_prep", {"out": t.args["out"], "heads": t.args["heads"],
+                                            "head_dim": t.args["head_dim"], "store": store},
+                             [], [], (), t.layer))
+            prepared, i = t.args["out"], i + 1
             continue
         if t.op == "linear":
             waits = t.waits

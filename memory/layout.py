@@ -24,6 +24,9 @@ _CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
 W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
 
 
+ATT_SPLITS = 8      # key splits of the GPU's decode attention (ATT_S of actors/cl/decode.cl)
+
+
 @dataclass
 class PoolLayout:
     weights: dict = field(default_factory=dict)    # name -> ref tuple ("w4", ...) etc.
@@ -93,10 +96,12 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     lay.slots = [take(b, ALIGN) for b in slot_bytes]
     # act: the GPU's prepared activation row for its decode GEMVs (values f32 or int8, block
     # scales, block sums; actors/cl/decode.cl) for the widest matmul input, rewritten per GEMV
-    # input; rope: the per-step RoPE cos/sin table (head_dim <= 1024)
+    # input; rope: the per-step RoPE cos/sin table (head_dim <= 1024); att: split-K decode
+    # attention's partials, ATT_SPLITS x heads x (head_dim + 2) f32 (heads x head_dim <= max_k,
+    # head_dim >= 16)
     act = 4 * max_k + 8 * max_k // 32
     lay.io = {"ids": take(max_rows * 4), "logits": take(vocab * 4), "ring": take(context * 4),
-              "act": take(act), "rope": take(4 * 1024)}
+              "act": take(act), "rope": take(4 * 1024), "att": take(ATT_SPLITS * 4 * (max_k + max_k // 8))}
     lay.ctl = take(len(CTL_FIELDS) * 8)
     locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]
     lay.locations = {k: W_FIRST_LOC + i for i, k in enumerate(locs)}

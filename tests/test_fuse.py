@@ -26,8 +26,8 @@ def test_a_decode_layer_is_nine_launches(model_config):
     _, prog = _program(model_config, "gpu", "decode", LAYERS)
     units = fuse_decode(prog, "gpu")
     ops = Counter(u.op for u in units)
-    per_layer = {"norm_prep": 2, "qkv_rope": 1, "attention": 1, "prep": 2, "linear_act": 2,
-                 "gate_up_silu": 1}
+    per_layer = {"norm_prep": 2, "qkv_rope": 1, "attention_split": 1, "merge_prep": 1, "prep": 1,
+                 "linear_act": 2, "gate_up_silu": 1}
     ops["norm_prep"] -= 1                                   # the final norm, before lm_head_act
     assert ops.pop("lm_head_act") == 1
     assert ops == Counter({**{k: v * LAYERS for k, v in per_layer.items()},
@@ -94,11 +94,13 @@ def _step(gpu, prog, precision, pos0, fuse):
     gpu.finish()
 
 
-@pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3), ("q8", 5e-2)])
-def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol):
+@pytest.mark.parametrize("precision,rtol,pos0", [("f32", 1e-5, 37), ("f32", 1e-5, 150),
+                                                ("q16", 1e-3, 37), ("q8", 5e-2, 37)])
+def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol, pos0):
+    """pos0 37: three of the eight attention splits are empty; 150: all hold keys."""
     arena, lay, prog, gpu = pool
     rng = np.random.default_rng(1)
-    pos0, cols = 37, lay.kv_cols
+    cols = lay.kv_cols
     buf = arena.buf
     kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
           for off in lay.kv.values()]

@@ -325,3 +325,78 @@ __kernel void lm_head_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
         acc += block_dot_q8_0(q + 2 * b, xv, b) * (HALF(d, b) * dx[b]);
     AT(float, out_o)[r] = hsum8(acc);
 }
+
+// ---- decode attention, split-K with GQA sharing ("flash-decoding") ----------------------------
+// attention_split: q [H*hd], K/V cache rows 0 .. pos0 -> partials at p_o, per (head h, split s):
+// [max, sum, acc[hd]] of an online softmax over keys s*chunk .. (s+1)*chunk - 1 (chunk: pos0+1
+// keys over ATT_S splits, in 8-key steps). A work-item takes the H/KVH query heads of one KV
+// head, so its keys and values come from memory once for the group, not once per head, and
+// ATT_S * KVH work-groups keep the threads busy where H work-groups (9 here) did not.
+// global (ATT_S, KVH), local (1, 1)
+#ifndef ATT_S
+#define ATT_S 8
+#endif
+#define PART (HEAD_DIM + 2)     // floats of one partial
+
+__kernel void attention_split(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
+                              int H, int KVH, int pos0)
+{
+    const int s = get_global_id(0), kv = get_global_id(1), grp = H / KVH, kw = KVH * HC;
+    const int L = pos0 + 1, chunk = ((L + ATT_S - 1) / ATT_S + 7) / 8 * 8;
+    const int l0 = s * chunk, l1 = min(L, l0 + chunk);
+    const __global float8* k = AT(const float8, k_o) + kv * HC;
+    const __global float8* v = AT(const float8, v_o) + kv * HC;
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
+    for (int g = 0; g < grp; g++) {
+        const int h = kv * grp + g;
+        const __global float8* q = AT(const float8, q_o) + h * HC;
+        float8 acc[HC];
+#pragma unroll
+        for (int c = 0; c < HC; c++) acc[c] = 0.0f;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int l = l0; l < l1; l += 8) att_step8(q, k, v, kw, l, l1, rsq, &mx, &sum, acc);
+        __global float* p = AT(float, p_o) + (size_t)(h * ATT_S + s) * PART;
+        p[0] = mx, p[1] = sum;
+#pragma unroll
+        for (int c = 0; c < HC; c++) {
+            const float8 a = acc[c];
+            p[2 + 8 * c] = a.s0, p[3 + 8 * c] = a.s1, p[4 + 8 * c] = a.s2, p[5 + 8 * c] = a.s3;
+            p[6 + 8 * c] = a.s4, p[7 + 8 * c] = a.s5, p[8 + 8 * c] = a.s6, p[9 + 8 * c] = a.s7;
+        }
+    }
+}
+
+// merge_prep: partials -> out [H*hd] = sum_s e^(mx_s - M) acc_s / sum_s e^(mx_s - M) sum_s
+// (M: the head's max; split 0 always holds key 0, so M is finite and an empty split weighs 0),
+// prepared for the o projection, and stored at out_o when store != 0.  global (1)
+__kernel void merge_prep(__global uchar* arena, ulong p_o, ulong s_o, ulong out_o, int H, int store)
+{
+    const int D = H * HEAD_DIM;
+    for (int h = 0; h < H; h++) {
+        const __global float* p = AT(const float, p_o) + (size_t)h * ATT_S * PART;
+        float M = p[0];
+        for (int s = 1; s < ATT_S; s++) M = p[s * PART] > M ? p[s * PART] : M;
+        float z = 0.0f, w[ATT_S];
+        for (int s = 0; s < ATT_S; s++) {
+            w[s] = exp_f32(p[s * PART] - M);
+            z += w[s] * p[s * PART + 1];
+        }
+        for (int b = 0; b < HEAD_DIM / QK; b++) {
+            float8 y[4];
+            for (int c = 0; c < 4; c++) {
+                float8 o = 0.0f;
+                for (int s = 0; s < ATT_S; s++) {
+                    const __global float* a = p + s * PART + 2 + (b * 4 + c) * 8;
+                    o += (float8)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]) * w[s];
+                }
+                y[c] = o / z;
+            }
+            const int blk = h * (HEAD_DIM / QK) + b;
+            prep_block(y[0], y[1], y[2], y[3], arena, s_o, D, blk, 0);
+            if (store) {
+                __global float8* out = AT(float8, out_o) + 4 * blk;
+                out[0] = y[0], out[1] = y[1], out[2] = y[2], out[3] = y[3];
+            }
+        }
+    }
+}
