@@ -15,3 +15,12 @@ def test_bench_report_has_its_fields(engine, oracle):
     # a peer is either measured or reported missing, never silently skipped
     assert "llama.cpp" in rep["results"] or "llama.cpp" in rep["missing_peers"]
     assert "socllm:gpu/q16" in table(rep)
+
+
+def test_bench_prompts_share_no_prefix(tokenizer):
+    """Each (length, repetition) has its own prompt, so an engine that caches prompt prefixes
+    (OpenVINO GenAI does) gains nothing from the one before."""
+    from socllm.scripts.bench import prompt_ids
+    a, b, c = (prompt_ids(tokenizer, n, v) for n, v in ((32, 1), (32, 2), (512, 3)))
+    assert len(a) == 32 and len(c) == 512
+    assert a[:4] != b[:4] and a[:4] != c[:4] and b[:4] != c[:4]
