@@ -45,7 +45,7 @@ class PlannerCore:
         key = (plan, phase, bucket)
         if key not in self.programs:
             prog = lower(self.graph, self.slots, self._refs(), self.lay.locations,
-                         {p: self.lay.done(p) for p in PROCESSORS}, placement(plan, phase), phase, bucket)
+                         {p: self.lay.done(p) for p in PROCESSORS}, placement(plan, phase, bucket), phase, bucket)
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
 

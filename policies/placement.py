@@ -1,10 +1,11 @@
 """Plans: which processor runs each op, per phase (DESIGN.md §4; HeteroLLM §4.1 layer-level).
 
   cpu | gpu | npu   every tensor op on that one processor
-  hetero            "Hetero-layer" with disaggregated phases (Agent.xpu §4.3): in prefill the
-                    token-wise ops (norms, projections, rope, FFN, lm-head) run on the NPU in
-                    static bucketed chunks and the dynamic-length attention on the GPU; decode
-                    runs on the GPU. Both phases share the KV cache in place.
+  hetero            "Hetero-layer" with disaggregated phases (Agent.xpu §4.3): in prefill chunks
+                    of HETERO_NPU_FROM rows or more the token-wise ops (norms, projections,
+                    rope, FFN, lm-head) run on the NPU in static bucketed chunks and the
+                    dynamic-length attention on the GPU; smaller chunks and decode run on the
+                    GPU. Both phases share the KV cache in place.
   auto              the control-plane decider (HeteroLLM §4.3): per phase and chunk size, the
                     plan measured fastest on this device (`resolve`: NPU prefill from 256 rows,
                     GPU otherwise); the default.
@@ -15,13 +16,15 @@ PLANS = ("cpu", "gpu", "npu", "hetero", "auto")
 CONCRETE = PLANS[:-1]
 
 
-def placement(plan: str, phase: str):
-    """-> function(op) -> processor name."""
+def placement(plan: str, phase: str, bucket: int | None = None):
+    """-> function(op) -> processor name. hetero's prefill splits only chunks of
+    HETERO_NPU_FROM rows or more (bucket None: always): below, the NPU's small matmuls and a hop
+    per layer cost more than they give (measured below), so the partition is the GPU alone."""
     if plan not in CONCRETE:
         raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(PLANS)})")
     if plan in ("cpu", "gpu", "npu"):
         return lambda op: plan
-    if phase == "decode":
+    if phase == "decode" or (bucket is not None and bucket < HETERO_NPU_FROM):
         return lambda op: "gpu"
     return lambda op: "gpu" if op.kind == "attention" else "npu"
 
@@ -42,7 +45,16 @@ def processors(plan: str, available: set = frozenset()) -> set:
 #     decode after 512: npu 33 (after 128: 37), hetero 71 (the GPU's)
 #   The NPU's attention now reads only the KV rows the step needs, so moving it to the GPU
 #   (hetero) no longer pays for its synchronisation and for PoCL's threads on the same cores.
+#   (The hetero figures of that run were slowed by a predicted sleep, since turned off.)
+#   quiet machine, q16, `--plans gpu,npu,hetero,auto`, hetero splitting every chunk:
+#     prefill 128: gpu 393, hetero 321, npu 304;  512: hetero 411, npu 407, gpu 360
+#     decode after 128 / 512: gpu 99.8 / 82.4, hetero 96.2 / 84.0, npu 40.0 / 34.9
+#   hetero with the GPU alone below 256-row chunks (`--decode 16`): prefill 128: gpu 404,
+#   hetero 399, npu 392;  512 (plans in the other order, min/median/max): npu 455/464/464,
+#   hetero 416/424/425, gpu 360/362/365 — at 512 the GPU's attention and two hops a layer cost
+#   hetero 9 % against the NPU alone, whose attention now reads only its KV bucket.
 NPU_PREFILL_FROM = 256   # bucket from which the NPU alone prefills faster than the GPU
+HETERO_NPU_FROM = 256    # bucket from which hetero's NPU+GPU split beats the GPU alone
 
 
 def resolve(plan: str, phase: str, bucket: int, available: set) -> str:
