@@ -25,6 +25,7 @@ class FusedCL:
             raise ValueError("the act, rope and att scratch areas must be 64-byte aligned")
         self.k, self.act, self.table = kernels, act_off, rope_off
         self.att, self.att_bytes = att_off, att_bytes
+        self.counter = rope_off + 4096 - 64   # last_group's atomic word (the rope area's end)
         self.bits = ACT_BITS.get(precision, 32)
         self.ks = kernels._kernels(64, self.bits)
         self.lin_r = kernels.lin_r
@@ -96,14 +97,17 @@ class FusedCL:
         _aligned("lm_head", qs, to=16)
         self._go("lm_head_act", (_up(V, 64),), (64,), self.act, qs, d, a["out"][1], D, V)
 
-    def _attention_split(self, a, pos0):
-        """q [H*hd], K/V cache rows 0 .. pos0 -> partials [H, ATT_SPLITS, hd + 2] in att"""
+    def _attention_split(self, a, pos0, launch: bool = True):
+        """q [H*hd], K/V cache rows 0 .. pos0 -> partials [H, ATT_SPLITS, hd + 2] in att
+        (launch=False: only the checks)"""
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
         if self.att is None or ATT_SPLITS * H * (hd + 2) * 4 > self.att_bytes:
             raise ValueError(f"attention_split: no room for {H} heads' partials")
         if H % KVH or hd % QK:
             raise ValueError(f"attention_split: heads {H} / kv {KVH}, head_dim {hd} (a multiple of {QK})")
         _aligned("attention", a["q"][1], a["k"][1], a["v"][1])
+        if not launch:
+            return
         self.k._go("attention_split", (ATT_SPLITS, KVH), (1, 1), a["q"][1], a["k"][1], a["v"][1],
                    self.att, H, KVH, pos0, ks=self.k._kernels(hd, self.bits))
 
@@ -112,4 +116,34 @@ class FusedCL:
         H, hd = a["heads"], a["head_dim"]
         _aligned("merge_prep", a["out"][1])
         self.k._go("merge_prep", (1,), (1,), self.att, self.act, a["out"][1], H, int(a["store"]),
+                   ks=self.k._kernels(hd, self.bits))
+
+    # -- with an epilogue in the launch's last work-group (decode.cl, last_group) ---------------
+    def _linear_act_norm(self, a, pos0):
+        """linear_act, then norm_prep of its output [M] -> act (and norm_out if a["store"])"""
+        M, (_, qs, d, m) = a["M"], a["w"]
+        if M % QK or a["out"][0] != "a":
+            raise ValueError(f"linear_act_norm: M={M} must be a multiple of {QK}, out a slot")
+        _aligned("linear_act_norm", a["out"][1], a["norm_w"][1], a["norm_out"][1])
+        res = a["res"][1] if a["res"] is not None else 0
+        self._go("linear_act_norm", *self._rows(M), self.act, qs, d, m, a["out"][1], res, a["K"], M,
+                 int(a["res"] is not None), a["norm_w"][1], a["norm_out"][1], a["eps"],
+                 int(a["store"]), int(a["natural"]), self.counter)
+
+    def _gate_up_silu_prep(self, a, pos0):
+        """gate_up_silu, then prep of its output [M] -> act"""
+        M = a["M"]
+        if M % QK:
+            raise ValueError(f"gate_up_silu_prep: M={M} is not a multiple of {QK}")
+        _aligned("gate_up_silu_prep", a["out"][1])
+        self._go("gate_up_silu_prep", *self._rows(M), self.act, *a["wg"][1:], *a["wu"][1:],
+                 a["out"][1], a["K"], M, self.counter)
+
+    def _attention_merge(self, a, pos0):
+        """attention_split, then merge_prep -> act (and out if a["store"])"""
+        H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
+        self._attention_split(a, pos0, launch=False)
+        _aligned("attention_merge", a["out"][1])
+        self.k._go("attention_merge", (ATT_SPLITS, KVH), (1, 1), a["q"][1], a["k"][1], a["v"][1],
+                   self.att, H, KVH, pos0, self.act, a["out"][1], int(a["store"]), self.counter,
                    ks=self.k._kernels(hd, self.bits))

@@ -11,6 +11,9 @@ instead of 15 (22 with q8), and it never changes what the step computes:
   rmsnorm -> lm_head                       norm_prep(natural) + lm_head_act
   attention -> linears reading it          attention_split + merge_prep (split-K, GQA shared)
 
+then a launch that only finishes a row (norm_prep, prep, merge_prep) joins the launch before it
+that wrote the row, run by its last work-group (_epilogues): a layer is 5 launches.
+
 A fused task's intermediate outputs are dropped only when no task outside it reads them
 (`_readers` over the whole program, so another processor's reads count); a run is fused only if
 nothing inside it waits or signals (the group takes its first task's waits and last task's signals).
@@ -111,6 +114,35 @@ def _linear(t, rest, readers):
 
 def fuse_decode(prog: StepProgram, proc: str) -> list:
     """proc's decode tasks -> a list of Task (run as they are) and Fused (decode.cl kernels)."""
+    return _epilogues(_fuse(prog, proc))
+
+
+# (launch, epilogue launch) -> the launch with the epilogue in its last work-group
+_EPILOGUE = {("linear_act", "norm_prep"): "linear_act_norm",
+             ("gate_up_silu", "prep"): "gate_up_silu_prep",
+             ("attention_split", "merge_prep"): "attention_merge"}
+
+
+def _epilogues(units: list) -> list:
+    out = []
+    for u in units:
+        prev = out[-1] if out else None
+        op = _EPILOGUE.get((prev.op, u.op)) if isinstance(prev, Fused) and isinstance(u, Fused) else None
+        reads_prev = op is not None and u.args.get("x", prev.args["out"]) == prev.args["out"]
+        if reads_prev and not u.waits and not prev.signals and prev.args["out"][0] == "a":
+            args = dict(prev.args)
+            if op == "linear_act_norm":
+                args.update(norm_w=u.args["w"], norm_out=u.args["out"], eps=u.args["eps"],
+                            store=u.args["store"], natural=u.args.get("natural", False))
+            elif op == "attention_merge":
+                args.update(store=u.args["store"])
+            out[-1] = Fused(op, args, prev.waits, u.signals, prev.seqs + u.seqs, prev.layer)
+            continue
+        out.append(u)
+    return out
+
+
+def _fuse(prog: StepProgram, proc: str) -> list:
     tasks = prog.tasks.get(proc, [])
     readers = _readers(prog)
     out, i, prepared, table = [], 0, None, False

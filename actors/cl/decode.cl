@@ -189,8 +189,8 @@ __kernel void prep(__global uchar* arena, ulong x_o, ulong s_o, int K)
 // norm_prep: x [D], w [D] -> act of rmsnorm(x) (as kernels.cl's rmsnorm computes it); also
 // stored at out_o when store != 0 (another op reads it). natural != 0: values in their own order
 // (for lm_head_act's Q8_0 rows), not evens/odds.  global (1): D is small
-__kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, ulong out_o,
-                        int D, float eps, int store, int natural)
+inline void norm_prep_row(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, ulong out_o,
+                          int D, float eps, int store, int natural)
 {
     const __global float8* x = AT(const float8, x_o);
     const __global float8* w = AT(const float8, w_o);
@@ -206,6 +206,12 @@ __kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, 
             out[4 * b] = y0, out[4 * b + 1] = y1, out[4 * b + 2] = y2, out[4 * b + 3] = y3;
         }
     }
+}
+
+__kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, ulong out_o,
+                        int D, float eps, int store, int natural)
+{
+    norm_prep_row(arena, x_o, w_o, s_o, out_o, D, eps, store, natural);
 }
 
 // rope_table: cos [hd/2] then sin [hd/2] of position pos0 at t_o (the rope kernel's formula).
@@ -338,8 +344,8 @@ __kernel void lm_head_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
 #endif
 #define PART (HEAD_DIM + 2)     // floats of one partial
 
-__kernel void attention_split(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
-                              int H, int KVH, int pos0)
+inline void attention_part(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
+                           int H, int KVH, int pos0)
 {
     const int s = get_global_id(0), kv = get_global_id(1), grp = H / KVH, kw = KVH * HC;
     const int L = pos0 + 1, chunk = ((L + ATT_S - 1) / ATT_S + 7) / 8 * 8;
@@ -366,10 +372,16 @@ __kernel void attention_split(__global uchar* arena, ulong q_o, ulong k_o, ulong
     }
 }
 
+__kernel void attention_split(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
+                              int H, int KVH, int pos0)
+{
+    attention_part(arena, q_o, k_o, v_o, p_o, H, KVH, pos0);
+}
+
 // merge_prep: partials -> out [H*hd] = sum_s e^(mx_s - M) acc_s / sum_s e^(mx_s - M) sum_s
 // (M: the head's max; split 0 always holds key 0, so M is finite and an empty split weighs 0),
 // prepared for the o projection, and stored at out_o when store != 0.  global (1)
-__kernel void merge_prep(__global uchar* arena, ulong p_o, ulong s_o, ulong out_o, int H, int store)
+inline void merge_prep_row(__global uchar* arena, ulong p_o, ulong s_o, ulong out_o, int H, int store)
 {
     const int D = H * HEAD_DIM;
     for (int h = 0; h < H; h++) {
@@ -399,4 +411,76 @@ __kernel void merge_prep(__global uchar* arena, ulong p_o, ulong s_o, ulong out_
             }
         }
     }
+}
+
+__kernel void merge_prep(__global uchar* arena, ulong p_o, ulong s_o, ulong out_o, int H, int store)
+{
+    merge_prep_row(arena, p_o, s_o, out_o, H, store);
+}
+
+// ---- epilogues in the launch's last work-group ------------------------------------------------
+// A norm, a prep or attention's merge needs the whole output row, which every work-group of the
+// launch writes a part of. Instead of a launch of its own (~3-4 us on PoCL), it runs in the
+// work-group that finishes last: each group counts itself done on an atomic word at c_o, and the
+// one that sees the count complete resets it and runs the epilogue. The rows of the others are
+// visible to it: their stores come before their atomic increment (mem_fence; x86 orders stores).
+// Every work-item reaches the barrier: the kernels below have no early return.
+inline int last_group(__global uchar* arena, ulong c_o)
+{
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    int last = 0;
+    if (get_local_id(0) == 0 && get_local_id(1) == 0) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        const int groups = (int)(get_num_groups(0) * get_num_groups(1));
+        last = atomic_inc(AT(volatile int, c_o)) == groups - 1;
+        if (last) {
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            *AT(volatile int, c_o) = 0;
+        }
+    }
+    return last;
+}
+
+// linear_act_norm: linear_act, then norm_prep of its output [M] (D = M) by the last group
+__kernel void linear_act_norm(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                              ulong out_o, ulong res_o, int K, int M, int add, ulong w_o,
+                              ulong norm_o, float eps, int store, int natural, ulong c_o)
+{
+    const int r0 = 2 * get_global_id(0);
+    if (r0 < M) {
+        const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
+        float2 y = dot2(arena, qs_o, d_o, m_o, r0, r1, K, s_o);
+        if (add) y += (float2)(AT(const float, res_o)[r0], AT(const float, res_o)[r1]);
+        AT(float, out_o)[r0] = y.x;
+        if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = y.y;
+    }
+    if (last_group(arena, c_o)) norm_prep_row(arena, out_o, w_o, s_o, norm_o, M, eps, store, natural);
+}
+
+// gate_up_silu_prep: gate_up_silu, then prep of its output [M] (K = M) by the last group
+__kernel void gate_up_silu_prep(__global uchar* arena, ulong s_o, ulong g_qs, ulong g_d, ulong g_m,
+                                ulong u_qs, ulong u_d, ulong u_m, ulong out_o, int K, int M,
+                                ulong c_o)
+{
+    const int r0 = 2 * get_global_id(0);
+    if (r0 < M) {
+        const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
+        const float2 g = dot2(arena, g_qs, g_d, g_m, r0, r1, K, s_o);
+        const float2 u = dot2(arena, u_qs, u_d, u_m, r0, r1, K, s_o);
+        AT(float, out_o)[r0] = g.x / (1.0f + exp_f32(-g.x)) * u.x;
+        if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = g.y / (1.0f + exp_f32(-g.y)) * u.y;
+    }
+    if (last_group(arena, c_o)) {
+        const __global float8* x = AT(const float8, out_o);
+        for (int b = 0; b < M / QK; b++)
+            prep_block(x[4 * b], x[4 * b + 1], x[4 * b + 2], x[4 * b + 3], arena, s_o, M, b, 0);
+    }
+}
+
+// attention_merge: attention_split, then merge_prep by the last group
+__kernel void attention_merge(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
+                              int H, int KVH, int pos0, ulong s_o, ulong out_o, int store, ulong c_o)
+{
+    attention_part(arena, q_o, k_o, v_o, p_o, H, KVH, pos0);
+    if (last_group(arena, c_o)) merge_prep_row(arena, p_o, s_o, out_o, H, store);
 }
