@@ -60,8 +60,10 @@ def ensure_ray(threads: int) -> bool:
             return False
         except (ConnectionError, RuntimeError, ValueError):
             pass    # a stale record of a cluster that is gone: start our own
+    # Ray starts its workers at nice 15 (worker_niceness): our actors' kernel threads then yield
+    # to Ray's own daemons on a 2-core device; at 0, decode measured ~5 % faster and steadier
     ray.init(num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR")
+             log_to_driver=False, logging_level="ERROR", _system_config={"worker_niceness": 0})
     return True
 
 

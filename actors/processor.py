@@ -45,7 +45,8 @@ class ProcessorCore:
 
     def info(self) -> dict:
         d = self.backend.describe()
-        d.update(pid=os.getpid(), steps=self.worker.steps, error=self.worker.error)
+        d.update(pid=os.getpid(), steps=self.worker.steps, busy_s=self.worker.busy_s,
+                 error=self.worker.error)
         return d
 
     def last_error(self) -> str | None:
