@@ -61,9 +61,13 @@ def ensure_ray(threads: int) -> bool:
         except (ConnectionError, RuntimeError, ValueError):
             pass    # a stale record of a cluster that is gone: start our own
     # Ray starts its workers at nice 15 (worker_niceness): our actors' kernel threads then yield
-    # to Ray's own daemons on a 2-core device; at 0, decode measured ~5 % faster and steadier
+    # to Ray's own daemons on a 2-core device; at 0, decode measured ~5 % faster and steadier.
+    # No prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
+    # (two idle ~80 MB processes on this machine).
     ray.init(num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR", _system_config={"worker_niceness": 0})
+             log_to_driver=False, logging_level="ERROR",
+             _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                             "prestart_worker_first_driver": False})
     return True
 
 
