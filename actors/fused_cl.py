@@ -108,7 +108,7 @@ class FusedCL:
         _aligned("attention", a["q"][1], a["k"][1], a["v"][1])
         if not launch:
             return
-        self.k._go("attention_split", (ATT_SPLITS, KVH), (1, 1), a["q"][1], a["k"][1], a["v"][1],
+        self.k._go("attention_split", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
                    self.att, H, KVH, pos0, ks=self.k._kernels(hd, self.bits))
 
     def _merge_prep(self, a, pos0):
@@ -144,6 +144,6 @@ class FusedCL:
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
         self._attention_split(a, pos0, launch=False)
         _aligned("attention_merge", a["out"][1])
-        self.k._go("attention_merge", (ATT_SPLITS, KVH), (1, 1), a["q"][1], a["k"][1], a["v"][1],
+        self.k._go("attention_merge", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
                    self.att, H, KVH, pos0, self.act, a["out"][1], int(a["store"]), self.counter,
                    ks=self.k._kernels(hd, self.bits))

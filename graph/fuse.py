@@ -9,7 +9,7 @@ instead of 15 (22 with q8), and it never changes what the step computes:
   linear + add(residual, linear)           linear_act(add=1)
   any other linear                         prep + linear_act
   rmsnorm -> lm_head                       norm_prep(natural) + lm_head_act
-  attention -> linears reading it          attention_split + merge_prep (split-K, GQA shared)
+  attention -> linears reading it          attention_split + merge_prep (split-K over keys)
 
 then a launch that only finishes a row (norm_prep, prep, merge_prep) joins the launch before it
 that wrote the row, run by its last work-group (_epilogues): a layer is 5 launches.

@@ -24,7 +24,7 @@ _CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
 W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
 
 
-ATT_SPLITS = 8      # key splits of the GPU's decode attention (ATT_S of actors/cl/decode.cl)
+ATT_SPLITS = 16     # key splits of the GPU's decode attention (ATT_S of actors/cl/decode.cl)
 
 
 @dataclass

@@ -335,26 +335,28 @@ __kernel void lm_head_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
 // ---- decode attention, split-K with GQA sharing ("flash-decoding") ----------------------------
 // attention_split: q [H*hd], K/V cache rows 0 .. pos0 -> partials at p_o, per (head h, split s):
 // [max, sum, acc[hd]] of an online softmax over keys s*chunk .. (s+1)*chunk - 1 (chunk: pos0+1
-// keys over ATT_S splits, in 8-key steps). A work-item takes the H/KVH query heads of one KV
-// head, so its keys and values come from memory once for the group, not once per head, and
-// ATT_S * KVH work-groups keep the threads busy where H work-groups (9 here) did not.
-// global (ATT_S, KVH), local (1, 1)
+// keys over ATT_S splits, in 8-key steps). A work-item takes every head over its keys: the K/V
+// rows of its chunk ([chunk, KVH*hd], contiguous) stream in once and stay in cache for all the
+// heads (GQA: H/KVH query heads read each KV head), and ATT_S work-groups keep the threads busy
+// where H work-groups (9 here) did not. Measured 10-20 % faster than one work-item per (head)
+// at 512-1024 keys; the cache is read at ~10 GB/s, still far from the device's ~30.
+// global (ATT_S), local (1)
 #ifndef ATT_S
-#define ATT_S 8
+#define ATT_S 16
 #endif
 #define PART (HEAD_DIM + 2)     // floats of one partial
 
 inline void attention_part(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
                            int H, int KVH, int pos0)
 {
-    const int s = get_global_id(0), kv = get_global_id(1), grp = H / KVH, kw = KVH * HC;
+    const int s = get_global_id(0), grp = H / KVH, kw = KVH * HC;
     const int L = pos0 + 1, chunk = ((L + ATT_S - 1) / ATT_S + 7) / 8 * 8;
     const int l0 = s * chunk, l1 = min(L, l0 + chunk);
-    const __global float8* k = AT(const float8, k_o) + kv * HC;
-    const __global float8* v = AT(const float8, v_o) + kv * HC;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    for (int g = 0; g < grp; g++) {
-        const int h = kv * grp + g;
+    for (int h = 0; h < H; h++) {          // head-major: the chunk's K/V rows stay in cache
+        const int kv = h / grp;
+        const __global float8* k = AT(const float8, k_o) + kv * HC;
+        const __global float8* v = AT(const float8, v_o) + kv * HC;
         const __global float8* q = AT(const float8, q_o) + h * HC;
         float8 acc[HC];
 #pragma unroll
