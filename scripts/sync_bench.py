@@ -1,4 +1,4 @@
-"""`socllm bench --sync`: one synchronization hop between two processor actors through the pool
+"""`socllm bench --sync`: one synchronization hop between two actor processes through the pool
 (ready words: a short poll, then a futex), against a plain Ray actor call and a Ray compiled-graph
 hop, in the same run. Reports latency percentiles of one hop and the CPU each side burns, both
 while hopping and while idle-waiting (HeteroLLM §3.1, §4.2).
@@ -36,6 +36,17 @@ class Peer:
             self.words.store(1, i)
         return time.thread_time() - t
 
+    def ping(self, rounds: int, spin_s: float) -> list:
+        """The near side, inside an actor: stores i into word 0, waits for word 1 to reach i.
+        -> one-hop latencies in seconds (half of each round trip)."""
+        lat = []
+        for i in range(1, rounds + 1):
+            t = time.perf_counter()
+            self.words.store(0, i)
+            self.words.wait(1, i, spin_s=spin_s)
+            lat.append((time.perf_counter() - t) / 2)
+        return lat
+
     def idle_cpu(self, seconds: float) -> float:
         """CPU burned (cores) while blocked on a word that does not come."""
         t = time.thread_time()
@@ -56,26 +67,22 @@ def _pct(xs_s) -> dict:
 
 
 def pool_hop(rounds: int, spin_s: float) -> dict:
+    """Two Peer actors (processes of their own, as processor actors are) hop through the pool."""
     arena = Arena.create(4096)
     try:
-        words = ReadyWords(arena.buf[:64])
-        peer = Peer.remote(arena.name, arena.size)
-        procs = [psutil.Process(), psutil.Process(ray.get(peer.pid.remote()))]
+        pinger, peer = (Peer.remote(arena.name, arena.size) for _ in range(2))
+        procs = [psutil.Process(ray.get(a.pid.remote())) for a in (pinger, peer)]
         ref = peer.pong.remote(rounds, spin_s)
         time.sleep(0.2)                                 # the peer is blocked on word 0
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        lat = []
         t_wall = time.perf_counter()
-        for i in range(1, rounds + 1):
-            t = time.perf_counter()
-            words.store(0, i)
-            words.wait(1, i, spin_s=spin_s)
-            lat.append((time.perf_counter() - t) / 2)          # a round trip is two hops
+        lat = ray.get(pinger.ping.remote(rounds, spin_s))
         wall = time.perf_counter() - t_wall
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
         ray.get(ref)
         idle = ray.get(peer.idle_cpu.remote(1.0))
-        ray.kill(peer)
+        for a in (pinger, peer):
+            ray.kill(a)
         return {**_pct(lat), "cpu_cores_while_hopping": cpu / wall,
                 "idle_waiter_cores": idle}
     finally:
