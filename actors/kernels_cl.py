@@ -31,7 +31,7 @@ import pyopencl as cl
 from socllm.models.quant import QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
-DECODE_SRC = SRC.with_name("decode.cl")        # fused decode kernels, built with kernels.cl
+DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl")]   # fused decode, appended
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
@@ -138,7 +138,7 @@ class CLKernels:
         if key not in self._by_head_dim:
             if head_dim % 8:
                 raise ValueError(f"head_dim {head_dim} is not a multiple of 8")
-            prg = cl.Program(self.ctx, SRC.read_text() + DECODE_SRC.read_text()).build(
+            prg = cl.Program(self.ctx, "".join(p.read_text() for p in [SRC, *DECODE_SRC])).build(
                 options=f"{self.options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits}")
             ks = {}
             for name, scalars in _SCALARS.items():
