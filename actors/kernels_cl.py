@@ -67,6 +67,15 @@ _KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4, "ATT_WG": 64},
 _KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN|ATT_WG)=(\d+)")
 
 
+def tuning(device, build_options: str = "") -> tuple:
+    """-> (knobs, compiler options): the device kind's _KNOBS, overridden by -DKNOB=n in
+    build_options, followed by build_options' other flags."""
+    knobs = dict(_KNOBS["gpu" if device.type & cl.device_type.GPU else "cpu"])
+    knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
+    options = " ".join([f"-D{k}={v}" for k, v in knobs.items()] + [_KNOB.sub("", build_options).strip()])
+    return knobs, options
+
+
 def make_context(device_kind: str = "any", profile: bool = False):
     """-> (ctx, queue, device). "any": the first GPU of any platform, else a CPU device (PoCL's
     first); "gpu" / "cpu": only that kind, RuntimeError if there is none. profile: a queue that
@@ -120,12 +129,9 @@ class CLKernels:
         kernel again per work-group size at its first launch, also cached). build_options may
         override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them."""
         self.ctx, self.queue, self.buf = ctx, queue, arena_buf
-        knobs = dict(_KNOBS["gpu" if queue.device.type & cl.device_type.GPU else "cpu"])
-        knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
+        knobs, self.options = tuning(queue.device, build_options)
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
         self.att_wg = knobs["ATT_WG"]
-        self.options = " ".join([f"-D{k}={v}" for k, v in knobs.items()]
-                                + [_KNOB.sub("", build_options).strip()])
         self.group = 64               # work-group size of the element-wise kernels
         self._by_head_dim = {}        # (head_dim, act_bits) -> kernels: attention is compiled per
         self.k = self._kernels(64)    # head size, decode.cl per prepared-activation format

@@ -2,8 +2,8 @@
 
 An experiment beside CLKernels, not an op of the engine: it answers whether the paper's
 two-bitwise-op dequantization (Transformer-Lite §2.3) beats Q4_1's int -> float conversion on this
-device. It builds with CLKernels' tuning tables (kernels_cl._KNOBS), so a GEMV here splits its
-rows exactly as CLKernels' linear_gemv does. Layout rules are linear_gemv's: x 32-byte aligned,
+device. It builds with CLKernels' tuning (kernels_cl.tuning), so a GEMV here splits its rows
+exactly as CLKernels' linear_gemv does. Layout rules are linear_gemv's: x 32-byte aligned,
 qs 16-byte aligned, K a multiple of 32.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pyopencl as cl
 
 from socllm.models.quant import QK
 
-from .kernels_cl import _KNOB, _KNOBS, _aligned, _up
+from .kernels_cl import SRC as CL_SRC, _aligned, _up, tuning
 
-SRC = Path(__file__).parent / "cl" / "e0m4.cl"
+SRC = Path(__file__).parent / "cl" / "e0m4.cl"   # built after kernels.cl, whose helpers it uses
 
 
 class E0M4Kernels:
@@ -25,13 +25,10 @@ class E0M4Kernels:
                  build_options: str = ""):
         """build_options may override LIN_T / LIN_R, as CLKernels' do."""
         self.queue, self.buf = queue, arena_buf
-        knobs = dict(_KNOBS["gpu" if queue.device.type & cl.device_type.GPU else "cpu"])
-        knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
+        knobs, options = tuning(queue.device, build_options)
         self.lin_t, self.lin_r = knobs["LIN_T"], knobs["LIN_R"]
-        options = " ".join([f"-D{k}={v}" for k, v in knobs.items()]
-                           + [_KNOB.sub("", build_options).strip()])
-        self.knl = cl.Kernel(cl.Program(ctx, SRC.read_text()).build(options=options),
-                             "linear_gemv_e0m4")
+        prg = cl.Program(ctx, CL_SRC.read_text() + SRC.read_text()).build(options=options)
+        self.knl = cl.Kernel(prg, "linear_gemv_e0m4")
         self.knl.set_scalar_arg_dtypes([None] + [np.uint64] * 5 + [np.int32] * 2)
 
     def gemv(self, x: int, w: tuple, out: int, K: int, M: int):

@@ -148,9 +148,8 @@ def _fuse(prog: StepProgram, proc: str) -> list:
     out, i, prepared, table = [], 0, None, False
     while i < len(tasks):
         t = tasks[i]
-        if t.op == "rmsnorm" and _linears(tasks, i + 1, t.args["out"]) > i + 1 and not t.signals \
-                and not tasks[i + 1].waits:
-            run = tasks[i + 1:_linears(tasks, i + 1, t.args["out"])]
+        run = tasks[i + 1:_linears(tasks, i + 1, t.args["out"])]   # linears reading t's output
+        if t.op == "rmsnorm" and run and not t.signals and not run[0].waits:
             store = bool(readers[t.seq] - {u.seq for u in run})
             out.append(Fused("norm_prep", {**t.args, "store": store}, t.waits, [], (t.seq,), t.layer))
             prepared, i = t.args["out"], i + 1
@@ -164,9 +163,7 @@ def _fuse(prog: StepProgram, proc: str) -> list:
             out.append(Fused("lm_head_act", dict(nxt.args), [], nxt.signals, (nxt.seq,), nxt.layer))
             prepared, i = None, i + 2
             continue
-        if t.op == "attention" and nxt is not None and _linears(tasks, i + 1, t.args["out"]) > i + 1 \
-                and _joinable([t, nxt]) and t.args["out"][0] == "a":
-            run = tasks[i + 1:_linears(tasks, i + 1, t.args["out"])]
+        if t.op == "attention" and run and _joinable([t, nxt]) and t.args["out"][0] == "a":
             store = bool(readers[t.seq] - {u.seq for u in run})
             out.append(Fused("attention_split", dict(t.args), t.waits, [], (t.seq,), t.layer))
             out.append(Fused("merge_prep", {"out": t.args["out"], "heads": t.args["heads"],
@@ -175,13 +172,9 @@ def _fuse(prog: StepProgram, proc: str) -> list:
             prepared, i = t.args["out"], i + 1
             continue
         if t.op == "linear":
-            waits = t.waits
-            if prepared != t.args["x"]:
-                out.append(Fused("prep", {"x": t.args["x"], "K": t.args["K"]}, waits, [], (), t.layer))
-                prepared, waits = t.args["x"], []
-            elif waits:
-                out.append(Fused("prep", {"x": t.args["x"], "K": t.args["K"]}, waits, [], (), t.layer))
-                waits = []
+            if prepared != t.args["x"] or t.waits:   # a prep carries the linear's waits
+                out.append(Fused("prep", {"x": t.args["x"], "K": t.args["K"]}, t.waits, [], (), t.layer))
+                prepared = t.args["x"]
             j = _linears(tasks, i, t.args["x"])
             f = _qkv_rope(tasks[i:j], tasks[j:j + 2], readers)
             if f is not None:

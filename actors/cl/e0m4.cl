@@ -7,35 +7,11 @@
 // Written for PoCL on a CPU like kernels.cl: aligned vector dereferences, no OpenCL builtins in
 // the loop (PoCL's distro build does not inline them); as_float8 and CVT are clang builtins.
 
-#define QK 32
-#ifndef LIN_T        // work-items sharing one GEMV row (a power of two)
-#define LIN_T 1
-#endif
-#ifndef LIN_R        // GEMV rows per work-group
-#define LIN_R 8
-#endif
-
-#define AT(T, off) ((__global T*)(arena + (off)))
-#ifdef __clang__
-#define CVT(x, T) __builtin_convertvector((x), T)
-#else
-#define CVT(x, T) convert_##T(x)
-#endif
-#if defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
-#define F16(p, i) (__builtin_ia32_vcvtph2ps((short8)((short)(p)[i], 0, 0, 0, 0, 0, 0, 0))[0])
-#else
-#define F16(p, i) vload_half((i), (const __global half*)(p))
-#endif
+// Appended to kernels.cl when built (kernels_e0m4.py): QK, LIN_T, LIN_R, AT, CVT, HALF and hsum8
+// are kernels.cl's.
 
 #define E0M4_EXP 0x40000000u   // f32 sign 0, exponent 1: the floats [2, 4)
 #define E0M4_SHIFT 19u         // the code is the top 4 of the 23 fraction bits
-
-inline float sum8(float8 v)
-{
-    const float4 a = v.lo + v.hi;
-    const float2 b = a.lo + a.hi;
-    return b.x + b.y;
-}
 
 // 8 codes -> 8 weights: w1 = as_float(EXP | q << 19) in [2, 4), then w1 * scale + (-bias * scale)
 inline float8 e0m4_8(uchar8 q, float s, float b)
@@ -70,15 +46,15 @@ __kernel void linear_gemv_e0m4(__global uchar* arena, ulong x_o, ulong qs_o, ulo
     const __global float8* x = AT(const float8, x_o);
     float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;   // four chains hide the FMA latency
     for (int b = t; b < nb; b += LIN_T) {
-        const float s = F16(sc, b);
+        const float s = HALF(sc, b);
         float8 w0, w1, w2, w3;
-        e0m4_block(q[b], s, -F16(bi, b) * s, &w0, &w1, &w2, &w3);   // -bias * s: exact in f32
+        e0m4_block(q[b], s, -HALF(bi, b) * s, &w0, &w1, &w2, &w3);   // -bias * s: exact in f32
         a0 += w0 * x[4 * b];
         a1 += w1 * x[4 * b + 1];
         a2 += w2 * x[4 * b + 2];
         a3 += w3 * x[4 * b + 3];
     }
-    float s = sum8((a0 + a1) + (a2 + a3));
+    float s = hsum8((a0 + a1) + (a2 + a3));
 #if LIN_T > 1
     __local float part[LIN_R][LIN_T];
     const int lr = get_local_id(1);
