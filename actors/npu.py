@@ -11,7 +11,7 @@ import time
 
 from socllm.graph.program import StepProgram, segment_live_out
 
-from socllm.policies.buckets import const_weights
+from socllm.policies.buckets import const_weights, whole_graph
 
 from .worker import Unit
 
@@ -67,26 +67,41 @@ class NPUBackend:
         os.makedirs(CACHE_DIR, exist_ok=True)
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
-        from .ov_segment import OVSegment
-        units, t0 = [], time.perf_counter()
-        const = const_weights(prog.phase, prog.bucket)
+        t0 = time.perf_counter()
         config = {"INFERENCE_NUM_THREADS": self.threads,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_QUANT_GROUP.get(precision, 0)}
+        const = const_weights(prog.phase, prog.bucket)
         # constants cannot be shared across layers: a decode graph spans from one attention to
         # the next instead (the attentions, weightless, share one graph per KV-length bucket)
-        for seg in segments(prog.tasks.get(self.name, []), per_layer=not const):
-            seqs = {t.seq for t in seg}
-            ops = [t.op for t in seg]
-            ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
-                               segment_live_out(prog, seqs), self.kv_rows, OV_HINT.get(precision, precision),
-                               config, CACHE_DIR, self.shared,
-                               last_row=ops in (["lm_head"], ["rmsnorm", "lm_head"]),
-                               const_weights=const)
-            self.segments.append(ov_seg)
-            units.append(Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs))))
+        segs = segments(prog.tasks.get(self.name, []), per_layer=not const)
+        tail = segs[-1:] if segs and _is_tail(segs[-1]) else []
+        body = segs[:len(segs) - len(tail)]
+        if whole_graph(prog.phase, prog.bucket) and len(body) > 1 and _straight(body):
+            # a prompt's first chunk: the whole model as one graph (policies/buckets.const_weights);
+            # the per-layer graphs of later chunks are compiled when one first comes
+            whole = self._unit(prog, [t for seg in body for t in seg], precision, config, True,
+                               cache=False)
+            per_layer = _Lazy(lambda: [self._unit(prog, seg, precision, config, const) for seg in body])
+            run = _first_chunk(whole.run, per_layer)
+            units = [Unit(whole.waits, run, whole.signals, whole.seqs)]
+        else:
+            units = [self._unit(prog, seg, precision, config, const) for seg in body]
+        units += [self._unit(prog, seg, precision, config, const) for seg in tail]
         key = f"{prog.phase}/{prog.bucket}/{precision}"
         self.compile_s[key] = self.compile_s.get(key, 0.0) + time.perf_counter() - t0
         return units
+
+    def _unit(self, prog, seg, precision, config, const, cache=True) -> Unit:
+        from .ov_segment import OVSegment
+        seqs = {t.seq for t in seg}
+        # a whole-model graph is not cached on disk: its blob carries the weights (~105 MB), and
+        # importing it costs ~80 MB more than compiling over the pool's weights (measured)
+        ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
+                           segment_live_out(prog, seqs), self.kv_rows, OV_HINT.get(precision, precision),
+                           config, CACHE_DIR if cache else None, self.shared,
+                           last_row=_is_tail(seg), const_weights=const)
+        self.segments.append(ov_seg)
+        return Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs)))
 
     def begin_step(self, precision: str):
         pass
@@ -102,3 +117,35 @@ class NPUBackend:
                 # KV-length buckets compiled on first use, after install (ov_segment.py)
                 "compile_s_all": sum(s.compile_s for s in self.segments),
                 "compiled_graphs": len(self.shared)}
+
+
+def _is_tail(seg) -> bool:
+    """The final norm + lm-head (or the lm-head alone): the one-row tail (ov_segment last_row)."""
+    return [t.op for t in seg] in (["lm_head"], ["rmsnorm", "lm_head"])
+
+
+def _straight(segs) -> bool:
+    """No processor waits or is signalled between these segments: they can be one graph."""
+    return not any(seg[0].waits for seg in segs[1:]) and not any(seg[-1].signals for seg in segs[:-1])
+
+
+class _Lazy:
+    def __init__(self, make):
+        self.make, self.value = make, None
+
+    def __call__(self):
+        if self.value is None:
+            self.value = self.make()
+        return self.value
+
+
+def _first_chunk(whole, per_layer: _Lazy):
+    """At pos0 = 0 the whole-model graph; later chunks read the KV cache, and per-layer graphs
+    (one compiled graph per KV-length bucket for the attention alone) serve them."""
+    def run(n, pos0):
+        if pos0 == 0:
+            whole(n, pos0)
+        else:
+            for u in per_layer():
+                u.run(n, pos0)
+    return run

@@ -2,6 +2,8 @@
 KV-length buckets of 256 rows for the attention (Transformer-Lite §2.1)."""
 from __future__ import annotations
 
+import os
+
 PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024)
 DECODE_BUCKET = 1
 MAX_CHUNK = PREFILL_BUCKETS[-1]
@@ -48,14 +50,32 @@ def const_weights(phase: str, bucket: int) -> bool:
     Measured on OpenVINO 2026.4's CPU device (2 cores, AVX2 without VNNI), 40 matmuls [1536, 576]:
     the plugin recognises Q4_1 as u4 Constant -> Convert -> Subtract(zp = -m/d, f32, non-integer
     is accepted) -> Multiply(d, f32) -> Reshape and runs it as a u4 FullyConnected
-    (brgemm_avx2_f32) at 1.8 bytes per weight, relative error 2e-7; f16 zero points cost 4e-4
-    error, and w = q*d + m (Multiply, Add) is folded to f32 weights, 9 bytes per weight, 2.5x
-    slower. One row: 2.6 ms as constants vs 37 ms as inputs (14x); 512 rows: 348 vs 380 ms (the
-    step is compute-bound either way). The "5 bytes per weight" measured before was the actor's
-    RSS, which also counted the KV cache pages its whole-capacity attention touched.
+    (brgemm_avx2_f32), relative error 2e-7; f16 zero points cost 4e-4 error, and w = q*d + m
+    (Multiply, Add) is folded to f32 weights, 9 bytes per weight, 2.5x slower. One row: 2.6 ms as
+    constants vs 37 ms as inputs (14x); 512 rows: 348 vs 380 ms.
 
-    So: decode (one row) compiles each layer's weights in once, ~2 bytes per weight (~0.2 GB for
-    the default model, only in a process that decodes on the NPU); prefill buckets read them as
-    inputs, so all layers and all buckets share the pool's copy (constants would cost a copy per
-    bucket, for <10%)."""
+    What constants cost is per compiled graph: each graph keeps its own scratch and repacked
+    data, ~4 bytes per weight of the graph when every layer is its own graph (30 per-layer
+    prefill graphs at 256 rows: +454 MB), ~1.5 bytes per weight when the whole model is one
+    graph. So:
+      decode (one row): every layer's weights compiled in, a graph from one attention to the next;
+      prefill chunks of WHOLE_GRAPH_FROM rows or more that start the prompt (pos0 = 0): the whole
+        model as ONE graph (`whole_graph`), with no KV cache to read, so one graph per bucket;
+      other prefill chunks: weights as inputs, one per-layer graph shared by all layers.
+    `python -m socllm.scripts.profile_prefill --bucket B [--per-layer]`, min of 4, tok/s and the
+    process's USS (whole graph / per-layer input graphs):
+      256 rows: 657 / 445 tok/s, 711 / 484 MB;  512: 647 / 480, 805 / 519;
+      1024: 583 / 430, 1040 / 588 — 1.35-1.48x faster for 227-452 MB more per bucket used
+      (SOCLLM_WHOLE_GRAPH=0 turns whole graphs off)."""
     return phase == "decode"
+
+
+WHOLE_GRAPH_FROM = 256   # prefill bucket from which a prompt's first chunk runs as one graph
+WHOLE_GRAPH = os.environ.get("SOCLLM_WHOLE_GRAPH", "1") != "0"
+
+
+def whole_graph(phase: str, bucket: int) -> bool:
+    """Does a prefill chunk of this bucket at pos0 = 0 run as one whole-model NPU graph with its
+    weights compiled in (const_weights)? Only the buckets the NPU prefills in the auto plan
+    (policies/placement.NPU_PREFILL_FROM): each such graph holds 227-452 MB of its own."""
+    return phase == "prefill" and bucket >= WHOLE_GRAPH_FROM and WHOLE_GRAPH

@@ -1,11 +1,14 @@
 """Plans: which processor runs each op, per phase (DESIGN.md §4; HeteroLLM §4.1 layer-level).
 
   cpu | gpu | npu   every tensor op on that one processor
-  hetero            "Hetero-layer" with disaggregated phases (Agent.xpu §4.3): in prefill chunks
-                    of HETERO_NPU_FROM rows or more the token-wise ops (norms, projections,
-                    rope, FFN, lm-head) run on the NPU in static bucketed chunks and the
-                    dynamic-length attention on the GPU; smaller chunks and decode run on the
-                    GPU. Both phases share the KV cache in place.
+  hetero            disaggregated phases (Agent.xpu §4.3) with the "Hetero-layer" split
+                    (HeteroLLM §4.1) where it pays: prefill chunks of HETERO_NPU_FROM rows or
+                    more on the NPU, smaller chunks and decode on the GPU, sharing the KV cache
+                    in place. The layer split — token-wise ops (norms, projections, rope, FFN,
+                    lm-head) on the NPU, the dynamic-length attention on the GPU — runs for
+                    chunks of HETERO_SPLIT_FROM rows or more; on this device it never paid
+                    (measured below), so it is off here (None) and runs only when asked for
+                    (bucket None: the split whatever the size, as the tests build it).
   auto              the control-plane decider (HeteroLLM §4.3): per phase and chunk size, the
                     plan measured fastest on this device (`resolve`: NPU prefill from 256 rows,
                     GPU otherwise); the default.
@@ -17,16 +20,17 @@ CONCRETE = PLANS[:-1]
 
 
 def placement(plan: str, phase: str, bucket: int | None = None):
-    """-> function(op) -> processor name. hetero's prefill splits only chunks of
-    HETERO_NPU_FROM rows or more (bucket None: always): below, the NPU's small matmuls and a hop
-    per layer cost more than they give (measured below), so the partition is the GPU alone."""
+    """-> function(op) -> processor name, for one phase and chunk bucket (None: any size, and
+    hetero's layer split)."""
     if plan not in CONCRETE:
         raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(PLANS)})")
     if plan in ("cpu", "gpu", "npu"):
         return lambda op: plan
     if phase == "decode" or (bucket is not None and bucket < HETERO_NPU_FROM):
         return lambda op: "gpu"
-    return lambda op: "gpu" if op.kind == "attention" else "npu"
+    if bucket is None or (HETERO_SPLIT_FROM is not None and bucket >= HETERO_SPLIT_FROM):
+        return lambda op: "gpu" if op.kind == "attention" else "npu"
+    return lambda op: "npu"
 
 
 def processors(plan: str, available: set = frozenset()) -> set:
@@ -54,7 +58,12 @@ def processors(plan: str, available: set = frozenset()) -> set:
 #   hetero 416/424/425, gpu 360/362/365 — at 512 the GPU's attention and two hops a layer cost
 #   hetero 9 % against the NPU alone, whose attention now reads only its KV bucket.
 NPU_PREFILL_FROM = 256   # bucket from which the NPU alone prefills faster than the GPU
-HETERO_NPU_FROM = 256    # bucket from which hetero's NPU+GPU split beats the GPU alone
+#   The same, median of 3, tok/s: prefill 512: npu 468, hetero (split) 437 (-6.6 %).
+#   With the NPU's whole-model first-chunk graph (policies/buckets.whole_graph), the split — a
+#   processor hop before and after every layer's attention — also cuts that graph into 61 pieces.
+#   On this machine both "processors" are the same two cores, so no split can overlap work.
+HETERO_NPU_FROM = 256    # bucket from which hetero prefills on the NPU (below: the GPU alone)
+HETERO_SPLIT_FROM = None  # bucket from which hetero splits a layer (attention on the GPU)
 
 
 def resolve(plan: str, phase: str, bucket: int, available: set) -> str:

@@ -21,8 +21,9 @@ import numpy as np
 from socllm.policies.threads import actor_env, machine_budget
 
 
-def build(precision: str, profile: bool):
-    from socllm.actors.gpu import GPUBackend
+def pool_program(proc: str, phase: str, bucket: int):
+    """-> (arena, layout, the proc's StepProgram): the default model's pool laid out and filled
+    as the engine does it, in this process."""
     from socllm.actors.planner import PlannerCore
     from socllm.graph.program import StepProgram
     from socllm.memory.arena import Arena
@@ -40,7 +41,12 @@ def build(precision: str, profile: bool):
     arena = Arena.create(lay.size, lay.readonly_bytes)
     write_weights(arena.buf, lay, weights)
     planner.set_layout(lay.to_dict())
-    prog = StepProgram.from_bytes(planner.program("gpu", "decode", 1)[1])
+    return arena, lay, StepProgram.from_bytes(planner.program(proc, phase, bucket)[1])
+
+
+def build(precision: str, profile: bool):
+    from socllm.actors.gpu import GPUBackend
+    arena, lay, prog = pool_program("gpu", "decode", 1)
     gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
     units = gpu.build_units(prog, precision)
     return arena, gpu, units

@@ -323,8 +323,12 @@ def test_last_row_tail_serves_every_bucket_with_one_graph(N):
     close(f32(arena, s["logits"], 1, V), f32(ref, s["logits"], 1, V))
 
 
-def test_constant_weight_decode_graph_matches_numpy():
-    """The compressed-FullyConnected path (weights compiled in) computes the same layer."""
+@pytest.mark.parametrize("bucket,N,pos0", [(1, 1, 9), (512, 300, 0), (256, 256, 0)])
+def test_constant_weight_graph_matches_numpy(bucket, N, pos0):
+    """The compressed-FullyConnected path (weights compiled in): a decode step, and a prompt's
+    first chunk as the NPU runs it (npu.py, policies/buckets.whole_graph) — pos0 = 0, causal
+    attention in blocks of ov_build.CAUSAL_BLOCK query rows (4 and 2 blocks here), padding rows
+    past N included."""
     L = Layout()
     s = slots(L)
     tasks = decoder_layer(L, s)
@@ -332,10 +336,12 @@ def test_constant_weight_decode_graph_matches_numpy():
     rand_rows(arena, s["x"], 512, D, np.random.default_rng(11))
     ref = arena.copy()
     for op, args in tasks:
-        NumpyKernels(ref).run(op, args, 1, 9)
-    seg = OVSegment(ov.Core(), tasks, arena, 1, {s["x"]}, CAP, config=CONFIG, const_weights=True)
-    seg.run(1, 9)
-    close(f32(arena, s["x"], 1, D), f32(ref, s["x"], 1, D))
+        NumpyKernels(ref).run(op, args, N, pos0)
+    seg = OVSegment(ov.Core(), tasks, arena, bucket, {s["x"]}, CAP, config=CONFIG, const_weights=True)
+    seg.run(N, pos0)
+    close(f32(arena, s["x"], N, D), f32(ref, s["x"], N, D))
+    for c in ("kc", "vc"):
+        close(f32(arena, s[c], CAP, KVH * HD)[pos0: pos0 + N], f32(ref, s[c], CAP, KVH * HD)[pos0: pos0 + N])
     # the plugin kept Q4_1 compressed (zp = -m/d non-integer f32): u4 FullyConnected, not f32
     fc = [n.get_rt_info()["runtimePrecision"].astype(str) for n in seg.compiled.get_runtime_model().get_ordered_ops()
           if n.get_rt_info()["layerType"].astype(str) == "FullyConnected"]

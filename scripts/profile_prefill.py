@@ -1,0 +1,73 @@
+"""Where an NPU prefill chunk's time goes: per segment (one compiled OpenVINO graph each).
+
+    python -m socllm.scripts.profile_prefill [--bucket 512] [--pos0 0] [--reps 4]
+
+Runs the npu plan's prefill program for one bucket in this process, on a pool laid out as the
+engine lays it out (no Ray), and times each unit. At pos0 = 0 a chunk of a whole-graph bucket
+(policies/buckets.whole_graph) is one graph; at pos0 > 0, or with --per-layer, it runs as
+per-layer graphs with the weights as inputs, and the table splits the time by segment kind
+(norm + Q/K/V + rope, attention, o + FFN). Reports tok/s of the chunk and the process's USS.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import time
+
+import numpy as np
+
+from socllm.policies.threads import actor_env, machine_budget
+
+
+def build(bucket: int, per_layer: bool):
+    from socllm.actors import npu as npu_mod
+    from .profile_decode import pool_program
+    if per_layer:
+        npu_mod.whole_graph = lambda phase, bucket: False
+    arena, lay, prog = pool_program("npu", "prefill", bucket)
+    npu = npu_mod.NPUBackend(arena.buf, lay, machine_budget())
+    t = time.perf_counter()
+    units = npu.build_units(prog, "q16")
+    names = [f"whole model, one graph ({len(seg.tasks)} ops)" if len(seg.tasks) > 20
+             else "+".join(op for op, _ in seg.tasks) for seg in npu.segments]
+    return arena, lay, units, names, time.perf_counter() - t
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bucket", type=int, default=512)
+    ap.add_argument("--pos0", type=int, default=0, help="KV rows before the chunk")
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--per-layer", action="store_true", help="per-layer graphs even at pos0 = 0")
+    args = ap.parse_args(argv)
+    for k, v in actor_env(machine_budget()).items():
+        os.environ.setdefault(k, v)
+    import psutil
+    arena, lay, units, names, build_s = build(args.bucket, args.per_layer)
+    try:
+        B = args.bucket
+        ids = arena.buf[lay.io["ids"]: lay.io["ids"] + B * 4].view(np.int32)
+        ids[:] = np.arange(B) % 1000 + 10
+        walls, per = [], collections.defaultdict(float)
+        for rep in range(args.reps + 1):                       # the first run is a warm-up
+            per.clear()
+            t0 = time.perf_counter()
+            for u, name in zip(units, names):
+                t = time.perf_counter()
+                u.run(B, args.pos0)
+                per[name] += time.perf_counter() - t
+            walls.append(time.perf_counter() - t0)
+        best = min(walls[1:])
+        uss = psutil.Process().memory_full_info().uss / 2**20
+        print(f"npu prefill, bucket {B}, pos0 {args.pos0}: {len(units)} units, built in {build_s:.1f} s; "
+              f"min {best * 1e3:.0f} ms ({B / best:.0f} tok/s), median "
+              f"{sorted(walls[1:])[len(walls[1:]) // 2] * 1e3:.0f} ms; process USS {uss:.0f} MB")
+        for name, t in sorted(per.items(), key=lambda kv: -kv[1]):
+            print(f"  {t * 1e3:8.1f} ms  {name}")
+    finally:
+        arena.unlink()
+
+
+if __name__ == "__main__":
+    main()
