@@ -6,6 +6,7 @@ Compile times are recorded; compiled blobs are cached on disk (OpenVINO's CACHE_
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -81,7 +82,7 @@ class NPUBackend:
             # the per-layer graphs of later chunks are compiled when one first comes
             whole = self._unit(prog, [t for seg in body for t in seg], precision, config, True,
                                cache=False)
-            per_layer = _Lazy(lambda: [self._unit(prog, seg, precision, config, const) for seg in body])
+            per_layer = functools.cache(lambda: [self._unit(prog, seg, precision, config, const) for seg in body])
             run = _first_chunk(whole.run, per_layer)
             units = [Unit(whole.waits, run, whole.signals, whole.seqs)]
         else:
@@ -129,17 +130,7 @@ def _straight(segs) -> bool:
     return not any(seg[0].waits for seg in segs[1:]) and not any(seg[-1].signals for seg in segs[:-1])
 
 
-class _Lazy:
-    def __init__(self, make):
-        self.make, self.value = make, None
-
-    def __call__(self):
-        if self.value is None:
-            self.value = self.make()
-        return self.value
-
-
-def _first_chunk(whole, per_layer: _Lazy):
+def _first_chunk(whole, per_layer):
     """At pos0 = 0 the whole-model graph; later chunks read the KV cache, and per-layer graphs
     (one compiled graph per KV-length bucket for the attention alone) serve them."""
     def run(n, pos0):

@@ -269,13 +269,13 @@ def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int):
     qh [KVH, grp*B, hd] (row g*B + i), kh, vh [KVH, B, hd] -> [KVH, grp*B, hd]."""
     c = CAUSAL_BLOCK
     q4 = ops.reshape(qh, np.array([KVH, grp, B, hd], np.int64), False)
+
+    def rows(x, axis, lo, hi):
+        return ops.slice(x, np.array([lo], np.int64), np.array([hi], np.int64),
+                         np.array([1], np.int64), np.array([axis], np.int64))
     outs = []
     for i in range(B // c):
         keys = (i + 1) * c
-
-        def rows(x, axis, lo, hi):
-            return ops.slice(x, np.array([lo], np.int64), np.array([hi], np.int64),
-                             np.array([1], np.int64), np.array([axis], np.int64))
         qb = ops.reshape(rows(q4, 2, i * c, keys), np.array([KVH, grp * c, hd], np.int64), False)
         mask = g.mask(("block", c, i, grp), lambda: np.tile(                       # [grp*c, keys]
             np.arange(keys)[None, :] <= np.arange(i * c, keys)[:, None], (grp, 1)))

@@ -54,17 +54,11 @@ __kernel void linear_gemv_e0m4(__global uchar* arena, ulong x_o, ulong qs_o, ulo
         a2 += w2 * x[4 * b + 2];
         a3 += w3 * x[4 * b + 3];
     }
-    float s = hsum8((a0 + a1) + (a2 + a3));
 #if LIN_T > 1
     __local float part[LIN_R][LIN_T];
-    const int lr = get_local_id(1);
-    part[lr][t] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = LIN_T / 2; h > 0; h /= 2) {
-        if (t < h) part[lr][t] += part[lr][t + h];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    s = part[lr][0];
+    const float s = row_sum(hsum8((a0 + a1) + (a2 + a3)), part[get_local_id(1)], t);
+#else
+    const float s = hsum8((a0 + a1) + (a2 + a3));
 #endif
     if (t == 0 && r < M) AT(float, out_o)[r] = s;
 }

@@ -107,6 +107,21 @@ __kernel void rmsnorm(__global uchar* arena, ulong x_o, ulong w_o, ulong out_o, 
     for (int j = 0; j < D / 8; j++) out[j] = x[j] * r * w[j];
 }
 
+#if LIN_T > 1
+// the sum of s over the LIN_T work-items sharing a GEMV row (part: that row's local scratch);
+// every work-item of the group must call it (barriers)
+inline float row_sum(float s, __local float* part, int t)
+{
+    part[t] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = LIN_T / 2; h > 0; h /= 2) {
+        if (t < h) part[t] += part[t + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return part[0];
+}
+#endif
+
 // linear, decode (N == 1): x [1, K], W Q4_1 [M, K] -> out [1, M] = x @ W.T.
 // global (LIN_T, M rounded up to LIN_R), local (LIN_T, LIN_R).
 __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
@@ -127,17 +142,11 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
         a2 += w2 * x[4 * b + 2];
         a3 += w3 * x[4 * b + 3];
     }
-    float s = hsum8((a0 + a1) + (a2 + a3));
 #if LIN_T > 1
     __local float part[LIN_R][LIN_T];
-    const int lr = get_local_id(1);
-    part[lr][t] = s;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = LIN_T / 2; h > 0; h /= 2) {
-        if (t < h) part[lr][t] += part[lr][t + h];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    s = part[lr][0];
+    const float s = row_sum(hsum8((a0 + a1) + (a2 + a3)), part[get_local_id(1)], t);
+#else
+    const float s = hsum8((a0 + a1) + (a2 + a3));
 #endif
     if (t == 0 && r < M) AT(float, out_o)[r] = s;
 }
