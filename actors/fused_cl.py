@@ -67,7 +67,7 @@ class FusedCL:
     def _linear_act(self, a, pos0):
         """act [K], W [M, K] -> out [M] (+ res [M])"""
         M, (_, qs, d, m) = a["M"], a["w"]
-        out = _out_off(a["out"], pos0, M)
+        out = _out_off(a["out"], pos0, a.get("ld", M))
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
                  int(a["res"] is not None))

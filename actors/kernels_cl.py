@@ -39,7 +39,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "embed": [u64] * 4 + [i32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
     "linear_gemv": [u64] * 5 + [i32, i32],
-    "linear_gemm": [u64] * 5 + [i32, i32, i32],
+    "linear_gemm": [u64] * 5 + [i32, i32, i32, i32],
     "rope": [u64] * 2 + [i32, i32, f32, i32],
     "attention": [u64] * 4 + [i32, i32, i32],
     "silu_mul": [u64] * 3 + [i32],
@@ -236,13 +236,14 @@ class CLKernels:
         _, qs, d, m = a["w"]
         _aligned("linear", a["x"][1])
         _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
-        out = _out_off(a["out"], pos0, M)
+        ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
+        out = _out_off(a["out"], pos0, ld)
         if N == 1:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
                      a["x"][1], qs, d, m, out, K, M)
         else:
             self._go("linear_gemm", (_up(M, self.lin_r), -(-N // self.gemm_tn)), (self.lin_r, 1),
-                     a["x"][1], qs, d, m, out, K, M, N)
+                     a["x"][1], qs, d, m, out, K, M, N, ld)
 
     def _rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""

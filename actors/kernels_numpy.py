@@ -27,10 +27,15 @@ class NumpyKernels:
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         return self.arena[off: off + n].view(dtype).reshape(shape)
 
-    def out_rows(self, ref, N, pos0, cols):
-        """An output ref -> a writable [N, cols] view; KV refs start at row pos0 (in place)."""
-        kind, off = ref[0], ref[1]
-        return self.f32(off + (pos0 * cols * 4 if kind == "kv" else 0), N, cols)
+    def out_rows(self, ref, N, pos0, cols, ld=None):
+        """An output ref -> a writable [N, cols] view of rows ld wide (a row-cut half: its columns
+        of the whole output); KV refs start at row pos0 (in place)."""
+        kind, off, ld = ref[0], ref[1], ld or cols
+        off += pos0 * ld * 4 if kind == "kv" else 0
+        if ld == cols:
+            return self.f32(off, N, cols)
+        span = self.f32(off, 1, (N - 1) * ld + cols)[0]     # ends at the half's last element
+        return np.lib.stride_tricks.as_strided(span, (N, cols), (ld * 4, 4), writeable=True)
 
     def w4(self, ref, M, K):
         _, qs, d, m = ref
@@ -69,7 +74,7 @@ class NumpyKernels:
         # then scale and shift per 32-block
         q = _NIBBLES[qs].reshape(M, K // QK, QK)
         w = (q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]).reshape(M, K)
-        self.out_rows(a["out"], N, pos0, M)[:] = x @ w.T
+        self.out_rows(a["out"], N, pos0, M, a.get("ld"))[:] = x @ w.T
 
     def rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref): rotate pairs (2i, 2i+1) by pos * theta^(-2i/hd)

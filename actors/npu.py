@@ -71,10 +71,13 @@ class NPUBackend:
         t0 = time.perf_counter()
         config = {"INFERENCE_NUM_THREADS": self.threads,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_QUANT_GROUP.get(precision, 0)}
-        const = const_weights(prog.phase, prog.bucket)
+        tasks = prog.tasks.get(self.name, [])
+        # row-cut halves (the tensor plan) are one linear per segment: weights as inputs let all
+        # layers share one compiled graph per shape instead of compiling each half's constants
+        const = const_weights(prog.phase, prog.bucket) and not any(t.rows for t in tasks)
         # constants cannot be shared across layers: a decode graph spans from one attention to
         # the next instead (the attentions, weightless, share one graph per KV-length bucket)
-        segs = segments(prog.tasks.get(self.name, []), per_layer=not const)
+        segs = segments(tasks, per_layer=not const)
         tail = segs[-1:] if segs and _is_tail(segs[-1]) else []
         body = segs[:len(segs) - len(tail)]
         if whole_graph(prog.phase, prog.bucket) and len(body) > 1 and _straight(body):

@@ -37,15 +37,22 @@ class Graph:
         self.task, self.deps = 0, set()
         self.act_inputs = []        # (parameter index, off, cols, dtype) of slots read from the pool
         self.masks = {}             # key -> a mask Constant every layer shares (one copy, not L)
+        self.ld = {}                # off -> row width of the output a row-cut half writes into
 
     def mask(self, key, make) -> ov.Node:
         if key not in self.masks:
             self.masks[key] = ops.constant(make())
         return self.masks[key]
 
-    def view(self, off: int, shape, dtype) -> np.ndarray:
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        return self.arena[off: off + n].view(dtype).reshape(shape)
+    def view(self, off: int, shape, dtype, ld: int | None = None) -> np.ndarray:
+        """[rows, cols] at off; with ld, rows ld elements apart (a row-cut half's columns)."""
+        size = np.dtype(dtype).itemsize
+        if ld is None or ld == shape[-1] or shape[0] == 1:
+            n = int(np.prod(shape)) * size
+            return self.arena[off: off + n].view(dtype).reshape(shape)
+        rows, cols = shape
+        span = self.arena[off: off + ((rows - 1) * ld + cols) * size].view(dtype)
+        return np.lib.stride_tricks.as_strided(span, shape, (ld * size, size), writeable=True)
 
     def begin(self, task: int):
         self.task, self.deps = task, set()
@@ -176,6 +183,10 @@ def _rmsnorm(g: Graph, a):
 
 def _linear(g: Graph, a):
     x = g.read(a["x"], a["K"])
+    if a.get("ld", a["M"]) != a["M"]:      # a row-cut half: its columns of rows ld wide
+        if a["out"][0] != "a":
+            raise ValueError("a row-cut linear writes an activation slot, not the KV cache")
+        g.ld[a["out"][1]] = a["ld"]
     g.write(a["out"], ops.matmul(x, g.w4(a["w"], a["M"], a["K"]), False, True))
 
 

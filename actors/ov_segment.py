@@ -135,7 +135,8 @@ class _Variant:
                 # A reader of the slot's arena version that the final writer does not wait for may
                 # run after OpenVINO wrote the result in place (measured: it does): copy it after.
                 racy = bool(g.input_readers.get(off, set()) - deps)
-                view = g.view(off, tuple(val.get_shape()), F32)
+                view = g.view(off, tuple(val.get_shape()), F32, g.ld.get(off))
+                racy |= not view.flags.c_contiguous      # OpenVINO writes dense tensors only
                 (self._copies if racy else self._at).append((len(results), view))
                 results.append(ops.result(val))
         for off, (val, _) in g.kv_new.items():

@@ -9,12 +9,15 @@ from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
 from socllm.graph.lower import lower
 from socllm.memory.layout import PROCESSORS, PoolLayout
+from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
 from socllm.policies.placement import placement
+from socllm.policies.rowcut import plan_rows
 
 
 class PlannerCore:
-    def __init__(self, cfg, n_layers: int | None = None):
+    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
         self.graph = build_graph(cfg, n_layers)
+        self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
         self.slots = assign_slots(self.graph)
         self.programs: dict = {}      # (plan, phase, bucket) -> (pid, msgpack bytes)
         self.lay = None
@@ -27,6 +30,14 @@ class PlannerCore:
 
     def set_layout(self, layout: dict):
         self.lay = PoolLayout.from_dict(layout)
+
+    def partitioned(self, phase: str):
+        """The `tensor` plan's graph for a phase: linears row-cut between the GPU and the NPU,
+        the rest on the phase's dominant processor (graph/partition.py)."""
+        sizes = {part_of(op): op.attrs["M"] for op in self.graph.ops if part_of(op)}
+        dom = DOMINANT[phase]
+        other = "npu" if dom == "gpu" else "gpu"
+        return row_cut(self.graph, plan_rows(phase, sizes, self.rowcut_profile), dom, other)
 
     def _refs(self) -> dict:
         lay, refs = self.lay, {}
@@ -44,8 +55,12 @@ class PlannerCore:
     def program(self, plan: str, phase: str, bucket: int):
         key = (plan, phase, bucket)
         if key not in self.programs:
-            prog = lower(self.graph, self.slots, self._refs(), self.lay.locations,
-                         {p: self.lay.done(p) for p in PROCESSORS}, placement(plan, phase, bucket), phase, bucket)
+            graph, place = self.graph, None
+            if plan == "tensor":
+                graph, place = self.partitioned(phase), placed
+            prog = lower(graph, self.slots, self._refs(), self.lay.locations,
+                         {p: self.lay.done(p) for p in PROCESSORS},
+                         place or placement(plan, phase, bucket), phase, bucket)
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
 

@@ -14,6 +14,7 @@ is 5 launches instead of 15, and it never changes what the step computes:
 then a launch that only finishes a row (norm_prep, prep, merge_prep) joins the launch before it
 that wrote the row, run by its last work-group (_epilogues): a layer is 5 launches.
 
+A row-cut half (graph/partition.py) joins no group: it runs as prep + linear_act over its rows.
 A fused task's intermediate outputs are dropped only when no task outside it reads them
 (`_readers` over the whole program, so another processor's reads count); a run is fused only if
 nothing inside it waits or signals (the group takes its first task's waits and last task's signals).
@@ -63,7 +64,7 @@ def _only_read_by(readers, t: Task, u: Task) -> bool:
 
 
 def _qkv_rope(group, rest, readers):
-    if len(group) != 3 or len(rest) < 2 or any(r.op != "rope" for r in rest[:2]):
+    if any(t.rows for t in group) or len(group) != 3 or len(rest) < 2 or any(r.op != "rope" for r in rest[:2]):
         return None
     by_out = {t.args["out"]: t for t in group}
     ropes = rest[:2]
@@ -85,7 +86,7 @@ def _qkv_rope(group, rest, readers):
 
 
 def _gate_up(group, rest, readers):
-    if len(group) != 2 or not rest or rest[0].op != "silu_mul":
+    if any(t.rows for t in group) or len(group) != 2 or not rest or rest[0].op != "silu_mul":
         return None
     s = rest[0]
     by_out = {t.args["out"]: t for t in group}
@@ -101,9 +102,9 @@ def _gate_up(group, rest, readers):
 
 def _linear(t, rest, readers):
     a = {"x": t.args["x"], "w": t.args["w"], "out": t.args["out"], "res": None,
-         "K": t.args["K"], "M": t.args["M"]}
+         "K": t.args["K"], "M": t.args["M"], **({"ld": t.args["ld"]} if t.rows else {})}
     nxt = rest[0] if rest else None
-    if (nxt is not None and nxt.op == "add" and _only_read_by(readers, t, nxt)
+    if (nxt is not None and not t.rows and nxt.op == "add" and _only_read_by(readers, t, nxt)
             and _joinable([t, nxt]) and t.args["out"][0] == "a"):
         other = nxt.args["b"] if nxt.args["a"] == t.args["out"] else nxt.args["a"]
         if other != t.args["out"]:
@@ -129,7 +130,8 @@ def _epilogues(units: list) -> list:
         prev = out[-1] if out else None
         op = _EPILOGUE.get((prev.op, u.op)) if isinstance(prev, Fused) and isinstance(u, Fused) else None
         reads_prev = op is not None and u.args.get("x", prev.args["out"]) == prev.args["out"]
-        if reads_prev and not u.waits and not prev.signals and prev.args["out"][0] == "a":
+        # a row-cut half's epilogue would see part of a row
+        if reads_prev and "ld" not in prev.args and not u.waits and not prev.signals and prev.args["out"][0] == "a":
             args = dict(prev.args)
             if op == "linear_act_norm":
                 args.update(norm_w=u.args["w"], norm_out=u.args["out"], eps=u.args["eps"],

@@ -42,7 +42,7 @@ def assign_slots(g: Graph) -> SlotPlan:
     for i, op in enumerate(g.ops):
         for name in op.outputs.values():
             t = g.tensors[name]
-            if t.kind != "act":
+            if t.kind != "act" or name in assign:   # written twice: halves of a row-cut
                 continue
             size = t.size_expr()
             # the lowest free slot that fits: every layer then gets the same slot pattern (at most

@@ -5,14 +5,16 @@ waits and signals on ready words (DESIGN.md §3):
   read after write   the producer signals the location's ready word, the consumer waits for it;
   write after read   the reader signals its processor's done word, the overwriting writer waits;
   write after write  the later writer waits for the earlier one's location word.
-Same-processor order is program order, so it needs nothing. Stamps are task positions in the
+Same-processor order is program order, so it needs nothing. The halves of a row-cut
+(graph/partition.py) write disjoint columns of one location: no order between them, and a reader
+waits for every half made elsewhere. Stamps are task positions in the
 global order (1-based); the worker adds the step's epoch base at run time.
 """
 from __future__ import annotations
 
 from .ir import Graph
 from .liveness import SlotPlan
-from .program import StepProgram, Task
+from .program import StepProgram, Task, cut_rows
 
 
 def location(g: Graph, slots: SlotPlan, name: str) -> str | None:
@@ -29,34 +31,48 @@ def lower(g: Graph, slots: SlotPlan, refs: dict, words: dict, done_words: dict, 
     """refs: tensor name -> ref tuple (act tensors: by slot, see `slot_ref`); words: location ->
     ready word; done_words: processor -> its done word; place: Op -> processor name."""
     tasks: dict = {}
-    writer: dict = {}        # location -> (seq, proc, task)
+    writers: dict = {}       # location -> [(seq, proc, task)]: the last write (several: a row-cut)
     readers: dict = {}       # location -> [(seq, proc, task)] since the last write
+    before: dict = {}        # location -> (readers, writers) of the value the last write replaced
     for i, op in enumerate(g.ops):
         seq, proc = i + 1, place(op)
-        args = dict(op.attrs)
+        args = {k: v for k, v in op.attrs.items() if k not in ("on", "rows")}
         for role, name in {**op.inputs, **op.outputs}.items():
             args[role] = refs[name]
-        task = Task(op.kind, args, layer=op.layer, seq=seq)
+        rows = op.attrs.get("rows")
+        if rows is not None:
+            args = cut_rows(args, *rows)
+        task = Task(op.kind, args, layer=op.layer, seq=seq, rows=rows)
         for name in op.inputs.values():
             loc = location(g, slots, name)
-            if loc is None or loc not in writer:
-                continue
-            wseq, wproc, wtask = writer[loc]
-            if wproc != proc:
-                _signal(wtask, (words[loc], wseq))
-                _wait(task, (words[loc], wseq))
-            readers.setdefault(loc, []).append((seq, proc, task))
+            for wseq, wproc, wtask in writers.get(loc, []) if loc is not None else []:
+                if wproc != proc:
+                    # a row-cut half signals its processor's done word: halves finish in any
+                    # order, and one word stored by two processors could go backwards
+                    word = done_words[wproc] if wtask.rows else words[loc]
+                    _signal(wtask, (word, wseq))
+                    _wait(task, (word, wseq))
+            if loc is not None and loc in writers:
+                readers.setdefault(loc, []).append((seq, proc, task))
         for name in op.outputs.values():
             loc = location(g, slots, name)
-            for rseq, rproc, rtask in readers.get(loc, []):
+            # the second half of a row-cut orders itself after what the first one overwrote
+            sibling = rows is not None and i > 0 and g.ops[i - 1].attrs.get("rows") is not None \
+                and g.ops[i - 1].outputs == op.outputs
+            if not sibling:
+                before[loc] = (readers.get(loc, []), writers.get(loc, []))
+            old_readers, old_writers = before[loc]
+            for rseq, rproc, rtask in old_readers:
                 if rproc != proc:
                     _signal(rtask, (done_words[rproc], rseq))
                     _wait(task, (done_words[rproc], rseq))
-            if loc in writer and writer[loc][1] != proc and not readers.get(loc):
-                wseq, _, wtask = writer[loc]
-                _signal(wtask, (words[loc], wseq))
-                _wait(task, (words[loc], wseq))
-            writer[loc], readers[loc] = (seq, proc, task), []
+            for wseq, wproc, wtask in old_writers if not old_readers else []:
+                if wproc != proc:
+                    word = done_words[wproc] if wtask.rows else words[loc]
+                    _signal(wtask, (word, wseq))
+                    _wait(task, (word, wseq))
+            writers[loc] = (writers[loc] if sibling else []) + [(seq, proc, task)]
+            readers[loc] = []
         tasks.setdefault(proc, []).append(task)
     prog = StepProgram(phase, bucket, tasks)
     prog.final = {p: ts[-1].seq for p, ts in tasks.items()}

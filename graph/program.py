@@ -16,7 +16,9 @@ kernel gets are N (rows in this step) and pos0 (tokens already in the KV cache).
 Synchronization is data, not calls: `waits` lists (word, value) pairs the task waits for
 (word >= value) before it runs; `signals` lists (word, value) pairs it stores after it finished.
 Values are relative to the step's epoch base (see memory/ready.py). `rows` is the output row range
-of a split op (HeteroLLM §4.1 row-cut): None means the whole output.
+of a split op (HeteroLLM §4.1 row-cut, graph/partition.py): None means the whole output. A split
+linear's args are those of a smaller linear (`cut_rows`): M = hi - lo rows of the weight from row
+lo, written from column lo of an output whose rows are `ld` (the uncut M) wide.
 """
 from __future__ import annotations
 
@@ -74,6 +76,21 @@ class StepProgram:
         return sorted((t for ts in self.tasks.values() for t in ts), key=lambda t: t.seq)
 
 
+def cut_rows(args: dict, lo: int, hi: int) -> dict:
+    """A linear's args -> those of its rows [lo, hi): the weight refs move to row lo (planar Q4_1:
+    K/2 bytes of nibbles, K/32 f16 d and m a row), the output to column lo of rows ld wide."""
+    K, M = args["K"], args["M"]
+    if not 0 <= lo < hi <= M:
+        raise ValueError(f"rows [{lo}, {hi}) are not inside the {M} rows of the weight")
+    kind, qs, d, m = args["w"]
+    if kind != "w4":
+        raise ValueError(f"row-cut takes Q4_1 weights, not {kind!r}")
+    blocks = K // 32 * 2
+    out = args["out"]
+    return {**args, "M": hi - lo, "ld": M, "w": (kind, qs + lo * K // 2, d + lo * blocks, m + lo * blocks),
+            "out": (out[0], out[1] + lo * 4) + tuple(out[2:])}
+
+
 def reads(t: Task) -> list:
     """Activation / KV / io refs a task reads (weights are never hazards)."""
     return [v for k, v in t.args.items() if k != "out" and isinstance(v, tuple) and v[0] not in WEIGHT_REFS]
@@ -93,6 +110,7 @@ def segment_live_out(prog: StepProgram, seqs: set) -> set:
                 live.add(ref[1])
         out = t.args["out"]
         last_writer[out[1]] = t.seq
-        if t.seq in seqs and (out[0] == "kv" or t.op == "lm_head"):
+        # a row-cut half writes part of a tensor someone else completes: always written back
+        if t.seq in seqs and (out[0] == "kv" or t.op == "lm_head" or t.rows):
             live.add(out[1])
     return live

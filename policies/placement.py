@@ -9,21 +9,27 @@
                     chunks of HETERO_SPLIT_FROM rows or more; on this device it never paid
                     (measured below), so it is off here (None) and runs only when asked for
                     (bucket None: the split whatever the size, as the tests build it).
+  tensor            tensor-level (HeteroLLM §4.1, "Hetero-tensor"): every cuttable linear row-cut
+                    between the GPU and the NPU (graph/partition.py, rows from policies/rowcut.py),
+                    the rest of a layer on the dominant processor — the GPU in decode, the NPU in
+                    prefill (§4.2, Figure 11). On this device both processors are the same two
+                    cores, so it never pays here (measured below); `auto` does not pick it.
   auto              the control-plane decider (HeteroLLM §4.3): per phase and chunk size, the
                     plan measured fastest on this device (`resolve`: NPU prefill from 256 rows,
                     GPU otherwise); the default.
 """
 from __future__ import annotations
 
-PLANS = ("cpu", "gpu", "npu", "hetero", "auto")
+PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "auto")
 CONCRETE = PLANS[:-1]
+LAYER_LEVEL = ("cpu", "gpu", "npu", "hetero")   # a placement per op; `tensor` is a graph pass
 
 
 def placement(plan: str, phase: str, bucket: int | None = None):
     """-> function(op) -> processor name, for one phase and chunk bucket (None: any size, and
     hetero's layer split)."""
-    if plan not in CONCRETE:
-        raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(PLANS)})")
+    if plan not in LAYER_LEVEL:
+        raise ValueError(f"unknown plan {plan!r} (layer-level plans: {', '.join(LAYER_LEVEL)})")
     if plan in ("cpu", "gpu", "npu"):
         return lambda op: plan
     if phase == "decode" or (bucket is not None and bucket < HETERO_NPU_FROM):
@@ -36,7 +42,7 @@ def placement(plan: str, phase: str, bucket: int | None = None):
 def processors(plan: str, available: set = frozenset()) -> set:
     if plan == "auto":
         return {"gpu", "npu"} & set(available) or {"cpu"}
-    return {"hetero": {"gpu", "npu"}}.get(plan, {plan})
+    return {"hetero": {"gpu", "npu"}, "tensor": {"gpu", "npu"}}.get(plan, {plan})
 
 
 # Measured on the 2-core dev machine (PoCL's OpenCL and OpenVINO both on the CPU;

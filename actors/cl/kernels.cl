@@ -151,10 +151,11 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     if (t == 0 && r < M) AT(float, out_o)[r] = s;
 }
 
-// linear, prefill (N > 1): x [N, K], W Q4_1 [M, K] -> out [N, M].
+// linear, prefill (N > 1): x [N, K], W Q4_1 [M, K] -> out [N, M] in rows ld wide (ld > M: a
+// row-cut half writes its columns of the whole output).
 // global (M rounded up, ceil(N / GEMM_TN)): one work-item = one row of W times GEMM_TN tokens.
 __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, int N)
+                          ulong out_o, int K, int M, int N, int ld)
 {
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
@@ -183,7 +184,7 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     }
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
-        if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * M + r] = hsum8(acc[i]);
+        if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]);
 }
 
 // rope (GGML NORM): x [N, H*hd] -> out [N, H*hd] (may be KV rows; in place is fine): pair
