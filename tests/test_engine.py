@@ -6,7 +6,7 @@ import pytest
 
 from conftest import PROMPTS
 
-PLANS = ("cpu", "gpu", "npu", "hetero")
+PLANS = ("cpu", "gpu", "npu", "hetero", "tensor")
 
 
 def _agree(got: list, want: list, stop_ids) -> bool:
@@ -45,7 +45,7 @@ def test_odd_prompt_lengths_on_every_processor(engine, oracle, n_prompt):
     rng = np.random.default_rng(n_prompt)
     ids = [int(x) for x in rng.integers(100, 40000, n_prompt)]
     want = oracle.greedy(ids, 3)
-    for plan in ("gpu", "npu", "hetero", "auto"):
+    for plan in ("gpu", "npu", "hetero", "tensor", "auto"):
         out = engine.generate_ids(ids, plan=plan, precision="f32", max_tokens=3)
         assert _agree(out["tokens"], want, engine.stop_ids), f"{plan} with {n_prompt} prompt tokens"
     # the decider (auto) prefills long chunks on the NPU, short ones and decode on the GPU

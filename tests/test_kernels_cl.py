@@ -21,6 +21,7 @@ cl = pytest.importorskip("pyopencl")
 
 from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
 from socllm.actors.kernels_numpy import NumpyKernels
+from socllm.graph.program import cut_rows
 from socllm.models.quant import QK, repack_q4_1
 
 RTOL = 1e-5
@@ -146,6 +147,32 @@ def test_linear_w4a16_matches_numpy(dev, lay, rng, N, K, M):
     x, w, out = rows(lay, rng, N, K), lay.w4(M, K, rng), lay.zeros((N, M))
     check(dev, lay, "linear", {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M},
           N, 0, [(out, N * M * 4)])
+
+
+@pytest.mark.parametrize("N", [1, 33])
+def test_row_cut_halves_write_the_whole_linear_into_one_slot(dev, lay, rng, N):
+    """HeteroLLM §4.1 row-cut: two halves (graph/program.cut_rows) write their columns of one
+    [N, M] slot; together they equal the uncut linear, and nothing else is touched."""
+    K, M, cut = D, F, 1024
+    x, w, out = rows(lay, rng, N, K), lay.w4(M, K, rng), lay.zeros((N, M))
+    whole = {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M}
+    want = lay.arena[:lay.top + GUARD].copy()
+    NumpyKernels(want).run("linear", whole, N, 0)
+    arena, clk = dev
+    for lo, hi in ((0, cut), (cut, M)):
+        clk.run("linear", cut_rows(whole, lo, hi), N, 0)
+    clk.finish()
+    got = arena[:lay.top + GUARD]
+    g, r = got[out: out + N * M * 4].view(np.float32), want[out: out + N * M * 4].view(np.float32)
+    np.testing.assert_allclose(g, r, rtol=RTOL, atol=RTOL * float(np.abs(r).max()))
+    assert np.array_equal(got[:out], want[:out]) and np.array_equal(got[out + N * M * 4:], want[out + N * M * 4:])
+    # the numpy specification's halves are the whole too
+    ref = lay.arena[:lay.top + GUARD].copy()
+    ref[out: out + N * M * 4] = 0
+    for lo, hi in ((cut, M), (0, cut)):
+        NumpyKernels(ref).run("linear", cut_rows(whole, lo, hi), N, 0)
+    np.testing.assert_allclose(ref[out: out + N * M * 4].view(np.float32), r, rtol=1e-6, atol=1e-6 * float(np.abs(r).max()))
+    assert np.array_equal(ref[:out], want[:out])
 
 
 @pytest.mark.parametrize("N", [1, 33])

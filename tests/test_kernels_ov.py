@@ -8,6 +8,7 @@ import pytest
 
 from socllm.actors.kernels_numpy import NumpyKernels
 from socllm.actors.ov_segment import OVSegment
+from socllm.graph.program import cut_rows
 
 D, H, KVH, HD, F, V = 576, 9, 3, 64, 1536, 4096   # SmolLM2-135M sizes; V cut from 49152 for speed
 EPS, THETA = 1e-5, 10000.0
@@ -213,6 +214,25 @@ def test_prefill_then_decode_reuses_compiled_segments():
 
 
 # -- in-place writes and padding -----------------------------------------------------------------
+@pytest.mark.parametrize("bucket,N", [(1, 1), (32, 20)])
+def test_row_cut_half_writes_only_its_columns(bucket, N):
+    """A row-cut half (graph/program.cut_rows) on the NPU: its [B, 512] result lands in columns
+    1024..1536 of the [N, 1536] slot, rows 1536 floats apart; the other half's columns stay."""
+    L = Layout()
+    s = slots(L)
+    whole = dict(x=("a", s["x"]), w=L.w4(F, D), out=("a", s["u"]), K=D, M=F)
+    half = cut_rows(whole, 1024, F)
+    arena = L.arena()
+    rand_rows(arena, s["x"], 512, D, np.random.default_rng(6))
+    f32(arena, s["u"], 512, F)[:] = 7.0                      # the GPU's columns, already written
+    ref = arena.copy()
+    NumpyKernels(ref).run("linear", whole, N, 0)
+    got, _, _ = run_both([("linear", half)], arena, bucket, N, 0, {half["out"][1]})
+    close(f32(got, s["u"], N, F)[:, 1024:], f32(ref, s["u"], N, F)[:, 1024:])
+    assert (f32(got, s["u"], 512, F)[:, :1024] == 7.0).all()
+    assert (f32(got, s["u"], 512, F)[bucket:] == 7.0).all()
+
+
 def test_only_live_out_is_written_back():
     L = Layout()
     s = slots(L)

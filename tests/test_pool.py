@@ -13,6 +13,7 @@ import pytest
 from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
 from socllm.graph.lower import lower
+from socllm.graph.partition import DOMINANT, placed, row_cut
 from socllm.graph.program import StepProgram, segment_live_out
 from socllm.memory.arena import SHM_DIR, Arena, reap_orphans
 from socllm.memory.layout import PROCESSORS, PoolLayout
@@ -42,9 +43,13 @@ def test_slots_never_hold_two_live_tensors(model_config):
                 live[s] = name
 
 
-def _program(model_config, plan, phase, n_layers=2):
+def _program(model_config, plan, phase, n_layers=2, cut=None):
+    """cut: part -> rows on the non-dominant processor (the tensor plan's row-cut)."""
     g = build_graph(model_config, n_layers)
     slots = assign_slots(g)
+    place = placement(plan, phase) if cut is None else placed
+    if cut is not None:
+        g = row_cut(g, cut, DOMINANT[phase], "npu" if DOMINANT[phase] == "gpu" else "gpu")
     refs, words, off = {}, {}, 0
     for name, t in g.tensors.items():
         off += 4096
@@ -54,7 +59,7 @@ def _program(model_config, plan, phase, n_layers=2):
                                                              if t.kind in ("kv", "input", "output")]
     words = {k: 16 + i for i, k in enumerate(locs)}
     done = {p: 4 + i for i, p in enumerate(PROCESSORS)}
-    return g, lower(g, slots, refs, words, done, placement(plan, phase), phase, 32)
+    return g, lower(g, slots, refs, words, done, place, phase, 32)
 
 
 def test_kv_projections_write_in_place(model_config):
@@ -87,6 +92,41 @@ def test_hetero_prefill_hands_attention_to_gpu_and_back(model_config):
     again = StepProgram.from_bytes(prog.to_bytes())
     assert [(t.op, t.args, t.waits, t.signals, t.seq) for t in again.tasks["gpu"]] == \
         [(t.op, t.args, t.waits, t.signals, t.seq) for t in gpu]
+
+
+def test_row_cut_decode_is_gpu_dominant(model_config):
+    """HeteroLLM §4.2, Figure 11: the GPU enqueues its half unsynchronised (no signal, so no queue
+    finish) and its next kernel waits only for the NPU's half; the NPU waits for its input."""
+    g, prog = _program(model_config, "tensor", "decode", cut={"ffn_up": 768})
+    gpu, npu = prog.tasks["gpu"], prog.tasks["npu"]
+    assert [t.op for t in npu] == ["linear", "linear"]          # one half per layer
+    done_npu = 4 + PROCESSORS.index("npu")
+    for half in npu:
+        assert half.rows == (768, 1536) and half.args["M"] == 768 and half.args["ld"] == 1536
+        assert half.waits, "the NPU's half waits for the GPU's normed input"
+        assert (done_npu, half.seq) in half.signals
+        mine = next(t for t in gpu if t.seq == half.seq + 1)
+        assert mine.rows == (0, 768) and not mine.signals and not mine.waits
+        silu = next(t for t in gpu if t.op == "silu_mul" and t.layer == half.layer)
+        assert (done_npu, half.seq) in silu.waits
+        # the halves write their columns of one slot: no merge copy
+        assert half.args["out"][1] == mine.args["out"][1] + 768 * 4
+
+
+def test_row_cut_prefill_is_npu_dominant(model_config):
+    """In prefill the rest of the layer runs on the NPU, which waits for the GPU's half; the GPU's
+    next half waits until the NPU has finished the layer's input."""
+    g, prog = _program(model_config, "tensor", "prefill", cut={"attn_output": 192})
+    gpu, npu = prog.tasks["gpu"], prog.tasks["npu"]
+    assert [t.rows for t in gpu] == [(384, 576), (384, 576)]
+    done_gpu = 4 + PROCESSORS.index("gpu")
+    for half in gpu:
+        assert half.waits and (done_gpu, half.seq) in half.signals
+        add = next(t for t in npu if t.op == "add" and t.seq > half.seq)
+        assert (done_gpu, half.seq) in add.waits
+    assert gpu[1].waits[0][1] > gpu[0].seq   # layer 1's half waits for the NPU's layer 1
+    again = StepProgram.from_bytes(prog.to_bytes())
+    assert [t.rows for t in again.tasks["gpu"]] == [(384, 576), (384, 576)]
 
 
 def test_segment_live_out_keeps_only_what_others_read(model_config):
