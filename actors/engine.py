@@ -28,6 +28,7 @@ from socllm.models.llama import load_config, load_weights
 from socllm.models.tokenizer import Tokenizer
 from socllm.policies.buckets import MAX_CHUNK
 from socllm.policies.placement import PLANS, default_plan, processors
+from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import SamplingParams
 from socllm.policies.threads import actor_env, machine_budget
 
@@ -74,8 +75,11 @@ def ensure_ray(threads: int) -> bool:
 class Engine:
     def __init__(self, model: str | None = None, context: int = 2048,
                  processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
-                 n_layers: int | None = None, reader=None):
+                 n_layers: int | None = None, reader=None, rowcut_profile: str | None = None):
+        """rowcut_profile: the tensor plan's profile (scripts/profile_rowcut.py); default: this
+        device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut."""
         self._closed = True
+        self.rowcut_profile = load_profile(rowcut_profile)
         path = model or default_model_path()
         if model is None:
             verify_default_model(path)
@@ -110,7 +114,7 @@ class Engine:
 
     def _start(self, weights, procs, n_layers):
         env = {"env_vars": actor_env(self.threads)}
-        self.planner = Planner.options(runtime_env=env).remote(self.cfg, n_layers)
+        self.planner = Planner.options(runtime_env=env).remote(self.cfg, n_layers, self.rowcut_profile)
         self._actors.append(self.planner)
         slot_bytes = ray.get(self.planner.slot_bytes.remote(MAX_CHUNK))
         if n_layers is not None:      # a truncated model (tests): only the first layers' weights

@@ -5,11 +5,14 @@ A profile is measured time per linear part and row count on each processor (seco
 `python -m socllm.scripts.profile_rowcut`, a JSON file per device). For one part of M rows the
 solver weighs, over cuts aligned to ALIGN rows (the paper prunes to aligned cuts),
 
-    T(r) = max(T_dom(M - r), T_other(r)) + T_sync          0 < r < M
+    T(r) = c * max(T_dom(M - r), T_other(r)) + T_sync      0 < r < M
     T_dom(M)                                               no cut
     T_other(M) + T_sync                                    all on the other processor
 
-and keeps the least. T_sync is one hop through the pool (`socllm bench --sync`) plus, on this
+and keeps the least. c >= 1 is the contention of the two halves at once: both processors share
+memory bandwidth (and here, where PoCL's "GPU" and OpenVINO's CPU "NPU" are the same two cores,
+everything). The profiler measures it by running a cut for real (Ghidorah's profiling under
+contention); each processor measured alone would predict gains that never come. T_sync is one hop through the pool (`socllm bench --sync`) plus, on this
 kind of device, the dominant processor's wait; it is in the profile. Where the profile has no
 row count the time is interpolated linearly in the rows (a roofline's shape: time grows with the
 weight bytes read).
@@ -17,11 +20,14 @@ weight bytes read).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from socllm.graph.partition import ALIGN, CUTTABLE
 
 DEFAULT_SHARE = 0.5     # the tensor plan without a profile: half of each cuttable linear
+# where the profiler writes this device's profile, and the engine looks for it
+PROFILE_PATH = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "rowcut-profile.json")
 
 
 @dataclass
@@ -52,7 +58,8 @@ def _at(table: dict, rows: int) -> float:
     return s1 + (s1 - s0) * (rows - r1) / (r1 - r0)
 
 
-def solve(dom: dict, other: dict, M: int, sync_s: float, cut_only: bool = False) -> Choice:
+def solve(dom: dict, other: dict, M: int, sync_s: float, cut_only: bool = False,
+          contention: float = 1.0) -> Choice:
     """dom, other: {rows: seconds} of one part on the dominant and the other processor. The least
     predicted time; it never picks a cut predicted slower than the best single processor unless
     `cut_only` (the `tensor` plan asked for a cut: then the best proper cut)."""
@@ -61,7 +68,7 @@ def solve(dom: dict, other: dict, M: int, sync_s: float, cut_only: bool = False)
     if not cut_only and _at(other, M) + sync_s < best.seconds:
         best = Choice(M, _at(other, M) + sync_s, single)
     for r in range(ALIGN, M, ALIGN):
-        t = max(_at(dom, M - r), _at(other, r)) + sync_s
+        t = contention * max(_at(dom, M - r), _at(other, r)) + sync_s
         if best is None or t < best.seconds:
             best = Choice(r, t, single)
     if best is None:
@@ -69,8 +76,11 @@ def solve(dom: dict, other: dict, M: int, sync_s: float, cut_only: bool = False)
     return best
 
 
-def load_profile(path: str) -> dict:
-    with open(path) as f:
+def load_profile(path: str | None = None) -> dict | None:
+    """A profile file; without a path, this device's at PROFILE_PATH, or None when there is none."""
+    if path is None and not os.path.exists(PROFILE_PATH):
+        return None
+    with open(path or PROFILE_PATH) as f:
         return json.load(f)
 
 
@@ -85,7 +95,20 @@ def plan_rows(phase: str, sizes: dict, profile: dict | None = None) -> dict:
         if profile is None:
             rows[part] = max(ALIGN, min(M - ALIGN, round(M * DEFAULT_SHARE / ALIGN) * ALIGN))
         else:
-            p = profile[phase]
-            rows[part] = solve(p["dominant"][part], p["other"][part], M, p["sync_s"],
-                               cut_only=True).rows_other
+            rows[part] = solve_part(profile[phase], part, M, cut_only=True).rows_other
     return rows
+
+
+def contention(phase_profile: dict, part: str) -> float:
+    """Measured time of a real cut over its prediction without contention (at least 1)."""
+    cut = phase_profile.get("cut", {}).get(part)
+    if not cut:
+        return 1.0
+    return max(1.0, (cut["cut_measured_s"] - phase_profile["sync_s"]) /
+               max(cut["cut_predicted_s"] - phase_profile["sync_s"], 1e-12))
+
+
+def solve_part(phase_profile: dict, part: str, M: int, cut_only: bool = False) -> Choice:
+    """The solver on one part of a profile (policies/rowcut JSON, one phase)."""
+    p = phase_profile
+    return solve(p["dominant"][part], p["other"][part], M, p["sync_s"], cut_only, contention(p, part))
