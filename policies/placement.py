@@ -70,6 +70,9 @@ NPU_PREFILL_FROM = 256   # bucket from which the NPU alone prefills faster than 
 #   On this machine both "processors" are the same two cores, so no split can overlap work.
 HETERO_NPU_FROM = 256    # bucket from which hetero prefills on the NPU (below: the GPU alone)
 HETERO_SPLIT_FROM = None  # bucket from which hetero splits a layer (attention on the GPU)
+#   tensor (row-cut, `--plans gpu,npu,tensor --reps 3`, median): prefill 128: gpu 400, tensor 318;
+#   512: npu 597, tensor 374; decode after 128 / 512: gpu 112.7 / 93.0, tensor 14.2 / 13.5. Its
+#   halves contend 2-4.7x for the same cores (scripts/profile_rowcut.py), so auto never picks it.
 
 
 def resolve(plan: str, phase: str, bucket: int, available: set) -> str:
