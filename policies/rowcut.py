@@ -86,13 +86,13 @@ def load_profile(path: str | None = None) -> dict | None:
 
 def plan_rows(phase: str, sizes: dict, profile: dict | None = None) -> dict:
     """The `tensor` plan's cut for one phase: part -> rows on the non-dominant processor.
-    sizes: part -> M. With a profile, the solver's best proper cut per part; without one,
-    DEFAULT_SHARE of the rows, aligned."""
+    sizes: part -> M. With a profile, the solver's best proper cut per part; without one (or for
+    a part it did not measure), DEFAULT_SHARE of the rows, aligned."""
     rows = {}
     for part, M in sizes.items():
         if part not in CUTTABLE or M < 2 * ALIGN:
             continue
-        if profile is None:
+        if profile is None or part not in profile.get(phase, {}).get("dominant", {}):
             rows[part] = max(ALIGN, min(M - ALIGN, round(M * DEFAULT_SHARE / ALIGN) * ALIGN))
         else:
             rows[part] = solve_part(profile[phase], part, M, cut_only=True).rows_other
