@@ -139,6 +139,12 @@ class Engine:
         self.peers = peers
         ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached
         self.available = {"cpu", *peers}
+        if self.rowcut_profile is not None and "gpu" in peers:
+            # a profile measured on another device would mislead the solver: an even cut instead
+            device = ray.get(peers["gpu"].info.remote())["device"]
+            if self.rowcut_profile.get("device") != device:
+                self.rowcut_profile = None
+                ray.get(self.planner.set_rowcut_profile.remote(None))
         self._ids = itertools.count(1)
 
     # -- generation ----------------------------------------------------------------------------

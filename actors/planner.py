@@ -31,6 +31,12 @@ class PlannerCore:
     def set_layout(self, layout: dict):
         self.lay = PoolLayout.from_dict(layout)
 
+    def set_rowcut_profile(self, profile: dict | None):
+        """Before the first tensor program is built (the engine calls it at start)."""
+        if any(k[0] == "tensor" for k in self.programs):
+            raise RuntimeError("tensor programs are already built with the old profile")
+        self.rowcut_profile = profile
+
     def partitioned(self, phase: str):
         """The `tensor` plan's graph for a phase: linears row-cut between the GPU and the NPU,
         the rest on the phase's dominant processor (graph/partition.py)."""
