@@ -15,6 +15,16 @@ from socllm.models.quant import QK, dequant_q8_0
 _NIBBLES = np.stack([np.arange(256) & 0x0F, np.arange(256) >> 4], axis=1).astype(np.float32)
 
 
+def strided_rows(arena: np.ndarray, off: int, rows: int, cols: int, ld: int, dtype) -> np.ndarray:
+    """A writable [rows, cols] view at byte off whose rows start ld elements apart (ld > cols: a
+    row-cut half's columns of the whole output); it ends at its last element."""
+    size = np.dtype(dtype).itemsize
+    if ld == cols or rows == 1:
+        return arena[off: off + rows * cols * size].view(dtype).reshape(rows, cols)
+    span = arena[off: off + ((rows - 1) * ld + cols) * size].view(dtype)
+    return np.lib.stride_tricks.as_strided(span, (rows, cols), (ld * size, size), writeable=True)
+
+
 class NumpyKernels:
     def __init__(self, arena: np.ndarray):
         self.arena = arena  # uint8 [bytes]
@@ -32,10 +42,7 @@ class NumpyKernels:
         of the whole output); KV refs start at row pos0 (in place)."""
         kind, off, ld = ref[0], ref[1], ld or cols
         off += pos0 * ld * 4 if kind == "kv" else 0
-        if ld == cols:
-            return self.f32(off, N, cols)
-        span = self.f32(off, 1, (N - 1) * ld + cols)[0]     # ends at the half's last element
-        return np.lib.stride_tricks.as_strided(span, (N, cols), (ld * 4, 4), writeable=True)
+        return strided_rows(self.arena, off, N, cols, ld, np.float32)
 
     def w4(self, ref, M, K):
         _, qs, d, m = ref

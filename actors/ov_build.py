@@ -10,6 +10,8 @@ import openvino.opset13 as ops
 
 from socllm.models.quant import QK
 
+from .kernels_numpy import strided_rows
+
 F32 = np.float32
 
 
@@ -45,14 +47,11 @@ class Graph:
         return self.masks[key]
 
     def view(self, off: int, shape, dtype, ld: int | None = None) -> np.ndarray:
-        """[rows, cols] at off; with ld, rows ld elements apart (a row-cut half's columns)."""
-        size = np.dtype(dtype).itemsize
-        if ld is None or ld == shape[-1] or shape[0] == 1:
-            n = int(np.prod(shape)) * size
-            return self.arena[off: off + n].view(dtype).reshape(shape)
-        rows, cols = shape
-        span = self.arena[off: off + ((rows - 1) * ld + cols) * size].view(dtype)
-        return np.lib.stride_tricks.as_strided(span, shape, (ld * size, size), writeable=True)
+        """shape at off; with ld, [rows, cols] whose rows are ld elements apart (a row-cut half)."""
+        if ld is not None:
+            return strided_rows(self.arena, off, *shape, ld, dtype)
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return self.arena[off: off + n].view(dtype).reshape(shape)
 
     def begin(self, task: int):
         self.task, self.deps = task, set()

@@ -8,8 +8,8 @@ import ray
 from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
 from socllm.graph.lower import lower
-from socllm.memory.layout import PROCESSORS, PoolLayout
 from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
+from socllm.memory.layout import PROCESSORS, PoolLayout
 from socllm.policies.placement import placement
 from socllm.policies.rowcut import plan_rows
 

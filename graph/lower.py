@@ -43,16 +43,17 @@ def lower(g: Graph, slots: SlotPlan, refs: dict, words: dict, done_words: dict, 
         if rows is not None:
             args = cut_rows(args, *rows)
         task = Task(op.kind, args, layer=op.layer, seq=seq, rows=rows)
-        for name in op.inputs.values():
-            loc = location(g, slots, name)
-            for wseq, wproc, wtask in writers.get(loc, []) if loc is not None else []:
+        def after_writes(ws, loc):
+            """order this task after the writers ws of loc made on other processors"""
+            for wseq, wproc, wtask in ws:
                 if wproc != proc:
                     # a row-cut half signals its processor's done word: halves finish in any
                     # order, and one word stored by two processors could go backwards
-                    word = done_words[wproc] if wtask.rows else words[loc]
-                    _signal(wtask, (word, wseq))
-                    _wait(task, (word, wseq))
-            if loc is not None and loc in writers:
+                    _after(task, wtask, done_words[wproc] if wtask.rows else words[loc], wseq)
+        for name in op.inputs.values():
+            loc = location(g, slots, name)
+            after_writes(writers.get(loc, []), loc)
+            if loc in writers:
                 readers.setdefault(loc, []).append((seq, proc, task))
         for name in op.outputs.values():
             loc = location(g, slots, name)
@@ -64,19 +65,21 @@ def lower(g: Graph, slots: SlotPlan, refs: dict, words: dict, done_words: dict, 
             old_readers, old_writers = before[loc]
             for rseq, rproc, rtask in old_readers:
                 if rproc != proc:
-                    _signal(rtask, (done_words[rproc], rseq))
-                    _wait(task, (done_words[rproc], rseq))
-            for wseq, wproc, wtask in old_writers if not old_readers else []:
-                if wproc != proc:
-                    word = done_words[wproc] if wtask.rows else words[loc]
-                    _signal(wtask, (word, wseq))
-                    _wait(task, (word, wseq))
+                    _after(task, rtask, done_words[rproc], rseq)
+            if not old_readers:
+                after_writes(old_writers, loc)
             writers[loc] = (writers[loc] if sibling else []) + [(seq, proc, task)]
             readers[loc] = []
         tasks.setdefault(proc, []).append(task)
     prog = StepProgram(phase, bucket, tasks)
     prog.final = {p: ts[-1].seq for p, ts in tasks.items()}
     return prog
+
+
+def _after(task: Task, dep: Task, word: int, seq: int):
+    """task waits for dep: dep stores seq into word when done, task waits for word >= seq."""
+    _signal(dep, (word, seq))
+    _wait(task, (word, seq))
 
 
 def _signal(task: Task, sig):
