@@ -1,7 +1,9 @@
-"""`socllm` command line: generate, info.
+"""`socllm` command line: generate, serve, status, stop, info, bench.
 
 Bad input (a missing model, an empty prompt, a bad option value) gets one line on stderr and
 exit status 2, before any actor or segment exists, or after all of them are torn down.
+`generate` uses the running service (`socllm serve`) when there is one, else (or with --local)
+a private engine for the one request.
 """
 from __future__ import annotations
 
@@ -42,14 +44,35 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     g.add_argument("--context", type=int, default=2048)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--local", action="store_true",
+                   help="a private engine for this request, even when a service runs")
+    g.add_argument("--priority", choices=("reactive", "proactive"), default="reactive",
+                   help="the request's class in a running service (default: reactive)")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="end the text before TEXT (up to 4 times)")
+    s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
+    s.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    s.add_argument("--context", type=int, default=2048, help="tokens a request may hold (default 2048)")
+    s.add_argument("--max-seqs", type=int, default=16, help="requests running at once (default 16)")
+    s.add_argument("--plan", choices=PLANS, default=None, help="default: the fastest plan for this device")
+    s.add_argument("--precision", choices=PRECISIONS, default=None, help="default: q16")
+    s.add_argument("--policy", choices=("fcfs",), default="fcfs", help="scheduling policy (default fcfs)")
+    s.add_argument("--http-port", type=int, default=8000,
+                   help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")
+    s.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1 (this device only)")
+    st = sub.add_parser("status", help="what the running service does: requests, KV, processors, memory")
+    st.add_argument("--json", action="store_true")
+    sub.add_parser("stop", help="remove the socllm service from the Ray cluster (Ray stays up)")
     sub.add_parser("info", help="list the processors found and which actor uses which")
     sub.add_parser("bench", help="socllm against llama.cpp and OpenVINO GenAI (socllm bench --help)")
     return p
 
 
 def _validate(a):
+    from socllm.policies.request import check_stop
     from socllm.policies.sampling import SamplingParams
     SamplingParams(a.max_tokens, a.temperature, a.top_p, a.seed)   # raises ValueError
+    check_stop(a.stop)
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")
     if a.model is not None and not os.path.isfile(a.model):
@@ -57,6 +80,11 @@ def _validate(a):
 
 
 def _generate(a) -> int:
+    if not a.local:
+        from .serve_cli import generate_served
+        done = generate_served(a)
+        if done is not None:
+            return done
     from socllm.actors.engine import Engine
     from socllm.models.chat import chat_prompt
     from socllm.models.gguf_file import default_model_path, open_gguf
@@ -74,11 +102,14 @@ def _generate(a) -> int:
     try:
         sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
         if a.json:
-            out = eng.generate(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision, **sampling)
+            "".join(eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision,
+                               stop=a.stop or (), **sampling))
+            out = eng.last
             print(json.dumps({k: out[k] for k in ("text", "tokens", "prompt_tokens", "plan", "placement",
                                                   "precision", "timings")}))
         else:
-            for piece in eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision, **sampling):
+            for piece in eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision,
+                                    stop=a.stop or (), **sampling):
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             sys.stdout.write("\n")
@@ -110,6 +141,9 @@ def main(argv=None) -> int:
         if a.cmd == "generate":
             _validate(a)
             return _generate(a)
+        if a.cmd in ("serve", "status", "stop"):
+            from . import serve_cli
+            return getattr(serve_cli, a.cmd)(a)
         return _info(a)
     except UsageError as e:
         print(f"socllm: error: {e}", file=sys.stderr)
@@ -117,7 +151,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("socllm: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, NotImplementedError, FileNotFoundError, PermissionError) as e:
+    except (ValueError, NotImplementedError, FileNotFoundError, PermissionError, LookupError) as e:
         print(f"socllm: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
 

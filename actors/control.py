@@ -101,6 +101,8 @@ class ControlCore(ProcessorCore):
             out, t0 = [], time.perf_counter()
             pos = 0
             for rows, bucket in prefill_chunks(len(prompt)):
+                if self.ctl["cancel"] == request_id:
+                    break
                 prog = self._program(plan, "prefill", bucket, precision)
                 placed.setdefault("prefill", prog[3])
                 self.ids[:rows] = prompt[pos: pos + rows]
@@ -108,12 +110,14 @@ class ControlCore(ProcessorCore):
                 pos += rows
             t_prefill = time.perf_counter()
             placed["decode"] = decode[3]
-            tok = sample(self.logits)
-            while True:
+            prefilled = pos == len(prompt)    # not when cancelled during the prefill
+            tok = sample(self.logits) if prefilled else None
+            while prefilled:
                 self.ring[len(out)] = tok
                 out.append(tok)
                 words.store(W_TOKENS, len(out))
-                if tok in stop_ids or len(out) >= sp.max_tokens or pos >= lay.context:
+                if tok in stop_ids or len(out) >= sp.max_tokens or pos >= lay.context \
+                        or self.ctl["cancel"] == request_id:     # the client cancelled: stop here
                     break
                 self.ids[0] = tok
                 self._step(decode, 1, pos, precision)

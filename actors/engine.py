@@ -20,7 +20,7 @@ import numpy as np
 import ray
 
 from socllm.memory.arena import Arena
-from socllm.memory.layout import W_TOKENS, PoolLayout, plan_layout, write_weights
+from socllm.memory.layout import W_TOKENS, Control, PoolLayout, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
 from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model
@@ -28,6 +28,7 @@ from socllm.models.llama import load_config, load_weights
 from socllm.models.tokenizer import Tokenizer
 from socllm.policies.buckets import MAX_CHUNK
 from socllm.policies.placement import PLANS, default_plan, processors
+from socllm.policies.request import StopText, check_stop
 from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import SamplingParams
 from socllm.policies.threads import actor_env, machine_budget
@@ -93,7 +94,7 @@ class Engine:
         self.threads = threads or machine_budget()
         self.stop_ids = sorted({self.tokenizer.eos_id, *self._stop_tokens()})
         self._started_ray = ensure_ray(self.threads)
-        self._actors, self.arena = [], None
+        self._actors, self.arena, self.running = [], None, None
         self._closed = False
         try:
             # the repacked weights live only until they are in the pool (no reference kept here)
@@ -128,6 +129,7 @@ class Engine:
         write_weights(self.arena.buf, lay, weights)
         del weights
         self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
+        self.ctl = Control(self.arena.buf, lay)
         ray.get(self.planner.set_layout.remote(lay.to_dict()))
         peers = {p: ProcessorActor.options(runtime_env=env).remote(p, self.arena.name, lay.to_dict(),
                                                                    self.threads)
@@ -169,45 +171,78 @@ class Engine:
             raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         return plan, precision
 
-    def submit(self, ids: list, plan=None, precision=None, ignore_eos=False, **sampling):
+    def submit(self, ids: list, plan=None, precision=None, ignore_eos=False, request_id=None,
+               **sampling):
         plan, precision = self._check(plan, precision)
         params = SamplingParams(**sampling).__dict__
-        return self.control.generate.remote(next(self._ids), ids, params, plan, precision,
+        rid = request_id if request_id is not None else next(self._ids)
+        return self.control.generate.remote(rid, ids, params, plan, precision,
                                             [] if ignore_eos else self.stop_ids)
 
-    def stream(self, prompt: str, chat: bool = False, plan=None, precision=None, **sampling):
-        """Yields text pieces as tokens arrive (read from the pool's token ring); the final result
-        dict is in `self.last`."""
-        ids = self.encode_prompt(prompt, chat)
+    def run(self, ids: list, plan=None, precision=None, **sampling):
+        """Yields each generated token id as the control actor writes it to the pool's token ring
+        (stop token included); the result dict is in `self.last` afterwards. Closing the
+        generator early, or `cancel()` from another thread, stops the generation at its next
+        step. One generation at a time per engine (the service queues the rest)."""
+        rid = next(self._ids)
+        self.ctl["cancel"] = 0
         self.words.store(W_TOKENS, 0, wake=False)   # the ring's count starts at zero for this request
-        ref = self.submit(ids, plan, precision, **sampling)
+        ref = self.submit(ids, plan, precision, request_id=rid, **sampling)
+        self.running = rid
         lay = self.layout
         ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
-        dec, seen, done = self.tokenizer.stream(), 0, False
+        seen, done = 0, False
         mask = (1 << 30) - 1                        # the high bit of the count word says "done"
-        while not done:
-            cur = self.words.wait_change(W_TOKENS, seen, 0.25)
-            if cur == seen:
-                finished = bool(ray.wait([ref], timeout=0)[0])   # only while nothing arrives
-                cur = self.words.get(W_TOKENS)
+        try:
+            while not done:
+                cur = self.words.wait_change(W_TOKENS, seen, 0.25)
                 if cur == seen:
-                    done = finished                 # an error: ray.get below raises it
-                    continue
-            for t in ring[seen & mask: cur & mask]:
-                piece = dec.feed(int(t))
-                if piece:
-                    yield piece
-            seen, done = cur, cur > mask
-        self.last = ray.get(ref)
-        tail = dec.flush()
+                    finished = bool(ray.wait([ref], timeout=0)[0])   # only while nothing arrives
+                    cur = self.words.get(W_TOKENS)
+                    if cur == seen:
+                        done = finished             # an error: ray.get below raises it
+                        continue
+                for t in ring[seen & mask: cur & mask]:
+                    yield int(t)
+                seen, done = cur, cur > mask
+        finally:
+            if not done:                            # left early: stop it, and let it end
+                self.ctl["cancel"] = rid
+            self.running = None
+            self.last = ray.get(ref)
+
+    def cancel(self):
+        """Stop the running generation at its next step (from any thread)."""
+        if self.running is not None:
+            self.ctl["cancel"] = self.running
+
+    def text(self, tokens: list) -> str:
+        """The text of generated tokens; a stop token ends the text and is not part of it."""
+        return self.tokenizer.decode([t for t in tokens if t not in self.stop_ids])
+
+    def stream(self, prompt: str, chat: bool = False, plan=None, precision=None, stop=(),
+               **sampling):
+        """Yields text pieces as tokens arrive, up to (not including) a stop token or the first
+        of the `stop` strings; the final result dict is in `self.last`."""
+        ids = self.encode_prompt(prompt, chat)
+        dec, stops, text = self.tokenizer.stream(), StopText(check_stop(stop)), ""
+        for t in self.run(ids, plan, precision, **sampling):
+            piece = "" if t in self.stop_ids or stops.hit else stops.feed(dec.feed(t))
+            if stops.hit:
+                self.cancel()
+            if piece:
+                text += piece
+                yield piece
+        tail = stops.feed(dec.flush()) + stops.flush()
         if tail:
+            text += tail
             yield tail
-        self.last["text"] = self.tokenizer.decode(self.last["tokens"])
+        self.last["text"] = text
 
     def generate(self, prompt: str, chat: bool = False, plan=None, precision=None, **sampling) -> dict:
         ids = self.encode_prompt(prompt, chat)
         out = ray.get(self.submit(ids, plan, precision, **sampling))
-        out["text"] = self.tokenizer.decode(out["tokens"])
+        out["text"] = self.text(out["tokens"])
         return out
 
     def generate_ids(self, ids: list, plan=None, precision=None, **sampling) -> dict:

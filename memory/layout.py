@@ -19,7 +19,7 @@ import numpy as np
 from .arena import ALIGN, align
 
 PROCESSORS = ("cpu", "gpu", "npu")
-CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished")
+CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished", "cancel")
 _CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
 W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
 

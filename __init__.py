@@ -1,0 +1,18 @@
+"""socllm: LLM inference across the CPU, GPU and NPU of one device, serving many agents at once.
+
+    import socllm
+    client = socllm.connect()              # the service `socllm serve` started in this Ray cluster
+    print(client.generate("The capital of France is", max_tokens=16))
+
+The repository's folders are this package's subpackages: socllm.models, socllm.graph,
+socllm.memory, socllm.policies, socllm.actors, socllm.scripts.
+"""
+
+__all__ = ["connect", "Client", "ServiceNotRunning"]
+
+
+def __getattr__(name):          # lazy: `import socllm.models...` does not start Ray
+    if name in __all__:
+        from socllm.actors import client
+        return getattr(client, name)
+    raise AttributeError(f"module 'socllm' has no attribute {name!r}")

@@ -1,0 +1,123 @@
+"""The Python client of a running socllm service (`socllm serve`).
+
+    import socllm
+    client = socllm.connect()
+    text = client.generate("The capital of France is", max_tokens=16)
+    for piece in client.generate("Once upon a time", stream=True): print(piece, end="")
+    async for piece in client.agenerate("...", priority="reactive"): ...
+    client.chat([{"role": "user", "content": "Name three colours."}])
+
+Every call takes max_tokens, temperature, top_p, seed, stop (a string or a list of up to 4) and
+priority ("reactive": a person waits; "proactive": background work, the default). Leaving a
+stream early (break, close, or cancelling the asyncio task) cancels the request at once.
+"""
+from __future__ import annotations
+
+import ray
+
+from .service import NAME, NAMESPACE
+
+POLL_S = 10.0
+
+
+class ServiceNotRunning(RuntimeError):
+    pass
+
+
+def connect(address: str = "auto") -> "Client":
+    """Find the running service through Ray (joining the cluster at `address` if this process
+    has not joined one yet: inside a `ray job` it has)."""
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                     logging_level="ERROR")
+        except ConnectionError as e:
+            raise ServiceNotRunning("no Ray cluster is running here: start one with "
+                                    "`ray start --head`, then `socllm serve`") from e
+    try:
+        return Client(ray.get_actor(NAME, namespace=NAMESPACE))
+    except ValueError:
+        raise ServiceNotRunning("no socllm service is running in this Ray cluster: "
+                                "start it with `socllm serve`") from None
+
+
+def _cause(e: ray.exceptions.RayTaskError) -> BaseException:
+    """The exception the service raised (ValueError for bad input), not Ray's wrapper."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, (ValueError, KeyError, RuntimeError, TimeoutError)) else e
+
+
+class Client:
+    def __init__(self, service):
+        self.service = service
+
+    # -- requests ----------------------------------------------------------------------------
+    def submit(self, **request) -> int:
+        try:
+            return ray.get(self.service.submit.remote(**request))
+        except ray.exceptions.RayTaskError as e:
+            raise _cause(e) from None
+
+    async def asubmit(self, **request) -> int:
+        try:
+            return await self.service.submit.remote(**request)
+        except ray.exceptions.RayTaskError as e:
+            raise _cause(e) from None
+
+    def cancel(self, rid: int) -> bool:
+        return ray.get(self.service.cancel.remote(rid))
+
+    def pieces(self, rid: int):
+        """Yields the request's text pieces; closing the generator early cancels it."""
+        seen, done = 0, False
+        try:
+            while not done:
+                out = ray.get(self.service.poll.remote(rid, seen, POLL_S))
+                yield from out["pieces"]
+                seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
+                self.last = out
+            if out["state"] == "failed":
+                raise RuntimeError(f"request {rid} failed: {out['error']}")
+        finally:
+            if not done:
+                self.service.cancel.remote(rid)
+
+    async def apieces(self, rid: int):
+        seen, done = 0, False
+        try:
+            while not done:
+                out = await self.service.poll.remote(rid, seen, POLL_S)
+                for p in out["pieces"]:
+                    yield p
+                seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
+                self.last = out
+            if out["state"] == "failed":
+                raise RuntimeError(f"request {rid} failed: {out['error']}")
+        finally:
+            if not done:          # break, aclose() or the task cancelled: cancel the request
+                self.service.cancel.remote(rid)
+
+    # -- the API -------------------------------------------------------------------------------
+    def generate(self, prompt: str, stream: bool = False, **params):
+        """The continuation of `prompt`: the whole text, or (stream=True) an iterator of pieces."""
+        return self._run(stream, prompt=prompt, **params)
+
+    def chat(self, messages: list, stream: bool = False, **params):
+        """The assistant's reply to `messages`, through the model's own chat template."""
+        return self._run(stream, messages=messages, **params)
+
+    def _run(self, stream: bool, **request):
+        it = self.pieces(self.submit(**request))
+        return it if stream else "".join(it)
+
+    async def agenerate(self, prompt: str, **params):
+        """Async iterator of the pieces of `prompt`'s continuation."""
+        async for p in self.apieces(await self.asubmit(prompt=prompt, **params)):
+            yield p
+
+    async def achat(self, messages: list, **params):
+        async for p in self.apieces(await self.asubmit(messages=messages, **params)):
+            yield p
+
+    def status(self) -> dict:
+        return ray.get(self.service.status.remote())

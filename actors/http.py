@@ -1,0 +1,227 @@
+"""The OpenAI-compatible HTTP ingress: a Ray Serve deployment (FastAPI) in front of the service.
+
+    POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
+    GET  /v1/models             GET  /health           GET  /metrics (Prometheus text)
+
+Bodies are checked here: malformed JSON, a field of the wrong type, an invalid value or a prompt
+too long get a 400 with an OpenAI-style error object, never a 500, and nothing else is disturbed.
+Extension fields: `priority` ("reactive" | "proactive"), `seed`. A client that disconnects
+mid-stream cancels its request (Serve cancels the handler; the generator's `finally` does it).
+"""
+import json
+import time
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from ray import serve
+
+from .service import NAME, NAMESPACE
+
+APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
+POLL_S = 10.0
+ENDED = ("finished", "cancelled", "failed")
+
+app = FastAPI(title="socllm", docs_url=None, redoc_url=None)
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+def _error(message: str, param=None, status: int = 400, kind: str = "invalid_request_error"):
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
+                                   "code": None}}, status_code=status)
+
+
+def _typed(body: dict, name: str, types, check=None, what: str = ""):
+    """body[name] if present, of the right type (a bool is no number) and passing `check`."""
+    v = body.get(name)
+    if v is None:
+        return None
+    types = types if isinstance(types, tuple) else (types,)
+    if not isinstance(v, types) or (isinstance(v, bool) and bool not in types) \
+            or (check is not None and not check(v)):
+        raise BadRequest(f"'{name}' must be {what}", name)
+    return v
+
+
+def parse(body, chat: bool) -> dict:
+    """An OpenAI request body -> the service's submit() arguments (BadRequest if invalid)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    req = {}
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs):
+            raise BadRequest("'messages' must be a non-empty list of {role, content} strings", "messages")
+        req["messages"] = [{"role": m["role"], "content": m["content"]} for m in msgs]
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise BadRequest("'prompt' must be a non-empty string", "prompt")
+        req["prompt"] = prompt
+    _typed(body, "n", int, lambda v: v == 1, "1 (one choice per request)")
+    mt = body.get("max_completion_tokens", body.get("max_tokens"))
+    if mt is not None:
+        req["max_tokens"] = _typed({"max_tokens": mt}, "max_tokens", int, lambda v: v >= 1,
+                                   "an integer >= 1")
+    t = _typed(body, "temperature", (int, float), lambda v: 0 <= v <= 2, "a number in [0, 2]")
+    if t is not None:
+        req["temperature"] = float(t)
+    p = _typed(body, "top_p", (int, float), lambda v: 0 < v <= 1, "a number in (0, 1]")
+    if p is not None:
+        req["top_p"] = float(p)
+    seed = _typed(body, "seed", int, lambda v: v >= 0, "a non-negative integer")
+    if seed is not None:
+        req["seed"] = seed
+    pr = _typed(body, "priority", str, lambda v: v in ("reactive", "proactive"),
+                "'reactive' or 'proactive'")
+    if pr is not None:
+        req["priority"] = pr
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise BadRequest("'stop' must be a non-empty string or a list of at most 4", "stop")
+        req["stop"] = stop
+    _typed(body, "stream", bool, None, "a boolean")
+    return req
+
+
+@serve.deployment(name="openai", num_replicas=1, max_ongoing_requests=1024,
+                  ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class OpenAIServer:
+    """Forwards to the service actor; holds nothing but its handle."""
+
+    def __init__(self, url: str = ""):
+        import os
+        self.svc = ray.get_actor(NAME, namespace=NAMESPACE)
+        self.model = ray.get(self.svc.describe.remote())["model"]
+        self.svc.register_frontend.remote("http", os.getpid(), url)
+
+    @app.get("/health")
+    async def health(self):
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "socllm",
+                                            "created": 0}]}
+
+    @app.get("/metrics")
+    async def metrics(self):
+        return PlainTextResponse(await self.svc.prometheus.remote(),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: Request, chat: bool):
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as e:
+            return _error(f"the body is not valid JSON: {e}")
+        try:
+            args = parse(body, chat)
+            rid = await self.svc.submit.remote(**args)
+        except BadRequest as e:
+            return _error(str(e), e.param, e.status)
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ValueError):
+                return _error(str(cause).splitlines()[0])
+            return _error(f"the service failed: {type(cause or e).__name__}", status=503,
+                          kind="server_error")
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()),
+                "model": self.model,
+                "object": "chat.completion.chunk" if chat else "text_completion"}
+        if body.get("stream"):
+            return StreamingResponse(self._events(rid, meta, chat), media_type="text/event-stream")
+        text, out = "", None
+        async for out in self._polls(rid):
+            text += "".join(out["pieces"])
+        if out["state"] == "failed":
+            return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
+        reason = "stop" if out["finish_reason"] in ("stop", "cancelled") else out["finish_reason"]
+        choice = {"index": 0, "finish_reason": reason, "logprobs": None}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        return {**meta, "object": "chat.completion" if chat else "text_completion",
+                "choices": [choice], "usage": out["usage"]}
+
+    async def _polls(self, rid: int):
+        seen, done = 0, False
+        try:
+            while not done:
+                out = await self.svc.poll.remote(rid, seen, POLL_S)
+                seen, done = out["seen"], out["state"] in ENDED
+                yield out
+        finally:
+            if not done:                    # the client went away: cancel the request
+                self.svc.cancel.remote(rid)
+
+    async def _events(self, rid: int, meta: dict, chat: bool):
+        def event(delta: str | None, reason=None, usage=None, first=False):
+            if chat:
+                d = ({"role": "assistant", "content": ""} if first else
+                     {"content": delta} if delta is not None else {})
+                choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
+            chunk = {**meta, "choices": [choice]}
+            if usage is not None:
+                chunk["usage"] = usage
+            return f"data: {json.dumps(chunk)}\n\n"
+
+        if chat:
+            yield event(None, first=True)
+        async for out in self._polls(rid):
+            for piece in out["pieces"]:
+                yield event(piece)
+            if out["state"] in ENDED:
+                if out["state"] == "failed":
+                    err = {"error": {"message": f"generation failed: {out['error']}",
+                                     "type": "server_error", "param": None, "code": None}}
+                    yield f"data: {json.dumps(err)}\n\n"
+                else:
+                    reason = "stop" if out["finish_reason"] in ("stop", "cancelled") else out["finish_reason"]
+                    yield event(None, reason, out["usage"])
+        yield "data: [DONE]\n\n"
+
+
+@app.exception_handler(Exception)
+async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-style error object
+    return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+
+
+def deploy(host: str, port: int) -> str:
+    """Start Serve's HTTP proxy on host:port (if Serve is not running yet) and the ingress."""
+    url = f"http://{host}:{port}"
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(OpenAIServer.bind(url), name=APP, route_prefix="/")
+    return url
+
+
+def undeploy():
+    """Remove the ingress; shut Serve down too when socllm's was its only application."""
+    try:
+        apps = serve.status().applications
+    except Exception:
+        return
+    if APP in apps:
+        serve.delete(APP)
+    if not set(apps) - {APP}:
+        serve.shutdown()

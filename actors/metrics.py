@@ -1,0 +1,66 @@
+"""What the service counts, as Prometheus text (prometheus_client, a private registry), and the
+memory of socllm's processes."""
+from __future__ import annotations
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from socllm.policies.request import STATES
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class ServiceMetrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("socllm_requests", "requests that arrived, by priority class",
+                                ["priority"], registry=r)
+        self.ended_ = Counter("socllm_requests_ended", "requests that ended, by final state",
+                              ["state"], registry=r)
+        self.state = Gauge("socllm_requests_in_state", "requests in the table by state", ["state"],
+                           registry=r)
+        self.tokens = Counter("socllm_generated_tokens", "tokens generated", registry=r)
+        self.prompt_tokens = Counter("socllm_prompt_tokens", "prompt tokens prefilled", registry=r)
+        self.ttft = Histogram("socllm_time_to_first_token_seconds", "arrival to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("socllm_inter_token_seconds", "time between a request's tokens",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.kv = Gauge("socllm_kv_rows_used", "KV cache rows held by requests", registry=r)
+        self.kv_total = Gauge("socllm_kv_rows", "KV cache rows in the pool", registry=r)
+        self._last: dict = {}             # request id -> time of its last token
+
+    def arrived(self, req):
+        self.requests.labels(req.priority).inc()
+        self.prompt_tokens.inc(len(req.prompt))
+
+    def token(self, req, now: float):
+        self.tokens.inc()
+        last = self._last.get(req.id)
+        if last is None:
+            self.ttft.observe(now - req.arrival)
+        else:
+            self.itl.observe(now - last)
+        self._last[req.id] = now
+
+    def ended(self, req):
+        self.ended_.labels(req.state).inc()
+        self._last.pop(req.id, None)
+
+    def text(self, requests, kv_rows: int) -> str:
+        reqs = list(requests)
+        for s in STATES:
+            self.state.labels(s).set(sum(r.state == s for r in reqs))
+        self.kv.set(sum(r.kv_rows for r in reqs))
+        self.kv_total.set(kv_rows)
+        return generate_latest(self.registry).decode()
+
+
+def pss_mb(pids) -> float:
+    """Proportional set size of these processes, MB (shared pages counted once overall)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total / 1e6

@@ -1,0 +1,194 @@
+"""`socllm serve | status | stop`, and `socllm generate` through a running service.
+
+The service lives in the Ray cluster the user started (`ray start --head`), as the detached actor
+NAME in the NAMESPACE namespace (actors/service.py), so it outlives these commands.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+from .service import NAME, NAMESPACE
+
+NO_CLUSTER = "no Ray cluster is running here: start one with `ray start --head`"
+
+
+def _join() -> bool:
+    """Join the running Ray cluster; False if there is none (nothing is started)."""
+    import ray
+    if ray.is_initialized():
+        return True
+    if not (os.environ.get("RAY_ADDRESS") or os.path.exists("/tmp/ray/ray_current_cluster")):
+        return False
+    try:
+        ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _service():
+    import ray
+    try:
+        return ray.get_actor(NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def serve(a) -> int:
+    import ray
+
+    from socllm.policies.threads import actor_env, machine_budget
+    from .service import Service
+    if a.max_seqs < 1:
+        raise ValueError(f"--max-seqs must be >= 1, got {a.max_seqs}")
+    if not 0 <= a.http_port <= 65535:
+        raise ValueError(f"--http-port must be in [0, 65535], got {a.http_port}")
+    if a.model is not None and not os.path.isfile(a.model):
+        raise ValueError(f"model file not found: {a.model}")
+    if not _join():
+        raise LookupError(NO_CLUSTER)
+    svc = _service()
+    if svc is not None:
+        d = ray.get(svc.describe.remote(), timeout=30)
+        print(f"socllm: a service is already running ({d['model']}, "
+              f"{d['frontends'].get('http', 'no HTTP')}); `socllm stop` removes it")
+        return 0
+    if a.http_port and not _port_free(a.http_host, a.http_port):
+        raise ValueError(f"port {a.http_port} on {a.http_host} is in use (choose --http-port)")
+    threads = machine_budget()
+    svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
+                          runtime_env={"env_vars": actor_env(threads)}).remote(
+        model=a.model and os.path.abspath(a.model), context=a.context, max_seqs=a.max_seqs,
+        policy=a.policy, plan=a.plan, precision=a.precision, threads=threads)
+    try:
+        d = ray.get(svc.ready.remote())
+        url = None
+        if a.http_port:
+            from .http import deploy
+            url = deploy(a.http_host, a.http_port)
+    except BaseException as e:
+        _remove(svc)
+        if isinstance(e, ray.exceptions.RayTaskError):
+            raise ValueError(str(getattr(e, "cause", e)).splitlines()[0]) from None
+        raise
+    print(f"socllm: serving {d['model']} (plan {d['plan']}, {d['precision']}, context {d['context']}, "
+          f"policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
+    if url:
+        print(f"socllm: OpenAI-compatible HTTP at {url}/v1")
+    print("socllm: `socllm status` shows what runs, `socllm stop` removes it")
+    return 0
+
+
+def _remove(svc):
+    import ray
+
+    from socllm.memory.arena import reap_orphans
+    try:
+        ray.get(svc.shutdown.remote(), timeout=60)
+    except Exception:
+        pass
+    ray.kill(svc)
+    reap_orphans()
+
+
+def stop(a) -> int:
+    if not _join():
+        print(f"socllm: {NO_CLUSTER}; nothing to stop")
+        return 0
+    from .http import undeploy
+    undeploy()
+    svc = _service()
+    if svc is None:
+        print("socllm: no service is running")
+        return 0
+    _remove(svc)
+    print("socllm: stopped (Ray stays up)")
+    return 0
+
+
+def status(a) -> int:
+    import ray
+    svc = _service() if _join() else None
+    if svc is None:
+        print("socllm: no service is running (start one with `socllm serve`)", file=sys.stderr)
+        return 1
+    st = ray.get(svc.status.remote(), timeout=30)
+    if a.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    r, kv = st["requests"], st["kv"]
+    print(f"model      {st['model']}  (context {st['context']}, plan {st['plan']}, {st['precision']}, "
+          f"policy {st['policy']})")
+    print(f"http       {st['frontends'].get('http', '-')}")
+    print(f"requests   running {len(st['queues']['running'])}  waiting {len(st['queues']['waiting'])}  "
+          f"finished {r['finished']}  cancelled {r['cancelled']}  failed {r['failed']}")
+    print(f"kv         {kv['rows_used']} of {kv['rows']} rows used; sequences {kv['sequences_used']}"
+          f" of {kv['sequences_max']}")
+    print(f"tokens/s   {st['tokens_per_s_1min']:.1f} (last minute)")
+    for p in st["processors"]:
+        print(f"{p['processor']:<10} {p.get('api') or ''} {p.get('device') or ''}: busy "
+              f"{100 * p['busy_share']:.1f} %")
+    print(f"memory     {st['memory_pss_mb']:.0f} MB PSS (all socllm processes)")
+    print(f"uptime     {st['uptime_s']:.0f} s")
+    return 0
+
+
+def generate_served(a) -> int | None:
+    """Run `socllm generate` on the running service; None when there is none."""
+    if not _join():
+        return None
+    svc = _service()
+    if svc is None:
+        return None
+    import ray
+
+    from .client import Client
+    d = ray.get(svc.describe.remote())
+    for flag, mine, theirs in (("--model", a.model and os.path.realpath(a.model), d["model_path"]),
+                               ("--plan", a.plan, d["plan"]), ("--precision", a.precision, d["precision"])):
+        if mine is not None and mine != theirs:
+            raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
+                             f"private engine with {flag} {mine}")
+    client = Client(svc)
+    params = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed,
+                  stop=a.stop, priority=a.priority)
+    if a.chat:
+        rid = client.submit(messages=[{"role": "user", "content": a.prompt}], **params)
+    else:
+        rid = client.submit(prompt=a.prompt, **params)
+    pieces = client.pieces(rid)
+    try:
+        if a.json:
+            "".join(pieces)
+        else:
+            for piece in pieces:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+    finally:
+        pieces.close()                # Ctrl-C: the request is cancelled in the service
+    out = ray.get(svc.request.remote(rid))
+    if a.json:
+        print(json.dumps({k: out.get(k) for k in ("text", "tokens", "prompt_tokens", "plan", "placement",
+                                                  "precision", "timings", "finish_reason")}
+                         | {"prompt_tokens": out["prompt"]}))
+    elif out.get("timings"):
+        t = out["timings"]
+        placed = "+".join(f"{k} {v}" for k, v in out["placement"].items())
+        print(f"[service: {out['plan']} ({placed}), {out['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
+              f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]",
+              file=sys.stderr)
+    return 0

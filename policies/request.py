@@ -1,0 +1,98 @@
+"""A request and its life in the request table (Agent.xpu §4.1): pure data, no Ray.
+
+    waiting -> prefilling -> decoding -> finished
+          \\-> cancelled   (the client left, or asked)        \\-> failed (an error, said once)
+
+The table entry keeps what the paper's request manager keeps: id, state, priority class, prompt
+and generated tokens, sampling parameters, KV held, and the arrival / first token / finish times.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+
+PRIORITIES = ("reactive", "proactive")   # Agent.xpu §4.4: a person waits / background work
+STATES = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
+ENDED = ("finished", "cancelled", "failed")
+
+
+def check_priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+    return priority
+
+
+def check_stop(stop) -> tuple:
+    """OpenAI's `stop`: a string or a list of up to 4 non-empty strings."""
+    if stop is None:
+        return ()
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or len(stop) > 4 or \
+            not all(isinstance(s, str) and s for s in stop):
+        raise ValueError("stop must be a non-empty string or a list of at most 4 of them")
+    return tuple(stop)
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: list                          # token ids [n_prompt]
+    params: SamplingParams
+    priority: str = "proactive"
+    stop: tuple = ()                      # stop strings: the text ends before the first one
+    state: str = "waiting"
+    tokens: list = field(default_factory=list)    # generated ids, stop token included
+    text: str = ""                        # text a client may see (stop token and strings cut)
+    finish_reason: str | None = None      # "stop" | "length" | "cancelled" | "error"
+    error: str | None = None
+    kv_rows: int = 0                      # KV rows the request holds now
+    arrival: float = field(default_factory=time.monotonic)
+    first_token: float | None = None
+    finish: float | None = None
+
+    def __post_init__(self):
+        check_priority(self.priority)
+        self.stop = check_stop(self.stop)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    def end(self, state: str, reason: str | None = None, error: str | None = None):
+        if self.ended:
+            return
+        self.state, self.finish_reason, self.error = state, reason, error
+        self.finish, self.kv_rows = time.monotonic(), 0
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.tokens),
+                "total_tokens": len(self.prompt) + len(self.tokens)}
+
+
+class StopText:
+    """Text of a stream up to (never including) the first stop string.
+
+    A piece that could be the start of a stop string is held back until the next piece shows
+    it is not one (OpenAI's and llama.cpp's servers do the same)."""
+
+    def __init__(self, stop: tuple):
+        self.stop, self.held, self.hit = stop, "", False
+
+    def feed(self, piece: str) -> str:
+        """The text that is safe to show after `piece`; sets `hit` once a stop string appears."""
+        if self.hit:
+            return ""
+        text = self.held + piece
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit, self.held = True, ""
+            return text[:cut]
+        keep = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def flush(self) -> str:
+        out, self.held = ("" if self.hit else self.held), ""
+        return out
