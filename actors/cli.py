@@ -53,9 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
     s.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     s.add_argument("--context", type=int, default=2048, help="tokens a request may hold (default 2048)")
-    s.add_argument("--max-seqs", type=int, default=16, help="requests running at once (default 16)")
-    s.add_argument("--plan", choices=PLANS, default=None, help="default: the fastest plan for this device")
-    s.add_argument("--precision", choices=PRECISIONS, default=None, help="default: q16")
+    s.add_argument("--max-seqs", type=int, default=16,
+                   help="requests decoding at once, one batched step (default 16)")
+    s.add_argument("--kv-mb", type=float, default=512,
+                   help="the paged KV cache, MB (default 512; pages are touched as requests use them)")
     s.add_argument("--policy", choices=("fcfs",), default="fcfs", help="scheduling policy (default fcfs)")
     s.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")

@@ -24,6 +24,16 @@ from .processor import ProcessorCore
 PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q16": 4}
 
 
+def next_epoch(ctl, words) -> int:
+    """The next step's epoch, shared through the control block by every process that drives
+    steps of this pool (this actor, the service's runner): stamps only grow."""
+    epoch = ctl["epoch"] + 1
+    if epoch > MAX_EPOCH:            # stamps would wrap: every processor is idle, reset them
+        words.words[W_FIRST_LOC:] = 0
+        epoch = 1
+    return epoch
+
+
 class ControlCore(ProcessorCore):
     def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict):
         super().__init__("cpu", arena_name, layout, threads)
@@ -63,10 +73,7 @@ class ControlCore(ProcessorCore):
     # -- one step ------------------------------------------------------------------------------
     def _step(self, prog, n: int, pos0: int, precision: str):
         pid, procs, final, _ = prog
-        self.epoch += 1
-        if self.epoch > MAX_EPOCH:       # stamps would wrap: every processor is idle, reset them
-            self.words.words[W_FIRST_LOC:] = 0
-            self.epoch = 1
+        self.epoch = next_epoch(self.ctl, self.words)
         ctl, words, base = self.ctl, self.words, self.epoch * STEP
         ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = self.epoch, pid, n, pos0
         ctl["precision"] = PRECISIONS[precision]

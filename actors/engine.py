@@ -20,6 +20,7 @@ import numpy as np
 import ray
 
 from socllm.memory.arena import Arena
+from socllm.memory.blocks import BLOCK_ROWS
 from socllm.memory.layout import W_TOKENS, Control, PoolLayout, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
@@ -76,10 +77,13 @@ def ensure_ray(threads: int) -> bool:
 class Engine:
     def __init__(self, model: str | None = None, context: int = 2048,
                  processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
-                 n_layers: int | None = None, reader=None, rowcut_profile: str | None = None):
+                 n_layers: int | None = None, reader=None, rowcut_profile: str | None = None,
+                 max_seqs: int = 1, kv_mb: float = 0):
         """rowcut_profile: the tensor plan's profile (scripts/profile_rowcut.py); default: this
-        device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut."""
+        device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut. max_seqs,
+        kv_mb: sequences a serving step holds and the paged KV cache's size (the service)."""
         self._closed = True
+        self.max_seqs, self.kv_mb = max_seqs, kv_mb
         self.rowcut_profile = load_profile(rowcut_profile)
         path = model or default_model_path()
         if model is None:
@@ -121,9 +125,13 @@ class Engine:
         if n_layers is not None:      # a truncated model (tests): only the first layers' weights
             weights = {k: v for k, v in weights.items()
                        if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
-        lay = plan_layout(weights, self.cfg.n_layers if n_layers is None else n_layers,
-                          self.cfg.n_kv_heads * self.cfg.head_dim, slot_bytes, MAX_CHUNK,
-                          self.context, self.cfg.vocab, max(self.cfg.dim, self.cfg.ffn_dim))
+        layers = self.cfg.n_layers if n_layers is None else n_layers
+        kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
+        block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * 4     # a block of every layer's K and V
+        lay = plan_layout(weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context,
+                          self.cfg.vocab, max(self.cfg.dim, self.cfg.ffn_dim),
+                          max_seqs=self.max_seqs, kv_blocks=int(self.kv_mb * 2**20 // block_bytes),
+                          block_rows=BLOCK_ROWS)
         self.layout = lay
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
         write_weights(self.arena.buf, lay, weights)

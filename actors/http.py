@@ -5,7 +5,7 @@
 
 Bodies are checked here: malformed JSON, a field of the wrong type, an invalid value or a prompt
 too long get a 400 with an OpenAI-style error object, never a 500, and nothing else is disturbed.
-Extension fields: `priority` ("reactive" | "proactive"), `seed`. A client that disconnects
+Extension fields: `priority` ("reactive" | "proactive"), `seed`, `ignore_eos` (as llama.cpp's). A client that disconnects
 mid-stream cancels its request (Serve cancels the handler; the generator's `finally` does it).
 """
 import json
@@ -93,6 +93,8 @@ def parse(body, chat: bool) -> dict:
             raise BadRequest("'stop' must be a non-empty string or a list of at most 4", "stop")
         req["stop"] = stop
     _typed(body, "stream", bool, None, "a boolean")
+    if _typed(body, "ignore_eos", bool, None, "a boolean"):     # llama.cpp's extension
+        req["ignore_eos"] = True
     return req
 
 

@@ -31,7 +31,8 @@ import pyopencl as cl
 from socllm.models.quant import QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
-DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl")]   # fused decode, appended
+# appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
+DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl")]
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
@@ -39,7 +40,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "embed": [u64] * 4 + [i32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
     "linear_gemv": [u64] * 5 + [i32, i32],
-    "linear_gemm": [u64] * 5 + [i32, i32, i32, i32],
+    "linear_gemm": [u64] * 5 + [i32, i32, i32, i32, u64],
     "rope": [u64] * 2 + [i32, i32, f32, i32],
     "attention": [u64] * 4 + [i32, i32, i32],
     "silu_mul": [u64] * 3 + [i32],
@@ -58,6 +59,10 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "linear_act": [u64] * 6 + [i32, i32, i32],
     "qkv_rope": [u64] * 14 + [i32] * 4,
     "gate_up_silu": [u64] * 8 + [i32, i32],
+    # paged.cl
+    "rope_rows": [u64] * 4 + [i32, i32, f32],
+    "attention_paged": [u64] * 7 + [i32] * 4,
+    "lm_head_rows": [u64] * 4 + [i32, i32, i32],
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -237,17 +242,23 @@ class CLKernels:
         _aligned("linear", a["x"][1])
         _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
-        out = _out_off(a["out"], pos0, ld)
-        if N == 1:
+        rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
+        out = a["out"][1] if rows else _out_off(a["out"], pos0, ld)
+        if N == 1 and not rows:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
                      a["x"][1], qs, d, m, out, K, M)
         else:
             self._go("linear_gemm", (_up(M, self.lin_r), -(-N // self.gemm_tn)), (self.lin_r, 1),
-                     a["x"][1], qs, d, m, out, K, M, N, ld)
+                     a["x"][1], qs, d, m, out, K, M, N, ld, rows)
 
     def _rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""
         H, hd = a["heads"], a["head_dim"]
+        if "pos" in a:          # rows at their own positions (paged.cl), KV rows from `rows`
+            _aligned("rope", a["x"][1], a["out"][1], to=8)
+            self._go("rope_rows", (hd // 2, N), (hd // 2, 1), a["x"][1], a["out"][1], a["pos"][1],
+                     a["rows"][1] if "rows" in a else 0, H, hd, a["theta"])
+            return
         out = _out_off(a["out"], pos0, H * hd)
         _aligned("rope", a["x"][1], out, to=8)
         self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0)
@@ -257,6 +268,13 @@ class CLKernels:
         per (head, row), its ATT_WG work-items splitting the keys (split-K, merged in local memory)"""
         H, KVH, wg = a["heads"], a["kv_heads"], self.att_wg
         _aligned("attention", a["q"][1], a["k"][1], a["v"][1], a["out"][1])
+        if "btab" in a:         # paged K/V, every row its own sequence and position (paged.cl)
+            if a["block_rows"] % 8:
+                raise ValueError(f"attention: block_rows {a['block_rows']} is not a multiple of 8")
+            self._go("attention_paged", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1],
+                     a["out"][1], a["pos"][1], a["seq"][1], a["btab"][1], H, KVH,
+                     a["block_rows"], a["max_blocks"], ks=self._kernels(a["head_dim"]))
+            return
         self._go("attention", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
                  H, KVH, pos0, ks=self._kernels(a["head_dim"]))
 
@@ -278,4 +296,8 @@ class CLKernels:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
         _aligned("lm_head", a["x"][1])
         _aligned("lm_head", qs, to=16)
+        if a.get("all_rows"):   # a batch: every row's logits, the table read once for 8 rows
+            self._go("lm_head_rows", (_up(V, self.group), -(-N // 8)), (self.group, 1), a["x"][1],
+                     qs, d, a["out"][1], D, V, N)
+            return
         self._go("lm_head", (_up(V, self.group),), (self.group,), a["x"][1], qs, d, a["out"][1], D, V, N)

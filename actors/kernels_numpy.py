@@ -37,12 +37,19 @@ class NumpyKernels:
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         return self.arena[off: off + n].view(dtype).reshape(shape)
 
-    def out_rows(self, ref, N, pos0, cols, ld=None):
-        """An output ref -> a writable [N, cols] view of rows ld wide (a row-cut half: its columns
-        of the whole output); KV refs start at row pos0 (in place)."""
-        kind, off, ld = ref[0], ref[1], ld or cols
-        off += pos0 * ld * 4 if kind == "kv" else 0
+    def out_rows(self, a, N, pos0, cols):
+        """An op's output -> a writable [N, cols] view of rows a["ld"] wide (a row-cut half: its
+        columns of the whole output); KV refs start at row pos0 (in place), or, paged, row n is
+        KV row rows[n] (a fancy-indexed _Scatter view)."""
+        ref, ld = a["out"], a.get("ld") or cols
+        if "rows" in a:
+            return _Scatter(self.f32(ref[1], 1 + int(self.i32(a["rows"], N).max()), cols),
+                            self.i32(a["rows"], N))
+        off = ref[1] + (pos0 * ld * 4 if ref[0] == "kv" else 0)
         return strided_rows(self.arena, off, N, cols, ld, np.float32)
+
+    def i32(self, ref, n: int) -> np.ndarray:
+        return self._arr(ref[1], (n,), np.int32)
 
     def w4(self, ref, M, K):
         _, qs, d, m = ref
@@ -81,7 +88,7 @@ class NumpyKernels:
         # then scale and shift per 32-block
         q = _NIBBLES[qs].reshape(M, K // QK, QK)
         w = (q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]).reshape(M, K)
-        self.out_rows(a["out"], N, pos0, M, a.get("ld"))[:] = x @ w.T
+        self.out_rows(a, N, pos0, M)[:] = x @ w.T
 
     def rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref): rotate pairs (2i, 2i+1) by pos * theta^(-2i/hd)
@@ -89,16 +96,20 @@ class NumpyKernels:
         H, hd = a["heads"], a["head_dim"]
         x = self.f32(a["x"][1], N, H * hd).reshape(N, H, hd // 2, 2)
         inv = np.float32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=np.float32) / hd)
-        ang = np.arange(pos0, pos0 + N, dtype=np.float32)[:, None] * inv[None, :]   # [N, hd/2]
+        pos = self.i32(a["pos"], N).astype(np.float32) if "pos" in a else \
+            np.arange(pos0, pos0 + N, dtype=np.float32)           # paged: rows at own positions
+        ang = pos[:, None] * inv[None, :]                                            # [N, hd/2]
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         x0, x1 = x[..., 0], x[..., 1]
         y = np.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(N, H * hd)
-        self.out_rows(a["out"], N, pos0, H * hd)[:] = y
+        self.out_rows(a, N, pos0, H * hd)[:] = y
 
     def attention(self, a, N, pos0):
         """q [N, H*hd], K/V cache [pos0+N, KVH*hd] (rows pos0.. already written) -> out [N, H*hd];
         causal: row n sees keys 0 .. pos0+n; GQA: head h reads kv head h // (H/KVH)."""
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
+        if "btab" in a:
+            return self.attention_paged(a, N)
         L = pos0 + N
         q = self.f32(a["q"][1], N, H * hd).reshape(N, H, hd)
         k = self.f32(a["k"][1], L, KVH * hd).reshape(L, KVH, hd)
@@ -112,6 +123,26 @@ class NumpyKernels:
         p = s / s.sum(axis=-1, keepdims=True)
         o = np.einsum("kgnl,lkd->nkgd", p, v).reshape(N, H * hd)
         self.f32(a["out"][1], N, H * hd)[:] = o
+
+    def attention_paged(self, a, N):
+        """Row n of sequence seq[n] at position pos[n] sees that sequence's keys 0 .. pos[n];
+        key l is KV row btab[seq[n], l // block_rows] * block_rows + l % block_rows."""
+        H, KVH, hd, br = a["heads"], a["kv_heads"], a["head_dim"], a["block_rows"]
+        pos, seq = self.i32(a["pos"], N), self.i32(a["seq"], N)
+        btab = self._arr(a["btab"][1], (int(seq.max()) + 1, a["max_blocks"]), np.int32)
+        q = self.f32(a["q"][1], N, H * hd)
+        out = self.f32(a["out"][1], N, H * hd)
+        for n in range(N):
+            L = int(pos[n]) + 1
+            ls = np.arange(L)
+            phys = btab[seq[n], ls // br] * br + ls % br
+            k = self.f32(a["k"][1], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
+            v = self.f32(a["v"][1], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
+            qh = q[n].reshape(KVH, H // KVH, hd)
+            s = np.einsum("kgd,lkd->kgl", qh, k) / np.float32(np.sqrt(hd))
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            p = s / s.sum(axis=-1, keepdims=True)
+            out[n] = np.einsum("kgl,lkd->kgd", p, v).reshape(H * hd)
 
     def silu_mul(self, a, N, pos0):
         """g, u [N, F] -> out = silu(g) * u"""
@@ -128,6 +159,12 @@ class NumpyKernels:
         """x [N, D] (last row used), table Q8_0 [V, D] -> out [V] logits of row N-1"""
         D, V = a["D"], a["V"]
         qs, d = self.w8(a["table"], V, D)
+        if a.get("all_rows"):           # a batch: every row's logits [N, V]
+            out = self.f32(a["out"][1], N, V)
+            for n in range(N):
+                self.lm_head({**a, "all_rows": False, "x": ("a", a["x"][1] + n * D * 4),
+                              "out": ("a", a["out"][1] + n * V * 4)}, 1, pos0)
+            return out
         x = self.f32(a["x"][1], N, D)[N - 1]
         # per block: sum_j x_j q_j scaled by d, in row chunks: never a [V, D] f32 copy of the table
         xb = x.reshape(D // QK, QK)
@@ -136,3 +173,15 @@ class NumpyKernels:
             hi = min(V, lo + 4096)
             dots = np.einsum("vbj,bj->vb", qs[lo:hi].reshape(hi - lo, D // QK, QK).astype(np.float32), xb)
             out[lo:hi] = (dots * d[lo:hi].astype(np.float32)).sum(axis=1)
+
+
+class _Scatter:
+    """`view[:] = y` writes y's row n to row idx[n] of `base` (paged KV rows)."""
+
+    def __init__(self, base: np.ndarray, idx: np.ndarray):
+        self.base, self.idx = base, idx
+
+    def __setitem__(self, key, value):
+        if key != slice(None):
+            raise IndexError("a scattered output is written whole")
+        self.base[self.idx] = value

@@ -25,8 +25,8 @@ class ServiceMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("socllm_inter_token_seconds", "time between a request's tokens",
                              buckets=LATENCY_BUCKETS, registry=r)
-        self.kv = Gauge("socllm_kv_rows_used", "KV cache rows held by requests", registry=r)
-        self.kv_total = Gauge("socllm_kv_rows", "KV cache rows in the pool", registry=r)
+        self.kv = Gauge("socllm_kv_blocks_used", "KV cache blocks held by requests", registry=r)
+        self.kv_total = Gauge("socllm_kv_blocks", "KV cache blocks in the pool", registry=r)
         self._last: dict = {}             # request id -> time of its last token
 
     def arrived(self, req):
@@ -46,12 +46,12 @@ class ServiceMetrics:
         self.ended_.labels(req.state).inc()
         self._last.pop(req.id, None)
 
-    def text(self, requests, kv_rows: int) -> str:
+    def text(self, requests, kv) -> str:
         reqs = list(requests)
         for s in STATES:
             self.state.labels(s).set(sum(r.state == s for r in reqs))
-        self.kv.set(sum(r.kv_rows for r in reqs))
-        self.kv_total.set(kv_rows)
+        self.kv.set(kv.n_used)
+        self.kv_total.set(kv.n_blocks)
         return generate_latest(self.registry).decode()
 
 

@@ -16,6 +16,7 @@ from socllm.policies.rowcut import plan_rows
 
 class PlannerCore:
     def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
+        self.cfg, self.n_layers = cfg, n_layers
         self.graph = build_graph(cfg, n_layers)
         self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
         self.slots = assign_slots(self.graph)
@@ -45,9 +46,9 @@ class PlannerCore:
         other = "npu" if dom == "gpu" else "gpu"
         return row_cut(self.graph, plan_rows(phase, sizes, self.rowcut_profile), dom, other)
 
-    def _refs(self) -> dict:
+    def _refs(self, graph) -> dict:
         lay, refs = self.lay, {}
-        for name, t in self.graph.tensors.items():
+        for name, t in graph.tensors.items():
             if t.kind == "weight":
                 refs[name] = lay.weights[name]
             elif t.kind == "kv":
@@ -64,9 +65,28 @@ class PlannerCore:
             graph, place = self.graph, None
             if plan == "tensor":
                 graph, place = self.partitioned(phase), placed
-            prog = lower(graph, self.slots, self._refs(), self.lay.locations,
+            prog = lower(graph, self.slots, self._refs(graph), self.lay.locations,
                          {p: self.lay.done(p) for p in PROCESSORS},
                          place or placement(plan, phase, bucket), phase, bucket)
+            self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
+        return self.programs[key]
+
+    def paged_program(self, plan: str, all_rows: bool):
+        """A serving step's program (graph/build.py, paged): any N rows of any sequences, each at
+        its own position over its block table; all_rows: every row's logits (a decode batch),
+        else the last row's (a prefill chunk). One program serves every N: GPU and CPU kernels
+        take N at run time. NPU graphs are static, so paged programs run on the GPU or the CPU."""
+        if plan not in ("gpu", "cpu"):
+            raise ValueError(f"paged programs run on the gpu or the cpu, not {plan!r}")
+        phase = "batch" if all_rows else "chunk"
+        key = (plan, phase, 0)
+        if key not in self.programs:
+            lay = self.lay
+            graph = build_graph(self.cfg, self.n_layers, paged={
+                "block_rows": lay.block_rows, "max_blocks": lay.max_blocks,
+                "max_seqs": lay.max_seqs, "all_rows": all_rows})
+            prog = lower(graph, self.slots, self._refs(graph), lay.locations,
+                         {p: lay.done(p) for p in PROCESSORS}, lambda op: plan, phase, lay.max_rows)
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
 

@@ -52,8 +52,10 @@ def serve(a) -> int:
 
     from socllm.policies.threads import actor_env, machine_budget
     from .service import Service
-    if a.max_seqs < 1:
-        raise ValueError(f"--max-seqs must be >= 1, got {a.max_seqs}")
+    if not 1 <= a.max_seqs <= 256:
+        raise ValueError(f"--max-seqs must be in [1, 256], got {a.max_seqs}")
+    if not a.kv_mb > 0:
+        raise ValueError(f"--kv-mb must be > 0, got {a.kv_mb}")
     if not 0 <= a.http_port <= 65535:
         raise ValueError(f"--http-port must be in [0, 65535], got {a.http_port}")
     if a.model is not None and not os.path.isfile(a.model):
@@ -72,7 +74,7 @@ def serve(a) -> int:
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
                           runtime_env={"env_vars": actor_env(threads)}).remote(
         model=a.model and os.path.abspath(a.model), context=a.context, max_seqs=a.max_seqs,
-        policy=a.policy, plan=a.plan, precision=a.precision, threads=threads)
+        kv_mb=a.kv_mb, policy=a.policy, threads=threads)
     try:
         d = ray.get(svc.ready.remote())
         url = None
@@ -84,8 +86,9 @@ def serve(a) -> int:
         if isinstance(e, ray.exceptions.RayTaskError):
             raise ValueError(str(getattr(e, "cause", e)).splitlines()[0]) from None
         raise
-    print(f"socllm: serving {d['model']} (plan {d['plan']}, {d['precision']}, context {d['context']}, "
-          f"policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
+    print(f"socllm: serving {d['model']} (paged steps on the {d['plan']}, {d['precision']}, context "
+          f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
+          f"{d['block_rows']} rows, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
     if url:
         print(f"socllm: OpenAI-compatible HTTP at {url}/v1")
     print("socllm: `socllm status` shows what runs, `socllm stop` removes it")
@@ -135,8 +138,8 @@ def status(a) -> int:
     print(f"http       {st['frontends'].get('http', '-')}")
     print(f"requests   running {len(st['queues']['running'])}  waiting {len(st['queues']['waiting'])}  "
           f"finished {r['finished']}  cancelled {r['cancelled']}  failed {r['failed']}")
-    print(f"kv         {kv['rows_used']} of {kv['rows']} rows used; sequences {kv['sequences_used']}"
-          f" of {kv['sequences_max']}")
+    print(f"kv         {kv['blocks_used']} of {kv['blocks']} blocks ({kv['block_rows']} rows each) "
+          f"used; sequences {kv['sequences_used']} of {kv['sequences_max']}")
     print(f"tokens/s   {st['tokens_per_s_1min']:.1f} (last minute)")
     for p in st["processors"]:
         print(f"{p['processor']:<10} {p.get('api') or ''} {p.get('device') or ''}: busy "

@@ -20,28 +20,31 @@ import traceback
 import ray
 
 from socllm.policies.request import Request, StopText, check_priority
-from socllm.policies.sampling import SamplingParams
+from socllm.policies.sampling import Sampler, SamplingParams
 from socllm.policies.scheduler import POLICIES
 
 NAMESPACE, NAME = "socllm", "service"
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
+PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others runs between chunks
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service:
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
-                 policy: str = "fcfs", plan: str | None = None, precision: str | None = None,
-                 threads: int | None = None):
+                 kv_mb: float = 512, policy: str = "fcfs", threads: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
-        self.opts = dict(model=model, context=context, max_seqs=max_seqs, policy=policy, plan=plan,
-                         precision=precision, threads=threads)
+        self.opts = dict(model=model, context=context, max_seqs=max_seqs, kv_mb=kv_mb,
+                         policy=policy, threads=threads, prefill_chunk=prefill_chunk)
+        self.streams: dict = {}               # id -> (StreamDecoder, StopText, Sampler)
+        self.slot: dict = {}                  # id -> the request's row of the block tables
         self.table: dict = {}                 # id -> Request
         self.pieces: dict = {}                # id -> [text piece]: what polls hand out
         self.events: dict = {}                # id -> asyncio.Event, set when a request changes
         self.cancelled: set = set()
-        self.results: dict = {}               # id -> the engine's plan, placement and timings
+        self.slots = list(range(max_seqs))[::-1]   # free rows of the block tables
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
         self.token_times: collections.deque = collections.deque()   # for tokens/s over a minute
@@ -57,14 +60,17 @@ class Service:
     # -- start-up ------------------------------------------------------------------------------
     def _main(self):
         try:
+            from socllm.memory.blocks import BlockPool
             from .engine import Engine
+            from .runner import Runner
             o = self.opts
-            self.engine = Engine(model=o["model"], context=o["context"], threads=o["threads"])
-            self.plan, self.precision = self.engine._check(o["plan"], o["precision"])
-            # the decode program (and its kernels / graphs) before the first request, not in it
-            self.engine.prepare(self.plan, self.precision, buckets=())
-            # one generation at a time owns the pool's KV region (paged KV: the serving issue)
-            self.scheduler = POLICIES[o["policy"]](min(o["max_seqs"], 1), self.engine.context)
+            self.engine = e = Engine(model=o["model"], context=o["context"], threads=o["threads"],
+                                     max_seqs=o["max_seqs"], kv_mb=o["kv_mb"])
+            # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
+            self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), "f32"
+            self.runner = Runner(e, self.plan)
+            self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
+            self.scheduler = POLICIES[o["policy"]](o["max_seqs"], e.context, self.kv)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -87,14 +93,15 @@ class Service:
         e = self.engine
         return {"model": os.path.basename(e.model_path), "model_path": e.model_path,
                 "context": e.context, "plan": self.plan, "precision": self.precision,
-                "policy": self.scheduler.name, "max_seqs": self.opts["max_seqs"],
-                "running_cap": self.scheduler.max_seqs, "pid": os.getpid(),
+                "policy": self.scheduler.name, "max_seqs": self.scheduler.max_seqs,
+                "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
+                "prefill_chunk": self.opts["prefill_chunk"], "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
     # -- the client calls ----------------------------------------------------------------------
     async def submit(self, prompt: str | None = None, messages: list | None = None,
                      ids: list | None = None, priority: str = "proactive", stop=None,
-                     **sampling) -> int:
+                     ignore_eos: bool = False, **sampling) -> int:
         """A new request; bad input raises ValueError here, before it queues."""
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
@@ -103,7 +110,10 @@ class Service:
         check_priority(priority)
         if sampling.get("max_tokens") is None:      # OpenAI's default: up to the context's end
             sampling["max_tokens"] = max(1, self.engine.context - len(ids))
-        req = Request(next(self.ids), ids, SamplingParams(**sampling), priority, stop)
+        req = Request(next(self.ids), ids, SamplingParams(**sampling), priority, stop,
+                      ignore_eos=bool(ignore_eos))
+        self.streams[req.id] = (self.engine.tokenizer.stream(), StopText(req.stop),
+                                Sampler(req.params))
         with self.cv:
             self.scheduler.add(req)              # raises for a request that could never fit
             self.table[req.id] = req
@@ -157,67 +167,98 @@ class Service:
         if req is None or req.ended:
             return False
         with self.cv:
-            self.cancelled.add(rid)
             if req.state == "waiting":
-                self.scheduler.finish(req)
                 self._end(req, "cancelled", "cancelled")
-            elif self.engine.running is not None:
-                self.engine.cancel()
+            else:                      # the loop ends it before its next step
+                self.cancelled.add(rid)
+                self.cv.notify()
         return True
 
     def request(self, rid: int) -> dict:
         """A request's table entry (and, once it ended, how it ran)."""
         req = self.table[rid]
-        return {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
-                                             "finish_reason", "error")} \
-            | {"usage": req.usage()} | self.results.get(rid, {})
+        out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
+                                            "finish_reason", "error")}
+        ttft = (req.first_token or req.arrival) - req.arrival
+        n_dec = max(0, len(req.tokens) - 1)
+        dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)
+        return out | {"usage": req.usage(), "plan": self.plan, "precision": self.precision,
+                      "placement": {"prefill": self.plan, "decode": self.plan},
+                      "timings": {"ttft_s": ttft, "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
+                                  "prefill_tok_s": len(req.prompt) / ttft if ttft > 0 else 0.0}}
 
     # -- the loop: schedule -> run -> postprocess ------------------------------------------------
     def _serve(self):
+        """Each iteration: one prefill chunk of the first request that needs one (Agent.xpu
+        §4.3: prefill runs singly, in chunks), then one decode step of every prefilled request
+        (continuous batching: requests join and leave the batch at every step)."""
         while not self.stopping:
             with self.cv:
+                for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
+                    self._end(req, "cancelled", "cancelled")
                 batch = self.scheduler.schedule()
-                if not batch.prefill:
+                for req in batch.preempted:
+                    req.state = "waiting"
+                    self.slots.append(self.slot.pop(req.id))
+                if not batch:
                     self.cv.wait(0.5)
                     continue
-            for req in batch.prefill:          # one at a time: the KV region holds one sequence
-                self._run(req)
+                for req in self.scheduler.running:
+                    if req.id not in self.slot:
+                        self.slot[req.id] = self.slots.pop()
+            step = [batch.prefill[0]] if batch.prefill else []
+            try:
+                if batch.prefill:
+                    self._prefill_chunk(batch.prefill[0])
+                step = batch.decode
+                if batch.decode:
+                    self._decode(batch.decode)
+            except Exception as ex:   # one bad step fails its requests, never the service
+                traceback.print_exc()
+                for req in step:
+                    self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
 
-    def _run(self, req: Request):
-        e, rid = self.engine, req.id
+    def _prefill_chunk(self, req: Request):
+        seq = req.prompt + req.tokens     # a preempted request prefills its tokens too
+        lo = req.computed
+        hi = min(len(seq), lo + self.opts["prefill_chunk"])
         req.state = "prefilling"
-        self._wake(rid)
-        dec, stops = e.tokenizer.stream(), StopText(req.stop)
-        reason = "length"
-        try:
-            for t in e.run(req.prompt, self.plan, self.precision, **req.params.__dict__):
-                now = time.monotonic()
-                if req.first_token is None:
-                    req.first_token, req.state = now, "decoding"
-                self.metrics.token(req, now)
-                self.token_times.append(now)
-                req.tokens.append(t)
-                req.kv_rows = len(req.prompt) + len(req.tokens)
-                if rid in self.cancelled:
-                    e.cancel()
-                    continue
-                if t in e.stop_ids:
-                    reason = "stop"
-                    continue
-                piece = stops.feed(dec.feed(t))
-                if stops.hit:
-                    reason = "stop"
-                    e.cancel()                 # the text is complete: stop generating
-                self._emit(req, piece)
-            self._emit(req, stops.feed(dec.flush()) + stops.flush())
-            self.results[rid] = {k: e.last[k] for k in ("plan", "placement", "precision", "timings")}
-            if rid in self.cancelled:
-                self._end(req, "cancelled", "cancelled")
-            else:
+        s = self.slot[req.id]
+        logits = self.runner.step([(seq[i], i, s) for i in range(lo, hi)], {s: req.blocks},
+                                  all_rows=False)
+        req.computed = hi
+        if hi == len(seq):
+            self._accept(req, self.streams[req.id][2](logits[0]))
+
+    def _decode(self, batch: list):
+        rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]
+        logits = self.runner.step(rows, {self.slot[r.id]: r.blocks for r in batch}, all_rows=True)
+        for i, req in enumerate(batch):
+            req.computed += 1
+            self._accept(req, self.streams[req.id][2](logits[i]))
+
+    def _accept(self, req: Request, tok: int):
+        """Postprocess one sampled token: stream its text, end the request where it ends."""
+        now = time.monotonic()
+        if req.first_token is None:
+            req.first_token = now
+        req.state = "decoding"
+        self.metrics.token(req, now)
+        self.token_times.append(now)
+        req.tokens.append(tok)
+        dec, stops, _ = self.streams[req.id]
+        e = self.engine
+        if tok in e.stop_ids and not req.ignore_eos:
+            reason = "stop"
+        else:
+            self._emit(req, stops.feed(dec.feed(tok)))
+            reason = "stop" if stops.hit else "length" if (
+                len(req.tokens) >= req.params.max_tokens or req.rows >= e.context) else None
+        if reason:
+            if not stops.hit:
+                self._emit(req, stops.feed(dec.flush()) + stops.flush())
+            with self.cv:
                 self._end(req, "finished", reason)
-        except Exception as ex:       # one bad request never takes the service down
-            traceback.print_exc()
-            self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
 
     def _emit(self, req: Request, piece: str):
         if piece:
@@ -226,14 +267,18 @@ class Service:
             self._wake(req.id)
 
     def _end(self, req: Request, state: str, reason: str, error: str | None = None):
+        """End a request: its blocks and its row of the block tables are free at once."""
         with self.cv:
             req.end(state, reason, error)
             self.scheduler.finish(req)
+            if req.id in self.slot:
+                self.slots.append(self.slot.pop(req.id))
             self.cancelled.discard(req.id)
+            self.streams.pop(req.id, None)
             self.metrics.ended(req)
             ended = [r for r in self.table.values() if r.ended]
             for old in ended[:max(0, len(ended) - KEEP_ENDED)]:
-                for d in (self.table, self.pieces, self.events, self.results):
+                for d in (self.table, self.pieces, self.events):
                     d.pop(old.id, None)
         self._wake(req.id)
 
@@ -261,17 +306,18 @@ class Service:
         for d in self.engine.info():
             procs.append({k: d.get(k) for k in ("processor", "api", "device", "type", "threads", "pid",
                                                 "steps")} | {"busy_share": round(d["busy_s"] / uptime, 4)})
-        running = self.engine.running is not None
         return {**self.describe(), "uptime_s": round(uptime, 1), "processors": procs,
                 "requests": {s: sum(r.state == s for r in reqs) for s in STATE_KEYS},
                 "queues": self.scheduler.queues(),
-                "kv": {"rows": self.engine.context, "rows_used": sum(r.kv_rows for r in reqs),
-                       "sequences_max": 1, "sequences_used": int(running)},
+                "kv": {"blocks": self.kv.n_blocks, "blocks_used": self.kv.n_used,
+                       "blocks_free": self.kv.n_free, "block_rows": self.kv.block_rows,
+                       "sequences_max": self.scheduler.max_seqs,
+                       "sequences_used": len(self.scheduler.running)},
                 "tokens_per_s_1min": round(len(self.token_times) / min(60.0, max(uptime, 1e-3)), 2),
                 "memory_pss_mb": round(pss_mb(self.pids()), 1)}
 
     def prometheus(self) -> str:
-        return self.metrics.text(self.table.values(), self.engine.context)
+        return self.metrics.text(self.table.values(), self.kv)
 
     def shutdown(self) -> bool:
         """Stop the loop and tear the engine down (actors killed, pool unlinked)."""
@@ -279,6 +325,5 @@ class Service:
         with self.cv:
             self.cv.notify_all()
         if self.engine is not None:
-            self.engine.cancel()
             self.engine.close()
         return True

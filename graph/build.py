@@ -13,8 +13,14 @@ def weight_name(layer: int, part: str) -> str:
     return f"blk.{layer}.{part}.weight"
 
 
-def build_graph(cfg, n_layers: int | None = None) -> Graph:
-    """cfg: models.llama.ModelConfig. n_layers < cfg.n_layers builds a truncated model (tests)."""
+def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> Graph:
+    """cfg: models.llama.ModelConfig. n_layers < cfg.n_layers builds a truncated model (tests).
+
+    paged = {"block_rows", "max_blocks", "max_seqs", "all_rows"}: a serving step, whose N rows
+    belong to any sequences at their own positions (memory/blocks.py): rope and the K/V writes
+    take each row's position and KV row from the step's row metadata (pos, rows), attention reads
+    each row's sequence (seq) through its block table (btab), and with all_rows (a decode batch)
+    the lm-head gives every row's logits [N, V], else the last row's."""
     if getattr(cfg, "qkv_bias", False):
         raise NotImplementedError("Q/K/V biases (Qwen2) are not supported by the kernels yet")
     L = cfg.n_layers if n_layers is None else n_layers
@@ -22,7 +28,14 @@ def build_graph(cfg, n_layers: int | None = None) -> Graph:
     kv_cols = KVH * hd
     g = Graph()
     g.tensor("ids", (N,), "i32", "input")
-    g.tensor("logits", (cfg.vocab,), "f32", "output")
+    all_rows = bool(paged and paged["all_rows"])
+    g.tensor("logits", (N, cfg.vocab) if all_rows else (cfg.vocab,), "f32", "output")
+    rowmeta = {}        # extra inputs of the ops that depend on a row's sequence and position
+    if paged:
+        for name in ("pos", "rows", "seq"):
+            g.tensor(name, (N,), "i32", "input")       # [N] per-row metadata
+        g.tensor("btab", (paged["max_seqs"], paged["max_blocks"]), "i32", "input")
+        rowmeta = {"pos": "pos"}
     g.tensor("token_embd.weight", (cfg.vocab, D), "q8_0", "weight")
     g.tensor("output_norm.weight", (D,), "f32", "weight")
     for i in range(L):
@@ -45,12 +58,18 @@ def build_graph(cfg, n_layers: int | None = None) -> Graph:
         g.add("rmsnorm", {"x": x, "w": weight_name(i, "attn_norm")}, {"out": p + "xn"}, i, D=D, eps=cfg.eps)
         lin(i, "attn_q", p + "xn", p + "q", D, H * hd)
         lin(i, "attn_k", p + "xn", p + "k", D, kv_cols)
-        lin(i, "attn_v", p + "xn", f"vcache.{i}", D, kv_cols)
+        kv_rows = {"rows": "rows"} if paged else {}
+        g.add("linear", {"x": p + "xn", "w": weight_name(i, "attn_v"), **kv_rows}, {"out": f"vcache.{i}"},
+              i, K=D, M=kv_cols)
         rope = dict(head_dim=hd, theta=cfg.rope_theta)
-        g.add("rope", {"x": p + "q"}, {"out": p + "qr"}, i, heads=H, **rope)
-        g.add("rope", {"x": p + "k"}, {"out": f"kcache.{i}"}, i, heads=KVH, **rope)
-        g.add("attention", {"q": p + "qr", "k": f"kcache.{i}", "v": f"vcache.{i}"}, {"out": p + "att"},
-              i, heads=H, kv_heads=KVH, head_dim=hd)
+        g.add("rope", {"x": p + "q", **rowmeta}, {"out": p + "qr"}, i, heads=H, **rope)
+        g.add("rope", {"x": p + "k", **rowmeta, **kv_rows}, {"out": f"kcache.{i}"}, i, heads=KVH, **rope)
+        att = {"q": p + "qr", "k": f"kcache.{i}", "v": f"vcache.{i}"}
+        pages = {}
+        if paged:
+            att.update(pos="pos", seq="seq", btab="btab")
+            pages = dict(block_rows=paged["block_rows"], max_blocks=paged["max_blocks"])
+        g.add("attention", att, {"out": p + "att"}, i, heads=H, kv_heads=KVH, head_dim=hd, **pages)
         lin(i, "attn_output", p + "att", p + "o", H * hd, D)
         g.add("add", {"a": x, "b": p + "o"}, {"out": p + "h"}, i, D=D)
         g.add("rmsnorm", {"x": p + "h", "w": weight_name(i, "ffn_norm")}, {"out": p + "hn"}, i, D=D, eps=cfg.eps)
@@ -61,5 +80,6 @@ def build_graph(cfg, n_layers: int | None = None) -> Graph:
         g.add("add", {"a": p + "h", "b": p + "down"}, {"out": p + "y"}, i, D=D)
         x = p + "y"
     g.add("rmsnorm", {"x": x, "w": "output_norm.weight"}, {"out": "xf"}, D=D, eps=cfg.eps)
-    g.add("lm_head", {"x": "xf", "table": "token_embd.weight"}, {"out": "logits"}, D=D, V=cfg.vocab)
+    g.add("lm_head", {"x": "xf", "table": "token_embd.weight"}, {"out": "logits"}, D=D, V=cfg.vocab,
+          **({"all_rows": True} if all_rows else {}))
     return g

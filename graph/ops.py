@@ -36,7 +36,8 @@ RULES = {
     "attention": lambda g, op: _shape(g, op.inputs["q"]),
     "silu_mul": lambda g, op: _shape(g, op.inputs["g"]),
     "add": lambda g, op: _shape(g, op.inputs["a"]),
-    "lm_head": lambda g, op: (op.attrs["V"],),
+    "lm_head": lambda g, op: ((_rows(g, op, "x"), op.attrs["V"]) if op.attrs.get("all_rows")
+                              else (op.attrs["V"],)),
 }
 
 CHECKS = {

@@ -4,9 +4,11 @@
 
   weights   planar Q4_1 / Q8_0 arrays and f32 vectors (models/quant.py)     read by every actor
   kv        [n_layers, 2, kv_rows, kv_cols] f32, kv_rows = context + largest bucket (a padded
-            NPU chunk writes up to a bucket of rows past the real ones)
+            NPU chunk writes up to a bucket of rows past the real ones) or, paged, kv_blocks
+            blocks of block_rows rows (memory/blocks.py), whichever is more
   slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py)
-  io        ids int32 [max_rows], logits f32 [vocab], token ring int32 [context], q8 scratch
+  io        ids int32 [max_rows], logits f32 [max_seqs, vocab], token ring int32 [context],
+            row metadata and block tables of a serving step, GPU decode scratch
   control   int64 fields of the current step (CTL_*)
   words     u32 ready words: go and done word per processor, then one per tensor location
 """
@@ -34,6 +36,10 @@ class PoolLayout:
     kv: dict = field(default_factory=dict)         # "kcache.3" -> offset
     kv_rows: int = 0
     kv_cols: int = 0
+    kv_blocks: int = 0                             # paged: kv_rows // block_rows blocks
+    block_rows: int = 16
+    max_blocks: int = 0                            # a block table's length (context's blocks)
+    max_seqs: int = 1                              # sequences a serving step may hold
     slots: list = field(default_factory=list)      # slot id -> offset
     slot_bytes: list = field(default_factory=list)
     io: dict = field(default_factory=dict)         # "ids" | "logits" | "ring" -> offset
@@ -68,9 +74,15 @@ class PoolLayout:
 
 
 def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, max_rows: int,
-                context: int, vocab: int, max_k: int = 4096) -> PoolLayout:
-    """weights: name -> planar dict of arrays (quantized) or an f32 array."""
-    lay = PoolLayout(max_rows=max_rows, context=context, vocab=vocab, kv_cols=kv_cols)
+                context: int, vocab: int, max_k: int = 4096, max_seqs: int = 1,
+                kv_blocks: int = 0, block_rows: int = 16) -> PoolLayout:
+    """weights: name -> planar dict of arrays (quantized) or an f32 array. max_seqs sequences of
+    a serving step read kv_blocks blocks of block_rows rows (memory/blocks.py) through their
+    block tables; the KV rows also hold one contiguous sequence of the context (the one-shot
+    engine's programs)."""
+    lay = PoolLayout(max_rows=max_rows, context=context, vocab=vocab, kv_cols=kv_cols,
+                     max_seqs=max_seqs, block_rows=block_rows,
+                     max_blocks=-(-context // block_rows))
     off = 0
 
     def take(nbytes, a=64):
@@ -88,7 +100,8 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
             lay.weights[name] = ("wf", take(w.nbytes))
     lay.readonly_bytes = align(off, ALIGN)
     off = lay.readonly_bytes
-    lay.kv_rows = context + max_rows
+    lay.kv_rows = max(context + max_rows, kv_blocks * block_rows)
+    lay.kv_blocks = lay.kv_rows // block_rows
     for i in range(n_layers):
         for which in ("kcache", "vcache"):
             lay.kv[f"{which}.{i}"] = take(lay.kv_rows * kv_cols * 4, ALIGN)
@@ -100,7 +113,10 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     # attention's partials, ATT_SPLITS x heads x (head_dim + 2) f32 (heads x head_dim <= max_k,
     # head_dim >= 16)
     act = 4 * max_k + 8 * max_k // 32
-    lay.io = {"ids": take(max_rows * 4), "logits": take(vocab * 4), "ring": take(context * 4),
+    # pos, rows, seq: a serving step's row metadata; btab: its block tables (graph/build.py)
+    lay.io = {"ids": take(max_rows * 4), "logits": take(max_seqs * vocab * 4),
+              "ring": take(context * 4), "pos": take(max_rows * 4), "rows": take(max_rows * 4),
+              "seq": take(max_rows * 4), "btab": take(max_seqs * lay.max_blocks * 4),
               "act": take(act), "rope": take(4 * 1024), "att": take(ATT_SPLITS * 4 * (max_k + max_k // 8))}
     lay.ctl = take(len(CTL_FIELDS) * 8)
     locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]

@@ -42,12 +42,14 @@ class Request:
     params: SamplingParams
     priority: str = "proactive"
     stop: tuple = ()                      # stop strings: the text ends before the first one
+    ignore_eos: bool = False              # generate max_tokens whatever the model says (benchmarks)
     state: str = "waiting"
     tokens: list = field(default_factory=list)    # generated ids, stop token included
     text: str = ""                        # text a client may see (stop token and strings cut)
     finish_reason: str | None = None      # "stop" | "length" | "cancelled" | "error"
     error: str | None = None
-    kv_rows: int = 0                      # KV rows the request holds now
+    blocks: list = field(default_factory=list)    # KV block table (memory/blocks.py)
+    computed: int = 0                     # rows of prompt + tokens whose K/V are in the cache
     arrival: float = field(default_factory=time.monotonic)
     first_token: float | None = None
     finish: float | None = None
@@ -60,11 +62,22 @@ class Request:
     def ended(self) -> bool:
         return self.state in ENDED
 
+    @property
+    def rows(self) -> int:
+        """Rows the sequence has: prompt and generated tokens (the last one not yet fed)."""
+        return len(self.prompt) + len(self.tokens)
+
+    @property
+    def prefilled(self) -> bool:
+        """Its K/V are in the cache up to the last token: it decodes (feeds that token) next.
+        A fresh request, or one preempted and resumed, prefills all its rows first."""
+        return bool(self.tokens) and self.computed == self.rows - 1
+
     def end(self, state: str, reason: str | None = None, error: str | None = None):
         if self.ended:
             return
         self.state, self.finish_reason, self.error = state, reason, error
-        self.finish, self.kv_rows = time.monotonic(), 0
+        self.finish = time.monotonic()
 
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.tokens),

@@ -3,6 +3,11 @@
 A policy sees requests arrive (`add`), end (`finish`) and is asked each iteration what to run
 (`schedule`). The service's loop is: schedule -> run -> postprocess (nano-vllm's engine step).
 The agent-scheduling issue replaces FCFS with a priority policy through the same three calls.
+
+The KV cache is paged (memory/blocks.py, passed in as `kv`): a request takes the blocks of its
+prompt when it is admitted and one more block whenever decode crosses into one. When the pool
+runs dry, the newest running request is preempted: its blocks are given back and it waits again
+at the head of the queue, to be prefilled anew (prompt and the tokens it has) when blocks free.
 """
 from __future__ import annotations
 
@@ -14,64 +19,78 @@ from .request import Request
 
 @dataclass
 class Batch:
-    prefill: list = field(default_factory=list)    # [Request] admitted this iteration
-    decode: list = field(default_factory=list)     # [Request] running, one token each
+    prefill: list = field(default_factory=list)    # [Request] whose rows still need a prefill
+    decode: list = field(default_factory=list)     # [Request] that decode one token this step
+    preempted: list = field(default_factory=list)  # [Request] that gave their blocks back
 
     def __bool__(self):
         return bool(self.prefill or self.decode)
 
 
 class FCFS:
-    """First come, first served: two queues, admission in arrival order while there is room.
+    """First come, first served: a waiting queue and the running set, admission in arrival order.
 
-    max_seqs: requests running at once (the decode batch's cap); kv_rows: KV rows the pool holds
-    for running requests. A request reserves prompt + max_tokens rows when admitted, so a running
-    request never runs out of KV; one that can never fit is refused by `check` before it queues.
-    """
+    max_seqs: requests running at once (the decode batch's cap); context: rows one request may
+    hold; kv: the block pool (memory.blocks.BlockPool)."""
 
     name = "fcfs"
 
-    def __init__(self, max_seqs: int, kv_rows: int):
+    def __init__(self, max_seqs: int, context: int, kv):
         if max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
-        self.max_seqs, self.kv_rows = max_seqs, kv_rows
+        self.max_seqs, self.context, self.kv = max_seqs, context, kv
         self.waiting: deque = deque()
         self.running: list = []
 
-    def need(self, req: Request) -> int:
-        return len(req.prompt) + req.params.max_tokens
-
     def check(self, req: Request):
         """Raise ValueError for a request that could never run (it would wait forever)."""
-        if self.need(req) > self.kv_rows:
+        need = len(req.prompt) + req.params.max_tokens
+        limit = min(self.context, self.kv.n_blocks * self.kv.block_rows)
+        if need > limit:
             raise ValueError(f"the prompt ({len(req.prompt)} tokens) plus max_tokens "
-                             f"({req.params.max_tokens}) needs {self.need(req)} KV rows; "
-                             f"the context holds {self.kv_rows}")
+                             f"({req.params.max_tokens}) needs {need} KV rows; the context holds "
+                             f"{limit}")
 
     def add(self, req: Request):
         self.check(req)
         self.waiting.append(req)
 
-    def used(self) -> int:
-        return sum(self.need(r) for r in self.running)
-
     def schedule(self) -> Batch:
-        batch = Batch(decode=[r for r in self.running])
-        while self.waiting and len(self.running) < self.max_seqs:
+        batch = Batch()
+        for req in list(self.running):
+            if req not in self.running or not req.prefilled:
+                continue                    # preempted below, or still prefilling
+            while not self.kv.can_grow(req.blocks, req.rows) and self.running[-1] is not req:
+                batch.preempted.append(self._preempt(self.running[-1]))
+            if self.kv.can_grow(req.blocks, req.rows):
+                self.kv.grow(req.blocks, req.rows)
+                batch.decode.append(req)
+            else:
+                batch.preempted.append(self._preempt(req))
+        batch.decode = [r for r in batch.decode if r in self.running]
+        while self.waiting and len(self.running) < self.max_seqs and not batch.preempted:
             req = self.waiting[0]
-            if self.used() + self.need(req) > self.kv_rows:
+            if not self.kv.can_grow(req.blocks, req.rows):
                 break                      # in order: a later, smaller request does not jump it
-            self.waiting.popleft()
-            self.running.append(req)
-            batch.prefill.append(req)
+            self.kv.grow(req.blocks, req.rows)
+            self.running.append(self.waiting.popleft())
+        batch.prefill = [r for r in self.running if not r.prefilled]
         return batch
 
+    def _preempt(self, req: Request) -> Request:
+        self.running.remove(req)
+        self.kv.release(req.blocks)
+        req.computed = 0
+        self.waiting.appendleft(req)
+        return req
+
     def finish(self, req: Request):
-        """A request ended (finished, cancelled or failed): it leaves whichever queue holds it."""
+        """A request ended (finished, cancelled or failed): it leaves its queue, its blocks free."""
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self.kv.release(req.blocks)
 
     def queues(self) -> dict:
         return {"waiting": [r.id for r in self.waiting], "running": [r.id for r in self.running]}

@@ -17,6 +17,8 @@ import sys
 
 import psutil
 
+from socllm.actors.metrics import pss_mb
+
 from .peers import PEERS, PeerMissing
 
 CHECK_TOKENS = 8
@@ -34,16 +36,6 @@ def prompt_ids(tokenizer, n: int, variant: int = 0) -> list:
     while len(ids) < start + n:
         ids += ids
     return ids[start:start + n]
-
-
-def _pss_mb(pids) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            total += psutil.Process(pid).memory_full_info().pss
-        except psutil.Error:
-            pass
-    return total / 1e6
 
 
 class Socllm:
@@ -68,7 +60,7 @@ def stats(xs):
 def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=print) -> dict:
     """engine: a running socllm Engine. Returns the report dict (see README)."""
     runners, missing, mem = [Socllm(engine, p) for p in plans], {}, {}
-    mem["socllm"] = _pss_mb(engine.pids())
+    mem["socllm"] = pss_mb(engine.pids())
     me = psutil.Process()
     for name in peers:
         before = me.memory_full_info().pss
@@ -105,7 +97,7 @@ def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=pr
                 "oracle_prefix": agree if n in want else None,   # leading tokens equal to the oracle's
                 "first_tokens": runs[0]["tokens"][:CHECK_TOKENS],
                 "placement": runs[0].get("placement")}
-    mem["socllm"] = max(mem["socllm"], _pss_mb(engine.pids()))
+    mem["socllm"] = max(mem["socllm"], pss_mb(engine.pids()))
     info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
     return {"device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,
             "reps": reps, "prompts": list(prompts), "results": results, "missing_peers": missing,

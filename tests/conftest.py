@@ -50,8 +50,40 @@ PROMPTS = ("The capital of France is",
            "Once upon a time, there was a little robot who")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_session():
+    """The test session's one Ray instance (its own, even when the user runs a cluster and a
+    service here), with the dashboard that `ray job submit` needs. Yields (GCS address, dashboard
+    URL); every subprocess (the CLI) joins it through RAY_ADDRESS."""
+    import os
+
+    import ray
+    from socllm.actors.engine import OBJECT_STORE_BYTES
+    ctx = ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES,
+                   include_dashboard=True,
+                   dashboard_host="127.0.0.1", dashboard_port=free_port(),
+                   log_to_driver=False, logging_level="ERROR",
+                   _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                                   "prestart_worker_first_driver": False})
+    gcs = ray.get_runtime_context().gcs_address
+    old, os.environ["RAY_ADDRESS"] = os.environ.get("RAY_ADDRESS"), gcs
+    yield gcs, f"http://{ctx.dashboard_url}"
+    ray.shutdown()
+    if old is None:
+        del os.environ["RAY_ADDRESS"]
+    else:
+        os.environ["RAY_ADDRESS"] = old
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
-def engine(model_path, gguf_reader):
+def engine(model_path, gguf_reader, ray_session):
     from socllm.actors.engine import Engine
     eng = Engine(reader=gguf_reader, context=512)
     yield eng

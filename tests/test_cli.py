@@ -83,7 +83,7 @@ def test_ctrl_c_mid_generation_leaves_nothing_behind():
     actors = lambda: set(subprocess.run(["pgrep", "-f", "ControlActor|ProcessorActor|Planner"],
                                         capture_output=True, text=True).stdout.split())
     before, actors_before = _segments(), actors()
-    p = subprocess.Popen(SOCLLM + ["generate", "Tell me a long story.", "--max-tokens", "2000",
+    p = subprocess.Popen(SOCLLM + ["generate", "1, 2, 3, 4, 5, 6, 7, 8,", "--max-tokens", "2000",
                                    "--plan", "cpu", "--context", "2048"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = p.stdout.read(1)                    # generation has started: the pool and actors exist

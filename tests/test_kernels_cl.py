@@ -430,3 +430,86 @@ def test_lm_head_act_matches_numpy(dev, lay, rng, build, precision, tol):
     got, want = (a[out: out + 4 * Vs].view(np.float32) for a in (dev[0], ref))
     np.testing.assert_allclose(got, want, rtol=0, atol=tol * float(np.abs(want).max()))
     assert not dev[0][xn: xn + 4 * D].any()           # store=False: the normalized row stays unwritten
+
+
+# -- paged KV and batched rows (cl/paged.cl): a serving step's rows at their own positions -------
+BR = 16                                               # memory/blocks.BLOCK_ROWS
+
+
+def paged_meta(lay, rng, lengths, n_blocks=40):
+    """Sequences of these lengths over shuffled blocks (a table not in order); the step's rows are
+    each sequence's last position. -> (pos, rows, seq, btab refs, [phys rows per sequence], MB)"""
+    MB = max(-(-L // BR) for L in lengths)
+    ids = rng.permutation(n_blocks)
+    tables, k = [], 0
+    for L in lengths:
+        tables.append(ids[k: k + -(-L // BR)])
+        k += len(tables[-1])
+    btab = np.full((len(lengths), MB), 10**6, np.int32)   # unused entries: far out of range
+    for s, t in enumerate(tables):
+        btab[s, :len(t)] = t
+    pos = np.array([L - 1 for L in lengths], np.int32)
+    phys = [btab[s, np.arange(L) // BR] * BR + np.arange(L) % BR for s, L in enumerate(lengths)]
+    rows_ = np.array([p[-1] for p in phys], np.int32)
+    return (("a", lay.put(pos)), ("a", lay.put(rows_)), ("a", lay.put(np.arange(len(lengths), dtype=np.int32))),
+            ("a", lay.put(btab)), phys, MB)
+
+
+@pytest.mark.parametrize("lengths", [[1], [37, 5, 16, 17, 300], [16, 32, 48]])
+def test_paged_attention_equals_contiguous_attention_per_sequence(dev, lay, rng, lengths):
+    n_blocks, cols = 40, KVH * HD
+    pos, rows_, seq, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
+    cache = rng.standard_normal((2, n_blocks * BR, cols)).astype(np.float32)
+    used = np.zeros(n_blocks * BR, bool)
+    for p in phys:
+        used[p] = True
+    cache[:, ~used] = np.nan                          # rows of no sequence: never read
+    k, v = lay.put(cache[0] * 2.0), lay.put(cache[1])
+    N = len(lengths)
+    q, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
+    args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out), "pos": pos,
+            "seq": seq, "btab": btab, "heads": H, "kv_heads": KVH, "head_dim": HD,
+            "block_rows": BR, "max_blocks": MB}
+    check(dev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)])
+    # the paged numpy spec is the contiguous one over each sequence's rows gathered in order
+    arena = dev[0]
+    got = arena[out: out + N * H * HD * 4].view(np.float32).reshape(N, H * HD)
+    for n, p in enumerate(phys):
+        ref = np.zeros(1 << 22, np.uint8)
+        L = len(p)
+        kk = arena[k: k + n_blocks * BR * cols * 4].view(np.float32).reshape(-1, cols)[p]
+        vv = arena[v: v + n_blocks * BR * cols * 4].view(np.float32).reshape(-1, cols)[p]
+        qq = got[n] * 0 + arena[q: q + N * H * HD * 4].view(np.float32).reshape(N, -1)[n]
+        offs = [0, L * cols * 4, 2 * L * cols * 4, 2 * L * cols * 4 + H * HD * 4]
+        for o, a in zip(offs, (kk, vv, qq)):
+            ref[o: o + a.nbytes] = a.reshape(-1).view(np.uint8)
+        NumpyKernels(ref).run("attention", {"q": ("a", offs[2]), "k": ("kv", 0), "v": ("kv", offs[1]),
+                                            "out": ("a", offs[3]), "heads": H, "kv_heads": KVH,
+                                            "head_dim": HD}, 1, L - 1)
+        want = ref[offs[3]: offs[3] + H * HD * 4].view(np.float32)
+        np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(dev, lay, rng):
+    lengths = [20, 3, 33, 1]
+    n_blocks, cols, N = 12, KVH * HD, len(lengths)
+    pos, rows_, seq, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
+    cache = lay.zeros((n_blocks * BR, cols))
+    x = rows(lay, rng, N, cols)
+    rowbytes = [(cache + int(p[-1]) * cols * 4, cols * 4) for p in phys]
+    check(dev, lay, "rope", {"x": ("a", x), "out": ("kv", cache), "pos": pos, "rows": rows_,
+                             "heads": KVH, "head_dim": HD, "theta": 100000.0}, N, 0, rowbytes,
+          atol=40 * 1.2e-7)
+    xn, w = rows(lay, rng, N, D), lay.w4(cols, D, rng)
+    vcache = lay.zeros((n_blocks * BR, cols))
+    check(dev, lay, "linear", {"x": ("a", xn), "w": w, "out": ("kv", vcache), "rows": rows_,
+                               "K": D, "M": cols}, N, 0,
+          [(vcache + int(p[-1]) * cols * 4, cols * 4) for p in phys])
+
+
+@pytest.mark.parametrize("N", [1, 5, 9])
+def test_lm_head_rows_gives_every_rows_logits(dev, lay, rng, N):
+    Vs = 1000
+    x, table, out = rows(lay, rng, N, D), lay.w8(Vs, D, rng), lay.zeros((N, Vs))
+    check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", out), "D": D, "V": Vs,
+                                "all_rows": True}, N, 0, [(out, N * Vs * 4)])

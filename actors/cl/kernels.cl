@@ -152,10 +152,10 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
 }
 
 // linear, prefill (N > 1): x [N, K], W Q4_1 [M, K] -> out [N, M] in rows ld wide (ld > M: a
-// row-cut half writes its columns of the whole output).
+// row-cut half writes its columns of the whole output; rows_o != 0: row n at rows[n]).
 // global (M rounded up, ceil(N / GEMM_TN)): one work-item = one row of W times GEMM_TN tokens.
 __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, int N, int ld)
+                          ulong out_o, int K, int M, int N, int ld, ulong rows_o)
 {
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
@@ -184,7 +184,9 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     }
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
-        if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]);
+        if (n0 + i < N)     // rows_o: token n goes to output row rows[n] (paged KV, paged.cl)
+            AT(float, out_o)[(size_t)(rows_o ? AT(const int, rows_o)[n0 + i] : n0 + i) * ld + r]
+                = hsum8(acc[i]);
 }
 
 // rope (GGML NORM): x [N, H*hd] -> out [N, H*hd] (may be KV rows; in place is fine): pair
@@ -274,6 +276,37 @@ inline void att_step8(const __global float8* q, const __global float8* k, const 
                 + ((p.s4 * vr[4][c] + p.s5 * vr[5][c]) + (p.s6 * vr[6][c] + p.s7 * vr[7][c]));
 }
 
+// out [HC] = the work-group's partial softmaxes merged (online-softmax style): partial t weighs
+// exp(mx_t - M), M the group's max. Work-item 0 always has key 0, so M is finite; an empty partial
+// (mx = -inf) weighs ~1e-38 * 0 = 0. part_*: the kernel's __local scratch [ATT_WG] / [ATT_WG * HC].
+inline void att_store(__global float8* out, int t, float mx, float sum, float8* acc,
+                      __local float* part_mx, __local float* part_sum, __local float8* part_acc)
+{
+#if ATT_WG > 1
+    part_mx[t] = mx;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float M = part_mx[0];
+    for (int i = 1; i < ATT_WG; i++) M = part_mx[i] > M ? part_mx[i] : M;
+    const float w = exp_f32(mx - M);
+    part_sum[t] = sum * w;
+#pragma unroll
+    for (int c = 0; c < HC; c++) part_acc[t * HC + c] = acc[c] * w;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int c = t; c < HC; c += ATT_WG) {
+        float8 o = 0.0f;
+        float z = 0.0f;
+        for (int i = 0; i < ATT_WG; i++) {
+            o += part_acc[i * HC + c];
+            z += part_sum[i];
+        }
+        out[c] = o / z;
+    }
+#else
+#pragma unroll
+    for (int c = 0; c < HC; c++) out[c] = acc[c] / sum;
+#endif
+}
+
 // attention: q [N, H*hd], K/V cache [pos0+N, KVH*hd] -> out [N, H*hd]; causal (row n sees keys
 // 0 .. pos0+n), GQA (head h reads kv head h / (H/KVH)), online softmax in f32.
 // global (ATT_WG, H, N), local (ATT_WG, 1, 1): one work-group per (head, query row). Split-K
@@ -296,34 +329,10 @@ __kernel void attention(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, 
     for (int c = 0; c < HC; c++) acc[c] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
     for (int l = 8 * t; l < L; l += 8 * ATT_WG) att_step8(q, k, v, kw, l, L, rsq, &mx, &sum, acc);
-    __global float8* out = AT(float8, out_o) + ((size_t)n * H + h) * HC;
-#if ATT_WG > 1
-    // merge (online-softmax style): partial t weighs exp(mx_t - M), M the group's max. Work-item
-    // 0 always has key 0, so M is finite; an empty partial (mx = -inf) weighs ~1e-38 * 0 = 0.
     __local float part_mx[ATT_WG], part_sum[ATT_WG];
-    __local float8 part_acc[ATT_WG][HC];
-    part_mx[t] = mx;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float M = part_mx[0];
-    for (int i = 1; i < ATT_WG; i++) M = part_mx[i] > M ? part_mx[i] : M;
-    const float w = exp_f32(mx - M);
-    part_sum[t] = sum * w;
-#pragma unroll
-    for (int c = 0; c < HC; c++) part_acc[t][c] = acc[c] * w;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int c = t; c < HC; c += ATT_WG) {
-        float8 o = 0.0f;
-        float z = 0.0f;
-        for (int i = 0; i < ATT_WG; i++) {
-            o += part_acc[i][c];
-            z += part_sum[i];
-        }
-        out[c] = o / z;
-    }
-#else
-#pragma unroll
-    for (int c = 0; c < HC; c++) out[c] = acc[c] / sum;
-#endif
+    __local float8 part_acc[ATT_WG * HC];
+    att_store(AT(float8, out_o) + ((size_t)n * H + h) * HC, t, mx, sum, acc, part_mx, part_sum,
+              part_acc);
 }
 
 // silu_mul: g, u [count] -> out = silu(g) * u.  global (count rounded up)

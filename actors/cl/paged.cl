@@ -1,0 +1,86 @@
+// Paged KV and batched rows (memory/blocks.py): the ops of a serving step, whose N rows may
+// belong to different sequences at their own positions. Per-row metadata is data in the pool,
+// written by the runner before each step:
+//   pos  int32 [N]            position of row n in its sequence
+//   rows int32 [N]            the KV row (block * BR + pos % BR) where row n's K and V go
+//   seq  int32 [N]            row n's sequence: its block table is btab[seq * MB ..]
+//   btab int32 [seqs, MB]     block tables, MB blocks of BR rows each at most
+// Keys are read 8 at a time (att_step8); BR is a multiple of 8, so 8 keys never straddle blocks.
+
+// rope of rows at their own positions: x [N, H*hd] -> out rows (KV rows rows[n] if rows_o != 0,
+// else row n).  global (hd/2, N)
+__kernel void rope_rows(__global uchar* arena, ulong x_o, ulong out_o, ulong pos_o, ulong rows_o,
+                        int H, int hd, float theta)
+{
+    const int i = get_global_id(0), n = get_global_id(1);
+    const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
+    const float c = cos(ang), s = sin(ang);
+    const int r = rows_o ? AT(const int, rows_o)[n] : n;
+    const __global float2* x = AT(const float2, x_o) + (size_t)n * H * hd / 2 + i;
+    __global float2* out = AT(float2, out_o) + (size_t)r * H * hd / 2 + i;
+    for (int h = 0; h < H; h++) {
+        const float2 v = x[h * hd / 2];
+        out[h * hd / 2] = (float2)(v.x * c - v.y * s, v.x * s + v.y * c);
+    }
+}
+
+// attention over paged K/V: row n (sequence seq[n], position pos[n]) sees keys 0 .. pos[n] of its
+// sequence, key l at KV row btab[seq][l / BR] * BR + l % BR.  global (ATT_WG, H, N)
+__kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
+                              ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB)
+{
+    const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
+    const int kv = h / (H / KVH), kw = KVH * HC;
+    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
+    const __global float8* k = AT(const float8, k_o) + kv * HC;
+    const __global float8* v = AT(const float8, v_o) + kv * HC;
+    const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
+    const int L = AT(const int, pos_o)[n] + 1;
+    float8 acc[HC];
+#pragma unroll
+    for (int c = 0; c < HC; c++) acc[c] = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int l = 8 * t; l < L; l += 8 * ATT_WG) {
+        const long shift = (long)(bt[l / BR] * BR + l % BR - l) * kw;   // keys l.. of this block
+        att_step8(q, k + shift, v + shift, kw, l, L, rsq, &mx, &sum, acc);
+    }
+    __local float part_mx[ATT_WG], part_sum[ATT_WG];
+    __local float8 part_acc[ATT_WG * HC];
+    att_store(AT(float8, out_o) + ((size_t)n * H + h) * HC, t, mx, sum, acc, part_mx, part_sum,
+              part_acc);
+}
+
+// lm_head of every row: x [N, D], table Q8_0 [V, D] -> out [N, V]; each table row is read once
+// for all N rows (LM_TN at a time).  global (V rounded up, ceil(N / LM_TN))
+#define LM_TN 8
+__kernel void lm_head_rows(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong out_o,
+                           int D, int V, int N)
+{
+    const int r = get_global_id(0), n0 = get_global_id(1) * LM_TN;
+    if (r >= V) return;
+    const int nb = D / QK;
+    const __global char16* q = AT(const char16, qs_o) + (size_t)r * (D / 16);
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
+    const __global float8* x[LM_TN];
+    float8 acc[LM_TN];
+#pragma unroll
+    for (int i = 0; i < LM_TN; i++) {
+        x[i] = AT(const float8, x_o) + (size_t)(n0 + i < N ? n0 + i : N - 1) * (D / 8);
+        acc[i] = 0.0f;
+    }
+    for (int b = 0; b < nb; b++) {
+        const char16 q0 = q[2 * b], q1 = q[2 * b + 1];
+        const float8 w0 = convert_float8(q0.lo), w1 = convert_float8(q0.hi);
+        const float8 w2 = convert_float8(q1.lo), w3 = convert_float8(q1.hi);
+        const float s = HALF(d, b);
+#pragma unroll
+        for (int i = 0; i < LM_TN; i++) {
+            const __global float8* xb = x[i] + 4 * b;
+            acc[i] += ((w0 * xb[0] + w1 * xb[1]) + (w2 * xb[2] + w3 * xb[3])) * s;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < LM_TN; i++)
+        if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * V + r] = hsum8(acc[i]);
+}

@@ -1,0 +1,79 @@
+"""The runner of serving steps: writes a step's rows into the pool, starts the processors, waits.
+
+Any process attached to the pool can drive a step (the service's loop does): the step's token
+ids and per-row metadata (position, KV row, sequence) and the block tables of its sequences go
+into the pool's io region; the control block gets the program and N; the go words of the
+processors the program uses are bumped; their done words are awaited (futex, no Ray call); the
+logits are read from the pool. Programs are paged (graph/build.py): one for prefill chunks (the
+last row's logits) and one for decode batches (every row's logits), installed once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import ray
+
+from socllm.graph.program import StepProgram
+from socllm.memory.ready import STEP, SleepPredictor
+
+from .control import PRECISIONS, next_epoch
+
+
+class Runner:
+    def __init__(self, engine, plan: str):
+        self.eng, self.plan = engine, plan
+        lay = self.lay = engine.layout
+        buf = engine.arena.buf
+
+        def io(name, n, dtype=np.int32):
+            return buf[lay.io[name]: lay.io[name] + n * np.dtype(dtype).itemsize].view(dtype)
+        self.ids, self.pos = io("ids", lay.max_rows), io("pos", lay.max_rows)
+        self.rows, self.seq = io("rows", lay.max_rows), io("seq", lay.max_rows)
+        self.btab = io("btab", lay.max_seqs * lay.max_blocks).reshape(lay.max_seqs, lay.max_blocks)
+        self.logits = io("logits", lay.max_seqs * lay.vocab, np.float32).reshape(lay.max_seqs, lay.vocab)
+        self.words, self.ctl = engine.words, engine.ctl
+        self.predict = SleepPredictor()
+        self.programs = {all_rows: self._install(all_rows) for all_rows in (False, True)}
+
+    def _install(self, all_rows: bool):
+        eng = self.eng
+        pid, blob, procs = ray.get(eng.planner.paged_program.remote(self.plan, all_rows))
+        actors = {**eng.peers, "cpu": eng.control}
+        ray.get([actors[p].install.remote(pid, blob, PRECISIONS["f32"], "f32") for p in procs])
+        return pid, procs, StepProgram.from_bytes(blob).final
+
+    def step(self, rows: list, tables: dict, all_rows: bool) -> np.ndarray:
+        """rows: [(token id, position, sequence slot)], tables: slot -> block ids. Returns the
+        logits [N, V] (all_rows) or [1, V] of the last row, a view into the pool."""
+        n, br = len(rows), self.lay.block_rows
+        if not 0 < n <= self.lay.max_rows:
+            raise ValueError(f"a step of {n} rows (at most {self.lay.max_rows})")
+        for slot, blocks in tables.items():
+            self.btab[slot, :len(blocks)] = blocks
+        tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
+        self.ids[:n], self.pos[:n], self.seq[:n] = tok, pos, seq
+        self.rows[:n] = self.btab[seq, pos // br] * br + pos % br
+        self._run(self.programs[all_rows], n)
+        return self.logits[:n if all_rows else 1]
+
+    def _run(self, prog, n: int):
+        pid, procs, final = prog
+        ctl, words = self.ctl, self.words
+        epoch = next_epoch(ctl, words)
+        ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, 0
+        ctl["precision"] = PRECISIONS["f32"]
+        base = epoch * STEP
+        for p in procs:
+            words.store(self.lay.go(p), epoch)
+        for p in procs:
+            while not self.predict.wait(words, (pid, p), self.lay.done(p), base + final[p],
+                                        timeout_s=0.25):
+                self._check_errors(procs)
+        self._check_errors(procs)
+
+    def _check_errors(self, procs):
+        if self.ctl["error"]:
+            eng = self.eng
+            actors = {**eng.peers, "cpu": eng.control}
+            msgs = ray.get([actors[p].last_error.remote() for p in procs])
+            self.ctl["error"] = 0
+            raise RuntimeError("; ".join(m for m in msgs if m))

@@ -1,0 +1,295 @@
+"""Serving benchmark: N concurrent streaming clients against socllm's service and its peers.
+
+    python -m socllm.scripts.serve_bench [--clients 1,2,4,8,16] [--prompt-words 64]
+        [--max-tokens 128] [--requests 2] [--reps 1] [--json FILE] [--plot FILE.png]
+        [--peers llama-server,openvino-genai]
+
+Each client sends `--requests` requests one after another, each a distinct prompt of
+`--prompt-words` words (public-domain text, so no engine reuses a cached prefix) and `--max-tokens`
+output tokens (greedy, EOS ignored). socllm and llama.cpp's `llama-server --parallel N` (continuous
+batching; scripts/build_llama_server.sh builds it) are measured through the same streaming HTTP
+client (`/v1/completions`, server-sent events); OpenVINO GenAI's ContinuousBatchingPipeline has no
+server, so it runs in this process with all of a level's requests added at once
+(scripts/ov_serving.py). Same GGUF, thread budget 2 everywhere; engines alternate within each
+repetition. Reported per engine and level: aggregate output tokens/s, TTFT and inter-token
+latency percentiles (p50/p90/p99), and PSS of the engine's processes after the level.
+A missing peer is reported as missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import requests
+
+from socllm.actors.metrics import pss_mb
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "pride_and_prejudice_ch1-2.txt")
+
+
+def prompts(n: int, words: int, salt: int) -> list:
+    text = open(DATA).read().split()
+    out = []
+    for i in range(n):
+        start = (salt * 7919 + i * 211) % (len(text) - words)
+        out.append(" ".join(text[start:start + words]))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(xs, q) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+# -- one streaming request over HTTP ----------------------------------------------------------
+def stream_one(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "ignore_eos": True, **extra}
+    t0 = time.perf_counter()
+    times = []
+    with requests.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                times.append(time.perf_counter())
+    if not times:
+        raise RuntimeError(f"no tokens from {url}")
+    return {"ttft_s": times[0] - t0, "itl_s": [b - a for a, b in zip(times, times[1:])],
+            "tokens": len(times)}
+
+
+def http_level(url: str, n: int, per_client: int, words: int, max_tokens: int, salt: int,
+               extra: dict | None = None) -> dict:
+    texts = prompts(n * per_client, words, salt)
+    results, errors = [], []
+
+    def client(i):
+        for k in range(per_client):
+            try:
+                results.append(stream_one(url, texts[i * per_client + k], max_tokens, extra or {}))
+            except Exception as e:     # reported, and the level counts it
+                errors.append(f"{type(e).__name__}: {e}")
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return summarize(results, time.perf_counter() - t0, errors)
+
+
+def summarize(results: list, wall: float, errors=()) -> dict:
+    itl = [g for r in results for g in r["itl_s"]]
+    ttft = [r["ttft_s"] for r in results]
+    tokens = sum(r["tokens"] for r in results)
+    return {"requests": len(results), "errors": list(errors), "output_tokens": tokens,
+            "wall_s": wall, "tok_s": tokens / wall if wall else 0.0,
+            **{f"ttft_p{q}_ms": 1e3 * pct(ttft, q) for q in (50, 90, 99)},
+            **{f"itl_p{q}_ms": 1e3 * pct(itl, q) for q in (50, 90, 99)}}
+
+
+# -- the engines -------------------------------------------------------------------------------
+class Socllm:
+    name = "socllm"
+
+    def __init__(self, gguf: str, max_seqs: int):
+        import ray
+
+        from socllm.actors.http import deploy
+        from socllm.actors.service import NAME, NAMESPACE, Service
+        from socllm.policies.threads import actor_env
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
+                 log_to_driver=False, logging_level="ERROR",
+                 _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                                 "prestart_worker_first_driver": False})
+        self.svc = Service.options(name=NAME, namespace=NAMESPACE,
+                                   runtime_env={"env_vars": actor_env(2)}).remote(
+            model=gguf, max_seqs=max_seqs, threads=2)
+        self.info = ray.get(self.svc.ready.remote())
+        self.url = deploy("127.0.0.1", free_port())
+        self.version = "socllm (paged GPU steps on PoCL)"
+
+    def level(self, n, per_client, words, max_tokens, salt) -> dict:
+        import ray
+        out = http_level(self.url, n, per_client, words, max_tokens, salt)
+        out["pss_mb"] = ray.get(self.svc.status.remote())["memory_pss_mb"]
+        return out
+
+    def close(self):
+        import ray
+        try:
+            ray.get(self.svc.shutdown.remote(), timeout=60)
+        finally:
+            ray.shutdown()
+
+
+class LlamaServer:
+    name = "llama-server"
+
+    def __init__(self, gguf: str, binary: str | None):
+        self.gguf = gguf
+        self.binary = binary or shutil.which("llama-server") or os.path.join(
+            os.path.dirname(sys.executable), "llama-server")
+        if not os.path.exists(self.binary):
+            raise FileNotFoundError("llama-server is not built (scripts/build_llama_server.sh)")
+        self.version = subprocess.run([self.binary, "--version"], capture_output=True,
+                                      text=True).stderr.strip().splitlines()[0]
+
+    def level(self, n, per_client, words, max_tokens, salt) -> dict:
+        port = free_port()
+        proc = subprocess.Popen([self.binary, "-m", self.gguf, "-t", "2", "-tb", "2",
+                                 "--parallel", str(n), "-c", str(max(2048, n * 512)),
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            end = time.time() + 120
+            while True:
+                try:
+                    if requests.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                if time.time() > end or proc.poll() is not None:
+                    raise RuntimeError("llama-server did not start")
+                time.sleep(0.2)
+            out = http_level(url, n, per_client, words, max_tokens, salt, {"n_predict": max_tokens})
+            out["pss_mb"] = pss_mb([proc.pid])
+            return out
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    def close(self):
+        pass
+
+
+class OVGenAI:
+    name = "openvino-genai"
+
+    def __init__(self, gguf: str):
+        from .ov_serving import run_ov_cb      # raises ImportError without openvino-genai
+        import openvino_genai
+        self.run, self.gguf, self.version = run_ov_cb, gguf, f"OpenVINO GenAI {openvino_genai.__version__}"
+
+    def level(self, n, per_client, words, max_tokens, salt) -> dict:
+        results, wall = [], 0.0
+        texts = prompts(n * per_client, words, salt)
+        for k in range(per_client):       # each client's requests one after another
+            r = self.run(self.gguf, texts[k * n:(k + 1) * n], max_tokens, 2)
+            results += r["requests"]
+            wall += r["wall_s"]
+        out = summarize(results, wall)
+        out["pss_mb"] = pss_mb([os.getpid()])
+        return out
+
+    def close(self):
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="serve_bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", default="1,2,4,8,16")
+    ap.add_argument("--prompt-words", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--peers", default="llama-server,openvino-genai")
+    ap.add_argument("--llama-server", default=None, help="the binary (default: on PATH or in .venv/bin)")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    a = ap.parse_args(argv)
+    from socllm.models.gguf_file import default_model_path
+    gguf = a.model or default_model_path()
+    levels = [int(x) for x in a.clients.split(",")]
+    engines, missing = [], {}
+    makers = {"llama-server": lambda: LlamaServer(gguf, a.llama_server), "openvino-genai": lambda: OVGenAI(gguf)}
+    for p in [p for p in a.peers.split(",") if p]:
+        try:
+            engines.append(makers[p]())
+        except Exception as e:
+            missing[p] = f"{type(e).__name__}: {e}"
+            print(f"# {p}: missing ({missing[p]})", file=sys.stderr)
+    engines.insert(0, Socllm(gguf, max(levels)))
+    rows = []
+    try:
+        for rep in range(a.reps):
+            for n in levels:
+                for eng in engines:           # alternate: noise falls on every engine alike
+                    r = eng.level(n, a.requests, a.prompt_words, a.max_tokens, salt=rep * 100 + n)
+                    r.update(engine=eng.name, clients=n, rep=rep)
+                    rows.append(r)
+                    print(f"{eng.name:>15} x{n:<3} {r['tok_s']:7.1f} tok/s  ttft p50 {r['ttft_p50_ms']:7.0f} ms"
+                          f"  itl p50/p90/p99 {r['itl_p50_ms']:.0f}/{r['itl_p90_ms']:.0f}/"
+                          f"{r['itl_p99_ms']:.0f} ms  pss {r['pss_mb']:.0f} MB  errors {len(r['errors'])}",
+                          flush=True)
+    finally:
+        for eng in engines:
+            eng.close()
+    report = {"device": "2-core CPU: socllm's gpu actor is OpenCL on PoCL (the CPU)",
+              "versions": {e.name: e.version for e in engines}, "missing": missing,
+              "settings": vars(a), "rows": rows}
+    print(table(rows, [e.name for e in engines], levels))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if a.plot:
+        plot(rows, [e.name for e in engines], levels, a.plot)
+    return 0
+
+
+def median_of(rows, eng, n, key):
+    vals = [r[key] for r in rows if r["engine"] == eng and r["clients"] == n]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def table(rows, names, levels) -> str:
+    out = ["| engine | clients | tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | PSS MB |",
+           "|---|---|---|---|---|---|"]
+    for n in levels:
+        for e in names:
+            m = lambda k: median_of(rows, e, n, k)
+            out.append(f"| {e} | {n} | {m('tok_s'):.1f} | {m('ttft_p50_ms'):.0f}/{m('ttft_p90_ms'):.0f}/"
+                       f"{m('ttft_p99_ms'):.0f} | {m('itl_p50_ms'):.0f}/{m('itl_p90_ms'):.0f}/"
+                       f"{m('itl_p99_ms'):.0f} | {m('pss_mb'):.0f} |")
+    return "\n".join(out)
+
+
+def plot(rows, names, levels, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for e in names:
+        a.plot(levels, [median_of(rows, e, n, "tok_s") for n in levels], marker="o", label=e)
+        b.plot(levels, [median_of(rows, e, n, "itl_p50_ms") for n in levels], marker="o", label=e)
+    a.set(xlabel="concurrent clients", ylabel="aggregate output tok/s", xscale="log", title="throughput")
+    b.set(xlabel="concurrent clients", ylabel="inter-token latency p50 (ms)", xscale="log", title="latency")
+    a.legend()
+    fig.suptitle("2-core CPU (socllm's gpu = OpenCL on PoCL)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Stress: many concurrent clients through the Python API and HTTP at once, for a bounded time.
+
+    python -m socllm.scripts.stress [--minutes 10] [--clients 32] [--cancel 0.15]
+                                    [--json FILE] [--plot FILE.png]
+
+Half the clients use `socllm.connect()`, half stream `/v1/completions` over HTTP; each sends
+requests one after another until the time is up, with mixed prompt lengths (5-300 words) and
+output lengths (8-256 tokens), and breaks off a share of its streams mid-way (a cancel). It
+reports completed, failed, cancelled and lost requests (lost: neither completed nor failed with an
+error within REQUEST_TIMEOUT_S, i.e. hung), latency percentiles, and the PSS of socllm's
+processes sampled every few seconds (a plot with --plot). It starts a private service in its own
+Ray instance and checks at the end that no request is left in the table and every KV block is free.
+Exit status 1 if anything was lost or failed, or memory grew (last minute's mean more than 5 %
+above the second minute's, for runs of 3 minutes or more).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+
+import requests
+
+from .serve_bench import DATA, Socllm, pct
+
+REQUEST_TIMEOUT_S = 300.0
+SAMPLE_S = 5.0
+
+
+class Tally:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts = {"completed": 0, "failed": 0, "cancelled": 0, "lost": 0}
+        self.ttft, self.latency, self.errors = [], [], []
+
+    def add(self, outcome: str, ttft=None, latency=None, error=None):
+        with self.lock:
+            self.counts[outcome] += 1
+            if ttft is not None:
+                self.ttft.append(ttft)
+            if latency is not None and outcome == "completed":
+                self.latency.append(latency)
+            if error:
+                self.errors.append(error)
+
+
+def one_request(kind, client, url, words, rng, cancel_share, tally):
+    text = " ".join(words[rng.randrange(0, len(words) - 300):][:rng.randint(5, 300)])
+    max_tokens = rng.randint(8, 256)
+    cancel_after = rng.randint(1, 8) if rng.random() < cancel_share else None
+    t0, first, n = time.perf_counter(), None, 0
+    done = threading.Event()
+    result = {}
+
+    def run():
+        nonlocal first, n
+        try:
+            if kind == "python":
+                pieces = client.generate(text, max_tokens=max_tokens, stream=True)
+            else:
+                r = requests.post(url + "/v1/completions", stream=True, timeout=REQUEST_TIMEOUT_S,
+                                  json={"prompt": text, "max_tokens": max_tokens, "stream": True})
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+                pieces = (json.loads(l[6:])["choices"][0].get("text", "") for l in r.iter_lines()
+                          if l.startswith(b"data: {"))
+            for _ in pieces:
+                first = first or time.perf_counter()
+                n += 1
+                if cancel_after is not None and n >= cancel_after:
+                    pieces.close()
+                    if kind == "http":
+                        r.close()
+                    result["outcome"] = "cancelled"
+                    return
+            result["outcome"] = "completed"
+        except Exception as e:
+            result.update(outcome="failed", error=f"{kind}: {type(e).__name__}: {str(e)[:200]}")
+        finally:
+            done.set()
+    threading.Thread(target=run, daemon=True).start()
+    if not done.wait(REQUEST_TIMEOUT_S):
+        tally.add("lost", error=f"{kind}: no end after {REQUEST_TIMEOUT_S:.0f} s")
+        return
+    tally.add(result["outcome"], ttft=(first - t0) if first else None,
+              latency=time.perf_counter() - t0, error=result.get("error"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="stress", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--cancel", type=float, default=0.15, help="share of streams broken off")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    a = ap.parse_args(argv)
+    import ray
+
+    import socllm
+    from socllm.models.gguf_file import default_model_path
+    svc = Socllm(default_model_path(), max_seqs=16)
+    client = socllm.connect()
+    words = open(DATA).read().split()
+    tally, memory = Tally(), []
+    t_start = time.time()
+    deadline = t_start + a.minutes * 60
+    stop_sampling = threading.Event()
+
+    def sample():
+        while not stop_sampling.wait(SAMPLE_S):
+            st = ray.get(svc.svc.status.remote())
+            memory.append((time.time() - t_start, st["memory_pss_mb"], st["kv"]["blocks_used"]))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    def worker(i):
+        rng = random.Random(a.seed * 1000 + i)
+        kind = "python" if i % 2 == 0 else "http"
+        while time.time() < deadline:
+            one_request(kind, client, svc.url, words, rng, a.cancel, tally)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(a.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(a.minutes * 60 + 2 * REQUEST_TIMEOUT_S)
+    time.sleep(1.0)                    # the last cancels reach the service
+    stop_sampling.set()
+    final = ray.get(svc.svc.status.remote())
+    left = {k: v for k, v in final["requests"].items() if k in ("waiting", "prefilling", "decoding") and v}
+    svc.close()
+
+    flat = None
+    if a.minutes >= 3:
+        second = [m for t, m, _ in memory if 60 <= t < 120]
+        last = [m for t, m, _ in memory if t >= memory[-1][0] - 60]
+        flat = statistics.mean(last) <= 1.05 * statistics.mean(second)
+    report = {"device": "2-core CPU (socllm's gpu actor: OpenCL on PoCL)", "settings": vars(a),
+              "counts": tally.counts, "errors": tally.errors[:20],
+              "ttft_ms": {f"p{q}": 1e3 * pct(tally.ttft, q) for q in (50, 90, 99)},
+              "latency_s": {f"p{q}": pct(tally.latency, q) for q in (50, 90, 99)},
+              "memory": memory, "left_in_table": left, "kv_blocks_used_at_end": final["kv"]["blocks_used"],
+              "memory_flat": flat}
+    c = tally.counts
+    print(f"completed {c['completed']}  failed {c['failed']}  cancelled {c['cancelled']}  lost {c['lost']}"
+          f"  | ttft p50/p90/p99 {report['ttft_ms']['p50']:.0f}/{report['ttft_ms']['p90']:.0f}/"
+          f"{report['ttft_ms']['p99']:.0f} ms  | PSS {memory[0][1] if memory else 0:.0f} -> "
+          f"{memory[-1][1] if memory else 0:.0f} MB  | left in table {left or 'none'}, KV blocks "
+          f"in use at the end {final['kv']['blocks_used']}  | memory flat: {flat}")
+    for e in tally.errors[:5]:
+        print("  error:", e)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if a.plot and memory:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot([t for t, _, _ in memory], [m for _, m, _ in memory], marker=".")
+        ax.set(xlabel="seconds", ylabel="PSS of socllm's processes (MB)",
+               title=f"stress: {a.clients} clients, {a.minutes:g} min (2-core CPU)")
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=90)
+    bad = c["lost"] or c["failed"] or left or final["kv"]["blocks_used"] or flat is False
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The service as users meet it: `socllm serve` into the test session's Ray cluster, the Python
+client (sync, streaming, asyncio), a `ray job`, the OpenAI HTTP endpoint through the official
+`openai` package, bad input, cancellation, and `socllm stop` leaving nothing behind."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import free_port
+
+SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+FRANCE = "The capital of France is"
+COUNT = "1, 2, 3, 4, 5, 6, 7, 8,"          # greedy: counts on for hundreds of tokens
+
+
+def _segments():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("socllm-")}
+
+
+@pytest.fixture(scope="module")
+def served(ray_session):
+    """`socllm serve` (f32: the oracle's greedy path) -> (env for CLI subprocesses, base URL)."""
+    env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
+    port = free_port()
+    r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
+                                 "--max-seqs", "8", "--kv-mb", "64"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    yield env, f"http://127.0.0.1:{port}"
+    subprocess.run(SOCLLM + ["stop"], env=env, capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    import socllm
+    return socllm.connect()
+
+
+def _cli(env, *args, timeout=120):
+    return subprocess.run(SOCLLM + list(args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _want(oracle, tokenizer, prompt, n, chat_ids=None):
+    """The oracle's greedy text for `prompt` (n tokens, cut at a stop token)."""
+    ids = chat_ids or tokenizer.encode(prompt)
+    toks = oracle.greedy(ids, n)
+    stops = {tokenizer.eos_id, *[t for s in ("<|im_end|>",) for t in tokenizer.encode(s)]}
+    cut = next((i for i, t in enumerate(toks) if t in stops), len(toks))
+    return tokenizer.decode(toks[:cut])
+
+
+def test_serve_again_says_it_runs_and_exits_0(served):
+    r = _cli(served[0], "serve")
+    assert r.returncode == 0 and "already running" in r.stdout
+
+
+def test_status_reports_model_requests_kv_processors_memory(served):
+    r = _cli(served[0], "status", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["model"].endswith(".gguf") and st["precision"] == "f32" and st["context"] == 512
+    assert {"waiting", "finished", "cancelled", "failed"} <= set(st["requests"])
+    assert st["kv"]["blocks"] >= 64 * 2**20 // (30 * 2 * 16 * 192 * 4) and st["memory_pss_mb"] > 100
+    assert {p["processor"] for p in st["processors"]} == {"cpu", "gpu", "npu"}
+    assert st["frontends"]["http"] == served[1]
+
+
+def test_client_text_equals_the_oracle_stream_and_not(client, oracle, tokenizer):
+    want = _want(oracle, tokenizer, FRANCE, 12)
+    assert client.generate(FRANCE, max_tokens=12) == want
+    pieces = list(client.generate(FRANCE, max_tokens=12, stream=True))
+    assert len(pieces) > 1 and "".join(pieces) == want
+
+
+def test_cli_generate_uses_the_service(served, oracle, tokenizer):
+    r = _cli(served[0], "generate", FRANCE, "--max-tokens", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"] == _want(oracle, tokenizer, FRANCE, 8) and out["precision"] == "f32"
+    r = _cli(served[0], "generate", FRANCE, "--plan", "npu")
+    assert r.returncode == 2 and "--local" in r.stderr
+
+
+def test_mixed_requests_at_once_each_get_their_oracle_text(client, oracle, tokenizer):
+    prompts = ["def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,", "The weather today",
+               "Paris is", "import numpy as np", "My favourite colour is", "word " * 60]
+    out = {}
+
+    def one(p):
+        out[p] = client.generate(p, max_tokens=6)
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for p in prompts:
+        assert out[p] == _want(oracle, tokenizer, p, 6), p
+
+
+def test_asyncio_stream_and_task_cancellation(client, oracle, tokenizer):
+    async def main():
+        got = [p async for p in client.agenerate(FRANCE, max_tokens=8)]
+        pieces = []
+
+        async def long():
+            async for p in client.agenerate(COUNT, max_tokens=400):
+                pieces.append(p)
+        task = asyncio.create_task(long())
+        while len(pieces) < 3 and not task.done():
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return "".join(got)
+    before = client.status()["requests"]["cancelled"]
+    assert asyncio.run(main()) == _want(oracle, tokenizer, FRANCE, 8)
+    _until(lambda: client.status()["requests"]["cancelled"] == before + 1)
+    st = client.status()
+    assert st["kv"]["blocks_used"] == 0 and st["kv"]["sequences_used"] == 0
+
+
+def test_breaking_out_of_a_stream_cancels_and_the_next_request_runs(client, oracle, tokenizer):
+    before = client.status()["requests"]["cancelled"]
+    for i, _ in enumerate(client.generate(COUNT, max_tokens=400, stream=True)):
+        if i == 2:
+            break
+    _until(lambda: client.status()["requests"]["cancelled"] == before + 1)
+    assert client.generate(FRANCE, max_tokens=4) == _want(oracle, tokenizer, FRANCE, 4)
+
+
+def test_stop_strings_and_stop_tokens_never_reach_the_text(client):
+    full = client.generate(FRANCE, max_tokens=12)
+    assert " Paris" in full
+    assert client.generate(FRANCE, max_tokens=12, stop=[" Paris"]) == full[:full.index(" Paris")]
+    reply = client.chat([{"role": "user", "content": "Say hello."}], max_tokens=40)
+    assert reply and "<|im_end|>" not in reply and "<|im_start|>" not in reply
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"priority": "urgent"}, "priority"), ({"max_tokens": 600}, "context holds 512"),
+    ({"temperature": -1}, "temperature"), ({"stop": [""]}, "stop"), ({"max_tokens": 0}, "max-tokens"),
+])
+def test_bad_requests_raise_value_error_at_once(client, kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        client.generate(FRANCE, **kw)
+
+
+def test_a_ray_job_gets_tokens(served, ray_session, oracle, tokenizer):
+    code = ("import socllm; c = socllm.connect(); "
+            f"print('TEXT=' + repr(c.generate({FRANCE!r}, max_tokens=4)))")
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ray"), "job", "submit",
+                        "--address", ray_session[1], "--", sys.executable, "-c", code],
+                       env=served[0], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"TEXT={_want(oracle, tokenizer, FRANCE, 4)!r}" in r.stdout
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+def test_openai_package_completions_and_chat_stream_and_not(served, client):
+    import openai
+    oa = openai.OpenAI(base_url=served[1] + "/v1", api_key="none")
+    model = oa.models.list().data[0].id
+    c = oa.completions.create(model=model, prompt=FRANCE, max_tokens=8, temperature=0)
+    assert c.choices[0].text == client.generate(FRANCE, max_tokens=8)
+    assert c.usage.completion_tokens == 8 and c.usage.prompt_tokens == 5
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = oa.chat.completions.create(model=model, messages=msgs, max_tokens=20)
+    text = whole.choices[0].message.content
+    assert text and "<|im_end|>" not in text
+    chunks = oa.chat.completions.create(model=model, messages=msgs, max_tokens=20, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
+
+
+@pytest.mark.parametrize("body, status", [
+    ("{not json", 400), ('{"prompt": 7}', 400), ('{"prompt": "hi", "max_tokens": "ten"}', 400),
+    ('{"prompt": "hi", "temperature": 9}', 400), ('{"prompt": "hi", "priority": "now"}', 400),
+    ('{"prompt": "hi", "max_tokens": 100000}', 400), ('[1, 2]', 400),
+    ('{"prompt": "hi", "stream": "yes"}', 400), ('{"prompt": "hi", "n": 3}', 400),
+])
+def test_bad_http_bodies_get_4xx_with_an_error_object(served, body, status):
+    import requests
+    r = requests.post(served[1] + "/v1/completions", data=body, timeout=60)
+    assert r.status_code == status and r.json()["error"]["message"]
+
+
+def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
+    import requests
+    want = client.generate("Once upon a time", max_tokens=48)
+    got = []
+
+    def stream():
+        with requests.post(served[1] + "/v1/completions", stream=True, timeout=120,
+                           json={"prompt": "Once upon a time", "max_tokens": 48, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: ") and line != b"data: [DONE]":
+                    got.append(json.loads(line[6:])["choices"][0]["text"])
+    t = threading.Thread(target=stream)
+    t.start()
+    for body in ("{oops", '{"prompt": ""}', '{"messages": 3}'):
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            assert requests.post(served[1] + path, data=body, timeout=60).status_code == 400
+    t.join(120)
+    assert "".join(got) == want
+    assert requests.get(served[1] + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_an_http_client_that_disconnects_cancels_its_request(served, client):
+    import requests
+    before = client.status()["requests"]["cancelled"]
+    with requests.post(served[1] + "/v1/completions", stream=True, timeout=60,
+                       json={"prompt": COUNT, "max_tokens": 400, "stream": True}) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+    _until(lambda: client.status()["requests"]["cancelled"] == before + 1, 30)
+    metrics = requests.get(served[1] + "/metrics", timeout=10).text
+    assert 'socllm_requests_ended_total{state="cancelled"}' in metrics
+    assert "socllm_time_to_first_token_seconds_bucket" in metrics
+
+
+def test_stop_removes_the_service_and_its_pool(served, client):
+    env, pid = served[0], client.status()["pid"]
+    assert any(s.startswith(f"socllm-{pid}-") for s in _segments())
+    r = _cli(env, "stop", timeout=300)
+    assert r.returncode == 0 and "stopped" in r.stdout
+    assert not any(s.startswith(f"socllm-{pid}-") for s in _segments()), "the pool outlived stop"
+    assert not os.path.exists(f"/proc/{pid}"), "the service's process outlived stop"
+    r = _cli(env, "status")
+    assert r.returncode == 1 and "no service" in r.stderr
+    r = _cli(env, "stop")
+    assert r.returncode == 0 and "no service" in r.stdout
+
+
+def _until(cond, timeout=20.0):
+    end = time.time() + timeout
+    while not cond():
+        assert time.time() < end, "timed out"
+        time.sleep(0.1)
