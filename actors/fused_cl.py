@@ -78,10 +78,13 @@ class FusedCL:
         if Mq % 2 or Mk % 2 or hd % 2:
             raise ValueError(f"qkv_rope: Mq={Mq}, Mk={Mk}, head_dim={hd} must be even")
         ws = [x for w in ("wq", "wk", "wv") for x in a[w][1:]]
-        outs = [_out_off(a["q_out"], pos0, Mq), _out_off(a["k_out"], pos0, Mk),
-                _out_off(a["v_out"], pos0, Mk)]
+        if "rows" in a:         # paged KV: the kernel reads the row from the pool
+            outs = [a["q_out"][1], a["k_out"][1], a["v_out"][1]]
+        else:
+            outs = [_out_off(a["q_out"], pos0, Mq), _out_off(a["k_out"], pos0, Mk),
+                    _out_off(a["v_out"], pos0, Mk)]
         self._go("qkv_rope", *self._rows(Mq + 2 * Mk), self.act, *ws, *outs, self.table,
-                 a["K"], Mq, Mk, hd)
+                 a["K"], Mq, Mk, hd, a["rows"][1] if "rows" in a else 0)
 
     def _gate_up_silu(self, a, pos0):
         """act [K] -> out [M] = silu(W_gate act) * (W_up act)"""
@@ -109,7 +112,7 @@ class FusedCL:
         if not launch:
             return
         self.k._go("attention_split", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
-                   self.att, H, KVH, pos0, ks=self.k._kernels(hd, self.bits))
+                   self.att, H, KVH, pos0, *_pages(a), ks=self.k._kernels(hd, self.bits))
 
     def _merge_prep(self, a, pos0):
         """partials -> act of the attention row (and out [H*hd] if a["store"])"""
@@ -146,4 +149,13 @@ class FusedCL:
         _aligned("attention_merge", a["out"][1])
         self.k._go("attention_merge", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
                    self.att, H, KVH, pos0, self.act, a["out"][1], int(a["store"]), self.counter,
-                   ks=self.k._kernels(hd, self.bits))
+                   *_pages(a), ks=self.k._kernels(hd, self.bits))
+
+
+def _pages(a: dict) -> tuple:
+    """(seq, btab offsets, block rows, table length) of a paged attention's args, else zeros."""
+    if "btab" not in a:
+        return 0, 0, 0, 0
+    if a["block_rows"] % 8:
+        raise ValueError(f"attention: block_rows {a['block_rows']} is not a multiple of 8")
+    return a["seq"][1], a["btab"][1], a["block_rows"], a["max_blocks"]

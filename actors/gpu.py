@@ -12,6 +12,8 @@ from socllm.graph.program import StepProgram
 
 from .worker import Unit, kernel_units
 
+PAGED_PHASES = ("chunk", "batch")     # actors/planner.py paged_program
+
 
 class GPUBackend:
     name = "gpu"
@@ -29,8 +31,26 @@ class GPUBackend:
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
+        tasks = prog.tasks.get(self.name, [])
+        if prog.phase in PAGED_PHASES and not any(t.waits or t.signals for t in tasks):
+            # a serving step on this processor alone: its launches recorded once per row count;
+            # a decode batch of one row runs the fused decode kernels (at this precision)
+            replay, seqs = self.kernels.replay(tasks), tuple(t.seq for t in tasks)
+            if prog.phase != "batch" or not self.fuse:
+                return [Unit([], replay, [], seqs)]
+            fused = self._fused_units(prog, precision)
+
+            def run(n, pos0):
+                if n > 1:
+                    return replay(n)
+                for u in fused:
+                    u.run(1, pos0)
+            return [Unit([], run, [], seqs)]
         if prog.phase != "decode" or not self.fuse:
-            return kernel_units(self.kernels, prog.tasks.get(self.name, []))
+            return kernel_units(self.kernels, tasks)
+        return self._fused_units(prog, precision)
+
+    def _fused_units(self, prog: StepProgram, precision: str) -> list:
         # Transformer-Lite §2.2: decode runs fused kernels (graph/fuse.py, cl/decode.cl)
         from socllm.graph.fuse import Fused, fuse_decode
         from .fused_cl import FusedCL

@@ -39,7 +39,7 @@ u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "embed": [u64] * 4 + [i32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
-    "linear_gemv": [u64] * 5 + [i32, i32],
+    "linear_gemv": [u64] * 5 + [i32, i32, u64],
     "linear_gemm": [u64] * 5 + [i32, i32, i32, i32, u64],
     "rope": [u64] * 2 + [i32, i32, f32, i32],
     "attention": [u64] * 4 + [i32, i32, i32],
@@ -50,14 +50,14 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "prep": [u64] * 2 + [i32],
     "norm_prep": [u64] * 4 + [i32, f32, i32, i32],
     "lm_head_act": [u64] * 4 + [i32, i32],
-    "attention_split": [u64] * 4 + [i32, i32, i32],
+    "attention_split": [u64] * 4 + [i32, i32, i32] + [u64, u64, i32, i32],
     "merge_prep": [u64] * 3 + [i32, i32],
     "linear_act_norm": [u64] * 6 + [i32, i32, i32] + [u64, u64, f32, i32, i32, u64],
     "gate_up_silu_prep": [u64] * 8 + [i32, i32, u64],
-    "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64],
+    "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64] + [u64, u64, i32, i32],
     "rope_table": [u64] + [i32, f32, i32],
     "linear_act": [u64] * 6 + [i32, i32, i32],
-    "qkv_rope": [u64] * 14 + [i32] * 4,
+    "qkv_rope": [u64] * 14 + [i32] * 4 + [u64],
     "gate_up_silu": [u64] * 8 + [i32, i32],
     # paged.cl
     "rope_rows": [u64] * 4 + [i32, i32, f32],
@@ -144,19 +144,29 @@ class CLKernels:
         self.events: list = []        # (kernel name, event) while profiling
         self._recording = None        # bind(): launches collected instead of enqueued
 
-    def _kernels(self, head_dim: int, act_bits: int = 32) -> dict:
-        key = (head_dim, act_bits)
+    def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None) -> dict:
+        """The program built for a head size and activation format (and a GEMM_TN other than
+        the device's: a batch of fewer rows than GEMM_TN would compute the missing ones)."""
+        key = (head_dim, act_bits, gemm_tn)
         if key not in self._by_head_dim:
             if head_dim % 8:
                 raise ValueError(f"head_dim {head_dim} is not a multiple of 8")
+            options = self.options if gemm_tn is None else re.sub(
+                r"-DGEMM_TN=\d+", f"-DGEMM_TN={gemm_tn}", self.options)
             prg = cl.Program(self.ctx, "".join(p.read_text() for p in [SRC, *DECODE_SRC])).build(
-                options=f"{self.options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits}")
+                options=f"{options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits}")
             ks = {}
             for name, scalars in _SCALARS.items():
                 ks[name] = cl.Kernel(prg, name)
                 ks[name].set_scalar_arg_dtypes([None] + scalars)
             self._by_head_dim[key] = ks
         return self._by_head_dim[key]
+
+    def _tn(self, n: int) -> tuple:
+        """(rows a GEMM work-item takes, its kernels) for a launch of n rows: the device's
+        GEMM_TN, or the smallest power of two >= n below it (small decode batches)."""
+        tn = min(self.gemm_tn, 1 << max(0, n - 1).bit_length())
+        return tn, (self.k if tn == self.gemm_tn else self._kernels(64, 32, tn))
 
     def _go(self, name, gsize, lsize, *args, ks=None):
         if self._recording is not None:
@@ -196,6 +206,37 @@ class CLKernels:
             for name, knl, gsize, lsize, moving in bound:
                 for i, dtype, v0, dv in moving:
                     knl.set_arg(i, dtype(v0 + dv * pos0))
+                ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
+                if profile:
+                    events.append((name, ev))
+        return run
+
+    def replay(self, tasks: list):
+        """Tasks that depend on no pos0 (a paged program: positions are data in the pool) as
+        run(n): the launches for n rows are recorded once, each with its own cl.Kernel and its
+        arguments set once, and only enqueued at later steps of n rows (no Python per op)."""
+        recorded: dict = {}
+        queue, events, profile = self.queue, self.events, self.profile
+
+        def record(n):
+            self._recording = []
+            try:
+                for t in tasks:
+                    self.run(t.op, t.args, n, 0)
+            finally:
+                recs, self._recording = self._recording, None
+            bound = []
+            for name, gsize, lsize, args, ks in recs:
+                knl = ks[name].clone()
+                knl.set_scalar_arg_dtypes([None] + _SCALARS[name])
+                knl.set_args(self.buf, *args)
+                bound.append((name, knl, gsize, lsize))
+            return bound
+
+        def run(n, pos0=0):
+            if n not in recorded:
+                recorded[n] = record(n)
+            for name, knl, gsize, lsize in recorded[n]:
                 ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
                 if profile:
                     events.append((name, ev))
@@ -244,12 +285,13 @@ class CLKernels:
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
         out = a["out"][1] if rows else _out_off(a["out"], pos0, ld)
-        if N == 1 and not rows:
+        if N == 1:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
-                     a["x"][1], qs, d, m, out, K, M)
+                     a["x"][1], qs, d, m, out, K, M, rows)
         else:
-            self._go("linear_gemm", (_up(M, self.lin_r), -(-N // self.gemm_tn)), (self.lin_r, 1),
-                     a["x"][1], qs, d, m, out, K, M, N, ld, rows)
+            tn, ks = self._tn(N)
+            self._go("linear_gemm", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1),
+                     a["x"][1], qs, d, m, out, K, M, N, ld, rows, ks=ks)
 
     def _rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""
@@ -296,8 +338,9 @@ class CLKernels:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
         _aligned("lm_head", a["x"][1])
         _aligned("lm_head", qs, to=16)
-        if a.get("all_rows"):   # a batch: every row's logits, the table read once for 8 rows
-            self._go("lm_head_rows", (_up(V, self.group), -(-N // 8)), (self.group, 1), a["x"][1],
-                     qs, d, a["out"][1], D, V, N)
+        if a.get("all_rows"):   # a batch: every row's logits, the table read once for GEMM_TN rows
+            tn, ks = self._tn(N)
+            self._go("lm_head_rows", (_up(V, self.group), -(-N // tn)), (self.group, 1), a["x"][1],
+                     qs, d, a["out"][1], D, V, N, ks=ks)
             return
         self._go("lm_head", (_up(V, self.group),), (self.group,), a["x"][1], qs, d, a["out"][1], D, V, N)

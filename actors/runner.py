@@ -19,8 +19,10 @@ from .control import PRECISIONS, next_epoch
 
 
 class Runner:
-    def __init__(self, engine, plan: str):
-        self.eng, self.plan = engine, plan
+    def __init__(self, engine, plan: str, precision: str = "f32"):
+        """precision: of a decode step of one row, which runs the fused decode kernels (q16:
+        int16 activations in its GEMVs); batches of more rows and prefill run in f32."""
+        self.eng, self.plan, self.precision = engine, plan, precision
         lay = self.lay = engine.layout
         buf = engine.arena.buf
 
@@ -38,7 +40,8 @@ class Runner:
         eng = self.eng
         pid, blob, procs = ray.get(eng.planner.paged_program.remote(self.plan, all_rows))
         actors = {**eng.peers, "cpu": eng.control}
-        ray.get([actors[p].install.remote(pid, blob, PRECISIONS["f32"], "f32") for p in procs])
+        prec = self.precision if all_rows else "f32"
+        ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
 
     def step(self, rows: list, tables: dict, all_rows: bool) -> np.ndarray:
@@ -52,15 +55,17 @@ class Runner:
         tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
         self.ids[:n], self.pos[:n], self.seq[:n] = tok, pos, seq
         self.rows[:n] = self.btab[seq, pos // br] * br + pos % br
-        self._run(self.programs[all_rows], n)
+        # one row: its position is also pos0 (the fused decode kernels' RoPE and key count)
+        self._run(self.programs[all_rows], n, int(pos[0]) if n == 1 else 0,
+                  self.precision if all_rows else "f32")
         return self.logits[:n if all_rows else 1]
 
-    def _run(self, prog, n: int):
+    def _run(self, prog, n: int, pos0: int, precision: str):
         pid, procs, final = prog
         ctl, words = self.ctl, self.words
         epoch = next_epoch(ctl, words)
-        ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, 0
-        ctl["precision"] = PRECISIONS["f32"]
+        ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, pos0
+        ctl["precision"] = PRECISIONS[precision]
         base = epoch * STEP
         for p in procs:
             words.store(self.lay.go(p), epoch)

@@ -74,7 +74,7 @@ def serve(a) -> int:
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
                           runtime_env={"env_vars": actor_env(threads)}).remote(
         model=a.model and os.path.abspath(a.model), context=a.context, max_seqs=a.max_seqs,
-        kv_mb=a.kv_mb, policy=a.policy, threads=threads)
+        kv_mb=a.kv_mb, policy=a.policy, threads=threads, precision=a.precision)
     try:
         d = ray.get(svc.ready.remote())
         url = None

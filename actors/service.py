@@ -27,17 +27,23 @@ NAMESPACE, NAME = "socllm", "service"
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
 PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others runs between chunks
+# a decode step of one row runs the fused decode kernels at this precision (q16: int16 activations
+# in its GEMVs); batches of more rows and prefill chunks run in f32
+SERVE_PRECISIONS = ("q16", "f32", "q8")
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service:
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
                  kv_mb: float = 512, policy: str = "fcfs", threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q16"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
+        if precision not in SERVE_PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}")
         self.opts = dict(model=model, context=context, max_seqs=max_seqs, kv_mb=kv_mb,
-                         policy=policy, threads=threads, prefill_chunk=prefill_chunk)
+                         policy=policy, threads=threads, prefill_chunk=prefill_chunk,
+                         precision=precision)
         self.streams: dict = {}               # id -> (StreamDecoder, StopText, Sampler)
         self.slot: dict = {}                  # id -> the request's row of the block tables
         self.table: dict = {}                 # id -> Request
@@ -67,8 +73,8 @@ class Service:
             self.engine = e = Engine(model=o["model"], context=o["context"], threads=o["threads"],
                                      max_seqs=o["max_seqs"], kv_mb=o["kv_mb"])
             # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
-            self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), "f32"
-            self.runner = Runner(e, self.plan)
+            self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
+            self.runner = Runner(e, self.plan, self.precision)
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
             self.scheduler = POLICIES[o["policy"]](o["max_seqs"], e.context, self.kv)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read

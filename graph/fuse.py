@@ -81,7 +81,8 @@ def _qkv_rope(group, rest, readers):
                               "wv": lv.args["w"], "q_out": rq.args["out"], "k_out": rk.args["out"],
                               "v_out": lv.args["out"], "K": lq.args["K"], "Mq": lq.args["M"],
                               "Mk": lk.args["M"], "head_dim": rq.args["head_dim"],
-                              "theta": rq.args["theta"]},
+                              "theta": rq.args["theta"],
+                              **({"rows": lv.args["rows"]} if "rows" in lv.args else {})},
                  [], ropes[-1].signals, tuple(t.seq for t in group + ropes), lq.layer)
 
 

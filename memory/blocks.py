@@ -8,8 +8,6 @@ pool by the runner each step, where every processor's attention reads them.
 """
 from __future__ import annotations
 
-from collections import deque
-
 BLOCK_ROWS = 16             # rows of a block (a multiple of 8: the GPU reads keys 8 at a time)
 
 
@@ -22,7 +20,9 @@ class BlockPool:
         if n_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {n_blocks}")
         self.n_blocks, self.block_rows = n_blocks, block_rows
-        self.free: deque = deque(range(n_blocks))
+        # a stack: the blocks freed last are taken first, so the pages a busy service touches stay
+        # the few it needs at its peak (a queue would walk through every page of the region)
+        self.free: list = list(range(n_blocks))[::-1]
 
     @property
     def n_free(self) -> int:
@@ -44,9 +44,9 @@ class BlockPool:
         n = self.need(table, rows)
         if n > len(self.free):
             raise RuntimeError(f"{n} KV blocks needed, {len(self.free)} free")
-        table.extend(self.free.popleft() for _ in range(n))
+        table.extend(self.free.pop() for _ in range(n))
 
     def release(self, table: list):
         """Give a sequence's blocks back (it ended, was cancelled or preempted)."""
-        self.free.extend(table)
+        self.free.extend(reversed(table))
         table.clear()

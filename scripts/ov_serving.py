@@ -65,7 +65,7 @@ def run_ov_cb(gguf_path: str, prompts: list[str], max_new_tokens: int, threads: 
                     stamps[i] += [now] * len(o.generated_ids)
     wall_s = time.perf_counter() - t0
     for i, h in enumerate(handles):  # anything left after the final step
-        while h.can_read():
+        if h.can_read():
             for o in h.read().values():
                 out_ids[i] += list(o.generated_ids)
                 stamps[i] += [wall_s] * len(o.generated_ids)

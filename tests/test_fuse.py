@@ -117,3 +117,59 @@ def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol, pos
         np.testing.assert_array_equal(c[:pos0], w[:pos0])              # history untouched
         np.testing.assert_allclose(c[pos0], w[pos0], rtol=0, atol=rtol * np.abs(w[pos0]).max())
         np.testing.assert_array_equal(c[pos0 + 1], w[pos0 + 1])         # nothing past row pos0
+
+
+@pytest.fixture(scope="module")
+def paged_pool(model_config, model_weights):
+    """The first layers with a paged KV cache: 16 blocks of 16 rows, 2 sequences' tables."""
+    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.planner import PlannerCore
+    from socllm.memory.arena import Arena
+    from socllm.memory.layout import plan_layout, write_weights
+    cfg = model_config
+    weights = {k: v for k, v in model_weights.items()
+               if not k.startswith("blk.") or int(k.split(".")[1]) < LAYERS}
+    planner = PlannerCore(cfg, LAYERS)
+    slot_bytes = [planner.slots.nbytes(i, 64) for i in range(len(planner.slots.sizes))]
+    lay = plan_layout(weights, LAYERS, cfg.n_kv_heads * cfg.head_dim, slot_bytes, 64, 128,
+                      cfg.vocab, max(cfg.dim, cfg.ffn_dim), max_seqs=2, kv_blocks=16)
+    arena = Arena.create(lay.size, lay.readonly_bytes)
+    try:
+        write_weights(arena.buf, lay, weights)
+        planner.set_layout(lay.to_dict())
+        prog = StepProgram.from_bytes(planner.paged_program("gpu", True)[1])
+        yield arena, lay, prog, GPUBackend(arena.buf, lay, 2)
+    finally:
+        arena.unlink()
+
+
+@pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3)])
+def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, precision, rtol):
+    """A decode batch of one row runs the fused kernels over the block table (qkv_rope writes
+    the row's K/V at its KV row, split-K attention reads keys through the table); the same row
+    through the batched op-by-op launches gives the same logits and the same KV row."""
+    arena, lay, prog, gpu = paged_pool
+    rng = np.random.default_rng(2)
+    buf, cols, br, pos = arena.buf, lay.kv_cols, lay.block_rows, 37
+    blocks = [9, 2, 14]                                   # not in order; pos 37 is in block 14
+    io = lambda name, n, dt=np.int32: buf[lay.io[name]: lay.io[name] + n * 4].view(dt)
+    kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
+          for off in lay.kv.values()]
+    phys = np.array([blocks[l // br] * br + l % br for l in range(pos)])
+    for c in kv:
+        c[:] = np.nan                                     # rows of no sequence: never read
+        c[phys] = rng.standard_normal((pos, cols)).astype(np.float32)
+    io("btab", 2 * lay.max_blocks).reshape(2, -1)[1, :3] = blocks
+    io("seq", 1)[0], io("pos", 1)[0], io("ids", 1)[0] = 1, pos, 3575
+    row = blocks[pos // br] * br + pos % br
+    io("rows", 1)[0] = row
+    logits = io("logits", lay.vocab, np.float32)
+    _step(gpu, prog, "f32", pos, fuse=False)
+    want, want_row = logits.copy(), [c[row].copy() for c in kv]
+    for c in kv:
+        c[row] = np.nan
+    _step(gpu, prog, precision, pos, fuse=True)
+    np.testing.assert_allclose(logits, want, rtol=0, atol=rtol * np.abs(want).max())
+    for c, w in zip(kv, want_row):
+        np.testing.assert_allclose(c[row], w, rtol=0, atol=rtol * np.abs(w).max())
+        assert np.isnan(c[row + 1]).all() and np.isfinite(c[phys]).all()

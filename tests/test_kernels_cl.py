@@ -490,8 +490,8 @@ def test_paged_attention_equals_contiguous_attention_per_sequence(dev, lay, rng,
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5)
 
 
-def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(dev, lay, rng):
-    lengths = [20, 3, 33, 1]
+@pytest.mark.parametrize("lengths", [[20, 3, 33, 1], [21]], ids=["gemm", "gemv"])
+def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(dev, lay, rng, lengths):
     n_blocks, cols, N = 12, KVH * HD, len(lengths)
     pos, rows_, seq, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
     cache = lay.zeros((n_blocks * BR, cols))

@@ -30,7 +30,8 @@ def served(ray_session):
     env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
-                                 "--max-seqs", "8", "--kv-mb", "64"], env=env, capture_output=True,
+                                 "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32"],
+                       env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     yield env, f"http://127.0.0.1:{port}"

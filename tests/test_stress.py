@@ -31,3 +31,20 @@ def test_long_generation_to_the_end_of_the_context(engine, tokenizer):
     assert len(ids) + len(out["tokens"]) == engine.context + 1   # stops at the context, no error
     segs = [f for f in os.listdir("/dev/shm") if f.startswith("socllm-")]
     assert segs == [engine.arena.name]
+
+
+def test_service_stress_short_loses_nothing(tmp_path):
+    """scripts/stress.py for one minute: 32 clients (Python API and HTTP), mixed lengths, some
+    cancelling mid-stream; nothing lost or failed, nothing left in the table, every block free."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "stress.json"
+    r = subprocess.run([sys.executable, "-m", "socllm.scripts.stress", "--minutes", "1",
+                        "--clients", "32", "--json", str(out)], capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    c = rep["counts"]
+    assert c["lost"] == 0 and c["failed"] == 0 and c["completed"] > 32 and c["cancelled"] > 0
+    assert rep["left_in_table"] == {} and rep["kv_blocks_used_at_end"] == 0

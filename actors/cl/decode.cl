@@ -241,14 +241,15 @@ __kernel void linear_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o
     if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = y.y;
 }
 
-// qkv_rope: act [K] -> q [Mq] roped, k [Mk] roped, v [Mk] (k_out, v_out: KV rows pos0). The three
+// qkv_rope: act [K] -> q [Mq] roped, k [Mk] roped, v [Mk] (k_out, v_out: KV rows pos0, or the
+// caches' bases and rows_o: KV row rows[0]). The three
 // weights' rows are one index space (q, then k, then v); a work-item takes rows (2i, 2i+1), which
 // are one GGML NORM RoPE pair (Mq, Mk and hd are even). t_o: rope_table of this step's position.
 // global (ceil((Mq + 2 Mk) / 2) rounded up to LIN_R), local (LIN_R)
 __kernel void qkv_rope(__global uchar* arena, ulong s_o,
                        ulong q_qs, ulong q_d, ulong q_m, ulong k_qs, ulong k_d, ulong k_m,
                        ulong v_qs, ulong v_d, ulong v_m, ulong q_out, ulong k_out, ulong v_out,
-                       ulong t_o, int K, int Mq, int Mk, int hd)
+                       ulong t_o, int K, int Mq, int Mk, int hd, ulong rows_o)
 {
     int r = 2 * get_global_id(0);
     if (r >= Mq + 2 * Mk) return;
@@ -259,6 +260,8 @@ __kernel void qkv_rope(__global uchar* arena, ulong s_o,
     } else if (r >= Mq) {
         r -= Mq, qs = k_qs, d = k_d, m = k_m, out = k_out;
     }
+    if (out != q_out && rows_o)     // paged KV (paged.cl): K and V go to KV row rows[0]
+        out += (ulong)AT(const int, rows_o)[0] * Mk * 4;
     float2 y = dot2(arena, qs, d, m, r, r + 1, K, s_o);
     if (rope) {
         const int i = (r % hd) / 2;

@@ -16,8 +16,10 @@
 #define PART (HEAD_DIM + 2)     // floats of one partial
 
 inline void attention_part(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
-                           int H, int KVH, int pos0)
+                           int H, int KVH, int pos0, ulong seq_o, ulong btab_o, int BR, int MB)
 {
+    // paged KV (btab_o != 0, paged.cl): key l of sequence seq[0] is KV row bt[l / BR] * BR + l % BR
+    const __global int* bt = btab_o ? AT(const int, btab_o) + (size_t)AT(const int, seq_o)[0] * MB : 0;
     const int s = get_global_id(0), grp = H / KVH, kw = KVH * HC;
     const int L = pos0 + 1, chunk = ((L + ATT_S - 1) / ATT_S + 7) / 8 * 8;
     const int l0 = s * chunk, l1 = min(L, l0 + chunk);
@@ -31,7 +33,10 @@ inline void attention_part(__global uchar* arena, ulong q_o, ulong k_o, ulong v_
 #pragma unroll
         for (int c = 0; c < HC; c++) acc[c] = 0.0f;
         float mx = -INFINITY, sum = 0.0f;
-        for (int l = l0; l < l1; l += 8) att_step8(q, k, v, kw, l, l1, rsq, &mx, &sum, acc);
+        for (int l = l0; l < l1; l += 8) {
+            const long shift = bt ? (long)(bt[l / BR] * BR + l % BR - l) * kw : 0;
+            att_step8(q, k + shift, v + shift, kw, l, l1, rsq, &mx, &sum, acc);
+        }
         __global float* p = AT(float, p_o) + (size_t)(h * ATT_S + s) * PART;
         p[0] = mx, p[1] = sum;
 #pragma unroll
@@ -44,9 +49,9 @@ inline void attention_part(__global uchar* arena, ulong q_o, ulong k_o, ulong v_
 }
 
 __kernel void attention_split(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
-                              int H, int KVH, int pos0)
+                              int H, int KVH, int pos0, ulong seq_o, ulong btab_o, int BR, int MB)
 {
-    attention_part(arena, q_o, k_o, v_o, p_o, H, KVH, pos0);
+    attention_part(arena, q_o, k_o, v_o, p_o, H, KVH, pos0, seq_o, btab_o, BR, MB);
 }
 
 // merge_prep: partials -> out [H*hd] = sum_s e^(mx_s - M) acc_s / sum_s e^(mx_s - M) sum_s
@@ -150,8 +155,9 @@ __kernel void gate_up_silu_prep(__global uchar* arena, ulong s_o, ulong g_qs, ul
 
 // attention_merge: attention_split, then merge_prep by the last group
 __kernel void attention_merge(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,
-                              int H, int KVH, int pos0, ulong s_o, ulong out_o, int store, ulong c_o)
+                              int H, int KVH, int pos0, ulong s_o, ulong out_o, int store, ulong c_o,
+                              ulong seq_o, ulong btab_o, int BR, int MB)
 {
-    attention_part(arena, q_o, k_o, v_o, p_o, H, KVH, pos0);
+    attention_part(arena, q_o, k_o, v_o, p_o, H, KVH, pos0, seq_o, btab_o, BR, MB);
     if (last_group(arena, c_o)) merge_prep_row(arena, p_o, s_o, out_o, H, store);
 }

@@ -125,7 +125,7 @@ inline float row_sum(float s, __local float* part, int t)
 // linear, decode (N == 1): x [1, K], W Q4_1 [M, K] -> out [1, M] = x @ W.T.
 // global (LIN_T, M rounded up to LIN_R), local (LIN_T, LIN_R).
 __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M)
+                          ulong out_o, int K, int M, ulong rows_o)
 {
     const int t = get_local_id(0), r = get_global_id(1);
     const int nb = K / QK, rr = r < M ? r : M - 1;   // clamped: all work-items reach the barrier
@@ -148,7 +148,8 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
 #else
     const float s = hsum8((a0 + a1) + (a2 + a3));
 #endif
-    if (t == 0 && r < M) AT(float, out_o)[r] = s;
+    if (t == 0 && r < M)    // rows_o != 0: the row goes to output row rows[0] (paged KV)
+        AT(float, out_o)[(rows_o ? (size_t)AT(const int, rows_o)[0] * M : 0) + r] = s;
 }
 
 // linear, prefill (N > 1): x [N, K], W Q4_1 [M, K] -> out [N, M] in rows ld wide (ld > M: a

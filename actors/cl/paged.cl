@@ -53,7 +53,7 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
 
 // lm_head of every row: x [N, D], table Q8_0 [V, D] -> out [N, V]; each table row is read once
 // for all N rows (LM_TN at a time).  global (V rounded up, ceil(N / LM_TN))
-#define LM_TN 8
+#define LM_TN GEMM_TN
 __kernel void lm_head_rows(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong out_o,
                            int D, int V, int N)
 {

@@ -1,0 +1,50 @@
+"""Wall-clock time from starting `socllm generate` to its first streamed byte, against a running
+service (`socllm serve`) and with a private engine (`--local`), as a user at a shell meets it.
+
+    python -m socllm.scripts.cli_ttft [--reps 5] [--prompt "The capital of France is"] [--no-local]
+
+Each run is a fresh process (`socllm generate PROMPT --max-tokens 8`); the time includes Python's
+start, imports, joining Ray, the request and the prefill. Reports min/median/max per mode.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def first_byte_s(args: list) -> tuple:
+    t0 = time.perf_counter()
+    p = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "socllm"), "generate", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.read(1)
+    t1 = time.perf_counter()
+    rest, err = p.communicate(timeout=600)
+    total = time.perf_counter() - t0
+    if p.returncode != 0 or not first:
+        raise RuntimeError(f"socllm generate failed: {err.decode().strip()}")
+    return t1 - t0, total
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="cli_ttft", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--prompt", default="The capital of France is")
+    ap.add_argument("--no-local", action="store_true", help="skip the private-engine runs")
+    a = ap.parse_args(argv)
+    modes = [("service", [])] + ([] if a.no_local else [("local", ["--local"])])
+    for name, extra in modes:
+        runs = [first_byte_s([a.prompt, "--max-tokens", "8", *extra])
+                for _ in range(a.reps if name == "service" else max(1, a.reps // 2))]
+        firsts, totals = [r[0] for r in runs], [r[1] for r in runs]
+        print(f"{name:>8}: first byte {statistics.median(firsts):.2f} s [{min(firsts):.2f}-{max(firsts):.2f}]"
+              f", whole command {statistics.median(totals):.2f} s [{min(totals):.2f}-{max(totals):.2f}]"
+              f" (median [min-max] of {len(runs)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
