@@ -101,7 +101,7 @@ def _generate(a) -> int:
     n = len(tok.encode(chat_prompt(reader, a.prompt) if a.chat else a.prompt, bos=tok.add_bos))
     if n >= a.context:
         raise ValueError(f"the prompt has {n} tokens; the context holds {a.context}")
-    eng = Engine(model=a.model, context=a.context, reader=reader)
+    eng = Engine(model=a.model, context=a.context, reader=reader, one_shot=True)
     del reader, tok              # the GGUF's mapping goes with them
     try:
         sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)

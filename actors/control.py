@@ -7,6 +7,7 @@ which the client reads as a stream. No Ray call per step or token.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -35,9 +36,13 @@ def next_epoch(ctl, words) -> int:
 
 
 class ControlCore(ProcessorCore):
-    def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict):
+    def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict,
+                 one_shot: bool = False):
+        """one_shot: the engine serves one request and goes (the CLI's private engine): graphs
+        that `auto` would compile for later requests are never compiled."""
         super().__init__("cpu", arena_name, layout, threads)
-        self.planner, self.peers = planner, dict(peers)
+        self.planner, self.peers, self.one_shot = planner, dict(peers), one_shot
+        self.deferred: set = set()   # (phase, bucket, precision) the NPU should have compiled
         self.epoch = 0
         self.installed: dict = {}    # (plan, phase, bucket, precision) -> (pid, procs, final seqs)
         lay = self.lay
@@ -48,8 +53,17 @@ class ControlCore(ProcessorCore):
         self.step_predict = SleepPredictor()
 
     # -- programs ------------------------------------------------------------------------------
-    def _program(self, plan, phase, bucket, precision):
-        plan = resolve(plan, phase, bucket, set(self.peers) | {"cpu"})
+    def _program(self, plan, phase, bucket, precision, prepare: bool = False):
+        available = set(self.peers) | {"cpu"}
+        concrete = resolve(plan, phase, bucket, available)
+        if plan == "auto" and concrete == "npu" and not prepare and "gpu" in available \
+                and ("npu", phase, bucket, precision) not in self.installed:
+            # HeteroLLM's online-prepare: the NPU's graphs for this chunk would compile inside the
+            # request (3-6 s) and cost more than the NPU saves on it (~1 ms a row here): the GPU
+            # runs it, and the NPU's graph is compiled after the request, for the next ones
+            self.deferred.add((phase, bucket, precision))
+            concrete = "gpu"
+        plan = concrete
         key = (plan, phase, bucket, precision)
         if key not in self.installed:
             pid, blob, procs = ray.get(self.planner.program.remote(plan, phase, bucket))
@@ -65,9 +79,9 @@ class ControlCore(ProcessorCore):
 
     def prepare(self, plan: str, precision: str, buckets=(32,)) -> bool:
         """Install (and, on the NPU, compile) the programs of a plan ahead of the first request."""
-        self._program(plan, "decode", DECODE_BUCKET, precision)
+        self._program(plan, "decode", DECODE_BUCKET, precision, prepare=True)
         for b in buckets:
-            self._program(plan, "prefill", b, precision)
+            self._program(plan, "prefill", b, precision, prepare=True)
         return True
 
     # -- one step ------------------------------------------------------------------------------
@@ -134,6 +148,10 @@ class ControlCore(ProcessorCore):
             self.ctl["finished"] = request_id
             words.store(W_TOKENS, len(out) + (1 << 30))   # wakes the reader; the high bit: "done"
         n_dec = len(out) - 1
+        if self.deferred and not self.one_shot:      # compiled after the request, not inside it
+            todo, self.deferred = self.deferred, set()
+            threading.Thread(target=lambda: [self._program("npu", ph, b, pr, prepare=True)
+                                             for ph, b, pr in todo], daemon=True).start()
         return {"tokens": out, "prompt_tokens": list(prompt), "plan": plan, "placement": placed,
                 "precision": precision,
                 "timings": {"ttft_s": t_prefill - t0,

@@ -78,12 +78,13 @@ class Engine:
     def __init__(self, model: str | None = None, context: int = 2048,
                  processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
                  n_layers: int | None = None, reader=None, rowcut_profile: str | None = None,
-                 max_seqs: int = 1, kv_mb: float = 0):
+                 max_seqs: int = 1, kv_mb: float = 0, one_shot: bool = False):
         """rowcut_profile: the tensor plan's profile (scripts/profile_rowcut.py); default: this
         device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut. max_seqs,
-        kv_mb: sequences a serving step holds and the paged KV cache's size (the service)."""
+        kv_mb: sequences a serving step holds and the paged KV cache's size (the service).
+        one_shot: one request and gone (the CLI): `auto` compiles no NPU graph for later ones."""
         self._closed = True
-        self.max_seqs, self.kv_mb = max_seqs, kv_mb
+        self.max_seqs, self.kv_mb, self.one_shot = max_seqs, kv_mb, one_shot
         self.rowcut_profile = load_profile(rowcut_profile)
         path = model or default_model_path()
         if model is None:
@@ -144,7 +145,7 @@ class Engine:
                  for p in procs if p != "cpu"}
         self._actors += list(peers.values())
         self.control = ControlActor.options(runtime_env=env).remote(
-            self.arena.name, lay.to_dict(), self.threads, self.planner, peers)
+            self.arena.name, lay.to_dict(), self.threads, self.planner, peers, self.one_shot)
         self._actors.append(self.control)
         self.peers = peers
         ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached

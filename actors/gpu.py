@@ -13,6 +13,7 @@ from socllm.graph.program import StepProgram
 from .worker import Unit, kernel_units
 
 PAGED_PHASES = ("chunk", "batch")     # actors/planner.py paged_program
+ACT_BITS = {"q16": 16, "q8": 8}       # a decode batch's linears in integers (cl/paged.cl)
 
 
 class GPUBackend:
@@ -26,6 +27,8 @@ class GPUBackend:
         self.buf = wrap_arena(self.ctx, arena_buf)
         self.kernels = CLKernels(self.ctx, self.queue, self.buf)
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
+        self.rows_act_off = lay.io["act_rows"]
+        self.rows_act_bytes = lay.io["act"] - lay.io["act_rows"]          # the next io region
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
         self.threads = threads
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)
@@ -35,7 +38,9 @@ class GPUBackend:
         if prog.phase in PAGED_PHASES and not any(t.waits or t.signals for t in tasks):
             # a serving step on this processor alone: its launches recorded once per row count;
             # a decode batch of one row runs the fused decode kernels (at this precision)
-            replay, seqs = self.kernels.replay(tasks), tuple(t.seq for t in tasks)
+            bits = ACT_BITS.get(precision) if prog.phase == "batch" else None
+            rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
+            replay, seqs = self.kernels.replay(tasks, rows_act), tuple(t.seq for t in tasks)
             if prog.phase != "batch" or not self.fuse:
                 return [Unit([], replay, [], seqs)]
             fused = self._fused_units(prog, precision)

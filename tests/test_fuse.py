@@ -63,27 +63,31 @@ def test_an_intermediate_read_elsewhere_is_not_dropped(model_config):
 
 
 # -- the fused step against the op-by-op step, on the real model's first layers ---------------
-@pytest.fixture(scope="module")
-def pool(model_config, model_weights):
+def _pool(cfg, model_weights, program, **layout):
+    """The model's first LAYERS layers in a pool (64 rows, context 128) and one of its programs."""
     from socllm.actors.gpu import GPUBackend
     from socllm.actors.planner import PlannerCore
     from socllm.memory.arena import Arena
     from socllm.memory.layout import plan_layout, write_weights
-    cfg = model_config
     weights = {k: v for k, v in model_weights.items()
                if not k.startswith("blk.") or int(k.split(".")[1]) < LAYERS}
     planner = PlannerCore(cfg, LAYERS)
     slot_bytes = [planner.slots.nbytes(i, 64) for i in range(len(planner.slots.sizes))]
     lay = plan_layout(weights, LAYERS, cfg.n_kv_heads * cfg.head_dim, slot_bytes, 64, 128,
-                      cfg.vocab, max(cfg.dim, cfg.ffn_dim))
+                      cfg.vocab, max(cfg.dim, cfg.ffn_dim), **layout)
     arena = Arena.create(lay.size, lay.readonly_bytes)
     try:
         write_weights(arena.buf, lay, weights)
         planner.set_layout(lay.to_dict())
-        prog = StepProgram.from_bytes(planner.program("gpu", "decode", 1)[1])
+        prog = StepProgram.from_bytes(program(planner)[1])
         yield arena, lay, prog, GPUBackend(arena.buf, lay, 2)
     finally:
         arena.unlink()
+
+
+@pytest.fixture(scope="module")
+def pool(model_config, model_weights):
+    yield from _pool(model_config, model_weights, lambda p: p.program("gpu", "decode", 1))
 
 
 def _step(gpu, prog, precision, pos0, fuse):
@@ -121,26 +125,9 @@ def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol, pos
 
 @pytest.fixture(scope="module")
 def paged_pool(model_config, model_weights):
-    """The first layers with a paged KV cache: 16 blocks of 16 rows, 2 sequences' tables."""
-    from socllm.actors.gpu import GPUBackend
-    from socllm.actors.planner import PlannerCore
-    from socllm.memory.arena import Arena
-    from socllm.memory.layout import plan_layout, write_weights
-    cfg = model_config
-    weights = {k: v for k, v in model_weights.items()
-               if not k.startswith("blk.") or int(k.split(".")[1]) < LAYERS}
-    planner = PlannerCore(cfg, LAYERS)
-    slot_bytes = [planner.slots.nbytes(i, 64) for i in range(len(planner.slots.sizes))]
-    lay = plan_layout(weights, LAYERS, cfg.n_kv_heads * cfg.head_dim, slot_bytes, 64, 128,
-                      cfg.vocab, max(cfg.dim, cfg.ffn_dim), max_seqs=2, kv_blocks=16)
-    arena = Arena.create(lay.size, lay.readonly_bytes)
-    try:
-        write_weights(arena.buf, lay, weights)
-        planner.set_layout(lay.to_dict())
-        prog = StepProgram.from_bytes(planner.paged_program("gpu", True)[1])
-        yield arena, lay, prog, GPUBackend(arena.buf, lay, 2)
-    finally:
-        arena.unlink()
+    """The same with a paged KV cache (16 blocks of 16 rows, 2 sequences' tables): a decode batch."""
+    yield from _pool(model_config, model_weights, lambda p: p.paged_program("gpu", True),
+                     max_seqs=2, kv_blocks=16)
 
 
 @pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3)])
@@ -173,3 +160,32 @@ def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, precision,
     for c, w in zip(kv, want_row):
         np.testing.assert_allclose(c[row], w, rtol=0, atol=rtol * np.abs(w).max())
         assert np.isnan(c[row + 1]).all() and np.isfinite(c[phys]).all()
+
+
+def test_q16_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool):
+    """Two rows of two sequences at their own positions: the q16 batch (linears in integers,
+    each input prepared once and reused by the linears that read it) against the f32 batch."""
+    arena, lay, prog, gpu = paged_pool
+    rng = np.random.default_rng(3)
+    buf, cols, br = arena.buf, lay.kv_cols, lay.block_rows
+    io = lambda name, n, dt=np.int32: buf[lay.io[name]: lay.io[name] + n * 4].view(dt)
+    tables, pos = [[3, 7], [11, 0, 5]], [20, 40]
+    kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
+          for off in lay.kv.values()]
+    for c in kv:
+        c[:] = rng.standard_normal(c.shape).astype(np.float32)
+    bt = io("btab", 2 * lay.max_blocks).reshape(2, -1)
+    for s, t in enumerate(tables):
+        bt[s, :len(t)] = t
+    io("seq", 2)[:], io("pos", 2)[:], io("ids", 2)[:] = [0, 1], pos, [3575, 504]
+    io("rows", 2)[:] = [tables[s][p // br] * br + p % br for s, p in enumerate(pos)]
+    logits = io("logits", 2 * lay.vocab, np.float32).reshape(2, -1)
+    gpu.fuse = True
+    for precision in ("f32", "q16"):
+        for u in gpu.build_units(prog, precision):
+            u.run(2, 0)
+        gpu.finish()
+        if precision == "f32":
+            want = logits.copy()
+    np.testing.assert_allclose(logits, want, rtol=0, atol=1e-3 * np.abs(want).max())
+    assert not np.allclose(want[0], want[1])                    # two different rows

@@ -513,3 +513,29 @@ def test_lm_head_rows_gives_every_rows_logits(dev, lay, rng, N):
     x, table, out = rows(lay, rng, N, D), lay.w8(Vs, D, rng), lay.zeros((N, Vs))
     check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", out), "D": D, "V": Vs,
                                 "all_rows": True}, N, 0, [(out, N * Vs * 4)])
+
+
+@pytest.mark.parametrize("N,bits,tol", [(2, 16, 2e-4), (5, 16, 2e-4), (9, 16, 2e-4), (2, 8, 3e-2)])
+def test_batch_linear_in_integers_matches_numpy(dev, lay, rng, N, bits, tol):
+    """A decode batch's linear at q16 / q8: its rows prepared once (prep_rows), each weight
+    block multiplied in integers with every row (linear_rows_act); written at paged KV rows."""
+    arena, clk = dev
+    K, M = D, KVH * HD
+    x, w = rows(lay, rng, N, K), lay.w4(M, K, rng)
+    kv_rows = rng.permutation(40)[:N].astype(np.int32)
+    out, rmap = lay.zeros((40, M)), lay.put(kv_rows)
+    scratch = lay.zeros(N * 4 * K)
+    args = {"x": ("a", x), "w": w, "out": ("kv", out), "rows": ("a", rmap), "K": K, "M": M}
+    ref = arena[:lay.top].copy()
+    NumpyKernels(ref).run("linear", args, N, 0)
+    clk.rows_act, clk._prepared = (scratch, N * 4 * K, bits), None
+    try:
+        clk._linear_rows(args, N, out, M, rmap)       # any N (the engine uses it up to INT_ROWS_MAX)
+        clk.finish()
+    finally:
+        clk.rows_act = None
+    got = arena[out: out + 40 * M * 4].view(np.float32).reshape(40, M)[kv_rows]
+    want = ref[out: out + 40 * M * 4].view(np.float32).reshape(40, M)[kv_rows]
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+    untouched = np.setdiff1d(np.arange(40), kv_rows)
+    assert not arena[out: out + 40 * M * 4].view(np.float32).reshape(40, M)[untouched].any()

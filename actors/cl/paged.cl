@@ -84,3 +84,54 @@ __kernel void lm_head_rows(__global uchar* arena, ulong x_o, ulong qs_o, ulong d
     for (int i = 0; i < LM_TN; i++)
         if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * V + r] = hsum8(acc[i]);
 }
+
+// ---- a decode batch's linears with prepared (int16 / int8) activations (precision q16 / q8) ----
+// prep_rows: x [N, K] -> N prepared rows (decode.cl's act format), row n at s_o + n * row_bytes.
+// global (K/32 rounded up, N)
+__kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes)
+{
+    const int b = get_global_id(0), n = get_global_id(1);
+    if (b >= K / QK) return;
+    const __global float8* x = AT(const float8, x_o) + (size_t)n * (K / 8) + 4 * b;
+    prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 0);
+}
+
+// linear_rows_act: N prepared rows, W Q4_1 [M, K] -> out [N, M] in rows ld wide (row n at rows[n]
+// if rows_o != 0). A work-item takes weight row r against GEMM_TN activation rows: each weight
+// block is loaded once and multiplied in integers (decode.cl's block_dot) with every row's.
+// global (M rounded up to LIN_R, ceil(N / GEMM_TN)), local (LIN_R, 1)
+__kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                              ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+{
+    const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
+    if (r >= M) return;
+    const int nb = K / QK;
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb;
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
+    const __global ushort* m = AT(const ushort, m_o) + (size_t)r * nb;
+    const __global uchar* xv[GEMM_TN];
+    const __global float* dx[GEMM_TN];
+    float8 acc[GEMM_TN];
+    float macc[GEMM_TN];
+#pragma unroll
+    for (int i = 0; i < GEMM_TN; i++) {   // tail rows repeat row N-1; they are not stored
+        xv[i] = AT(const uchar, s_o + (ulong)(n0 + i < N ? n0 + i : N - 1) * row_bytes);
+        dx[i] = (const __global float*)(xv[i] + (size_t)ACT_BYTES * K);
+        acc[i] = 0.0f;
+        macc[i] = 0.0f;
+    }
+    for (int b = 0; b < nb; b++) {
+        const uchar16 w = q[b];
+        const float dw = HALF(d, b), mw = HALF(m, b);
+#pragma unroll
+        for (int i = 0; i < GEMM_TN; i++) {
+            acc[i] += block_dot(w, xv[i], b) * (dw * dx[i][b]);
+            macc[i] += mw * dx[i][nb + b];          // m * (block sum of x)
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < GEMM_TN; i++)
+        if (n0 + i < N)
+            AT(float, out_o)[(size_t)(rows_o ? AT(const int, rows_o)[n0 + i] : n0 + i) * ld + r]
+                = hsum8(acc[i]) + macc[i];
+}
