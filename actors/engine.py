@@ -14,14 +14,13 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
-import time
 
 import numpy as np
 import ray
 
 from socllm.memory.arena import Arena
 from socllm.memory.blocks import BLOCK_ROWS
-from socllm.memory.layout import W_TOKENS, Control, PoolLayout, plan_layout, write_weights
+from socllm.memory.layout import W_TOKENS, Control, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
 from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model

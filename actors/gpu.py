@@ -14,6 +14,9 @@ from .worker import Unit, kernel_units
 
 PAGED_PHASES = ("chunk", "batch")     # actors/planner.py paged_program
 ACT_BITS = {"q16": 16, "q8": 8}       # a decode batch's linears in integers (cl/paged.cl)
+# row counts whose launches a paged program keeps recorded: a decode batch has at most max_seqs,
+# prefill chunks come in every length (a stress run grew PSS by ~100s of MB keeping them all)
+RECORDINGS = {"batch": None, "chunk": 8}
 
 
 class GPUBackend:
@@ -40,7 +43,8 @@ class GPUBackend:
             # a decode batch of one row runs the fused decode kernels (at this precision)
             bits = ACT_BITS.get(precision) if prog.phase == "batch" else None
             rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
-            replay, seqs = self.kernels.replay(tasks, rows_act), tuple(t.seq for t in tasks)
+            replay = self.kernels.replay(tasks, rows_act, keep=RECORDINGS[prog.phase])
+            seqs = tuple(t.seq for t in tasks)
             if prog.phase != "batch" or not self.fuse:
                 return [Unit([], replay, [], seqs)]
             fused = self._fused_units(prog, precision)

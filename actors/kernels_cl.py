@@ -219,12 +219,14 @@ class CLKernels:
                     events.append((name, ev))
         return run
 
-    def replay(self, tasks: list, rows_act: tuple | None = None):
+    def replay(self, tasks: list, rows_act: tuple | None = None, keep: int | None = None):
         """Tasks that depend on no pos0 (a paged program: positions are data in the pool) as
         run(n): the launches for n rows are recorded once, each with its own cl.Kernel and its
         arguments set once, and only enqueued at later steps of n rows (no Python per op).
         rows_act = (offset, bytes, bits): the linears of more than one row take their rows
-        prepared in int16 (bits 16) or int8 (8) in that scratch (decode batches at q16 / q8)."""
+        prepared in int16 (bits 16) or int8 (8) in that scratch (decode batches at q16 / q8).
+        keep: recordings kept at most, the least recently used dropped (each is a few hundred
+        kernel objects: prefill chunks come in every length, decode batches in max_seqs)."""
         recorded: dict = {}
         queue, events, profile = self.queue, self.events, self.profile
 
@@ -246,9 +248,11 @@ class CLKernels:
             return bound
 
         def run(n, pos0=0):
-            if n not in recorded:
-                recorded[n] = record(n)
-            for name, knl, gsize, lsize in recorded[n]:
+            launches = recorded.pop(n, None) or record(n)
+            recorded[n] = launches                 # the most recently used last
+            if keep is not None and len(recorded) > keep:
+                del recorded[next(iter(recorded))]
+            for name, knl, gsize, lsize in launches:
                 ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
                 if profile:
                     events.append((name, ev))

@@ -23,17 +23,20 @@ from socllm.policies.request import Request, StopText, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
 from socllm.policies.scheduler import POLICIES
 
+from .loop import ServingLoop
+
 NAMESPACE, NAME = "socllm", "service"
+POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
-KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
 PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others runs between chunks
 # a decode step of one row runs the fused decode kernels at this precision (q16: int16 activations
-# in its GEMVs); batches of more rows and prefill chunks run in f32
+# in its GEMVs), one of two rows its linears in integers too; larger batches and prefill chunks
+# run in f32 (actors/kernels_cl.py INT_ROWS_MAX says why); f32 keeps the numpy oracle's path
 SERVE_PRECISIONS = ("q16", "f32", "q8")
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class Service:
+class Service(ServingLoop):
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
                  kv_mb: float = 512, policy: str = "fcfs", threads: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, precision: str = "q16"):
@@ -149,9 +152,12 @@ class Service:
             raise ValueError("the prompt must be a string")
         return e.encode_prompt(prompt)
 
-    async def poll(self, rid: int, seen: int = 0, timeout_s: float = 10.0) -> dict:
+    async def poll(self, rid: int, seen: int = 0, timeout_s: float = 10.0,
+                   coalesce_s: float = POLL_COALESCE_S) -> dict:
         """Text pieces of request `rid` after the first `seen`; waits (up to timeout_s) while
-        there are none and the request runs on."""
+        there are none and the request runs on. After its first piece, a request's polls return
+        at most every coalesce_s, with every piece made meanwhile: a Ray reply per token would
+        cost the cores the kernels run on (DESIGN.md §5)."""
         req = self.table.get(rid)
         if req is None:
             raise KeyError(f"no request {rid}")
@@ -162,6 +168,8 @@ class Service:
                 await asyncio.wait_for(ev.wait(), timeout_s)
             except asyncio.TimeoutError:
                 pass
+        if seen and not req.ended and coalesce_s > 0:
+            await asyncio.sleep(coalesce_s)
         pieces = self.pieces[rid][seen:]
         return {"pieces": pieces, "seen": seen + len(pieces), "state": req.state,
                 "finish_reason": req.finish_reason, "error": req.error, "usage": req.usage()}
@@ -193,106 +201,6 @@ class Service:
                       "timings": {"ttft_s": ttft, "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
                                   "prefill_tok_s": len(req.prompt) / ttft if ttft > 0 else 0.0}}
 
-    # -- the loop: schedule -> run -> postprocess ------------------------------------------------
-    def _serve(self):
-        """Each iteration: one prefill chunk of the first request that needs one (Agent.xpu
-        §4.3: prefill runs singly, in chunks), then one decode step of every prefilled request
-        (continuous batching: requests join and leave the batch at every step)."""
-        while not self.stopping:
-            with self.cv:
-                for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
-                    self._end(req, "cancelled", "cancelled")
-                batch = self.scheduler.schedule()
-                for req in batch.preempted:
-                    req.state = "waiting"
-                    self.slots.append(self.slot.pop(req.id))
-                if not batch:
-                    self.cv.wait(0.5)
-                    continue
-                for req in self.scheduler.running:
-                    if req.id not in self.slot:
-                        self.slot[req.id] = self.slots.pop()
-            step = [batch.prefill[0]] if batch.prefill else []
-            try:
-                if batch.prefill:
-                    self._prefill_chunk(batch.prefill[0])
-                step = batch.decode
-                if batch.decode:
-                    self._decode(batch.decode)
-            except Exception as ex:   # one bad step fails its requests, never the service
-                traceback.print_exc()
-                for req in step:
-                    self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
-
-    def _prefill_chunk(self, req: Request):
-        seq = req.prompt + req.tokens     # a preempted request prefills its tokens too
-        lo = req.computed
-        hi = min(len(seq), lo + self.opts["prefill_chunk"])
-        req.state = "prefilling"
-        s = self.slot[req.id]
-        logits = self.runner.step([(seq[i], i, s) for i in range(lo, hi)], {s: req.blocks},
-                                  all_rows=False)
-        req.computed = hi
-        if hi == len(seq):
-            self._accept(req, self.streams[req.id][2](logits[0]))
-
-    def _decode(self, batch: list):
-        rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]
-        logits = self.runner.step(rows, {self.slot[r.id]: r.blocks for r in batch}, all_rows=True)
-        for i, req in enumerate(batch):
-            req.computed += 1
-            self._accept(req, self.streams[req.id][2](logits[i]))
-
-    def _accept(self, req: Request, tok: int):
-        """Postprocess one sampled token: stream its text, end the request where it ends."""
-        now = time.monotonic()
-        if req.first_token is None:
-            req.first_token = now
-        req.state = "decoding"
-        self.metrics.token(req, now)
-        self.token_times.append(now)
-        req.tokens.append(tok)
-        dec, stops, _ = self.streams[req.id]
-        e = self.engine
-        if tok in e.stop_ids and not req.ignore_eos:
-            reason = "stop"
-        else:
-            self._emit(req, stops.feed(dec.feed(tok)))
-            reason = "stop" if stops.hit else "length" if (
-                len(req.tokens) >= req.params.max_tokens or req.rows >= e.context) else None
-        if reason:
-            if not stops.hit:
-                self._emit(req, stops.feed(dec.flush()) + stops.flush())
-            with self.cv:
-                self._end(req, "finished", reason)
-
-    def _emit(self, req: Request, piece: str):
-        if piece:
-            req.text += piece
-            self.pieces[req.id].append(piece)
-            self._wake(req.id)
-
-    def _end(self, req: Request, state: str, reason: str, error: str | None = None):
-        """End a request: its blocks and its row of the block tables are free at once."""
-        with self.cv:
-            req.end(state, reason, error)
-            self.scheduler.finish(req)
-            if req.id in self.slot:
-                self.slots.append(self.slot.pop(req.id))
-            self.cancelled.discard(req.id)
-            self.streams.pop(req.id, None)
-            self.metrics.ended(req)
-            ended = [r for r in self.table.values() if r.ended]
-            for old in ended[:max(0, len(ended) - KEEP_ENDED)]:
-                for d in (self.table, self.pieces, self.events):
-                    d.pop(old.id, None)
-        self._wake(req.id)
-
-    def _wake(self, rid: int):
-        ev, loop = self.events.get(rid), self.loop
-        if ev is not None and loop is not None:
-            loop.call_soon_threadsafe(ev.set)
-
     # -- what runs -------------------------------------------------------------------------------
     def register_frontend(self, name: str, pid: int, url: str):
         self.frontends[name] = (pid, url)
@@ -300,6 +208,13 @@ class Service:
     def pids(self) -> list:
         """Every process socllm runs: this actor, the engine's actors, the front ends."""
         return sorted({*self.engine.pids(), *(p for p, _ in self.frontends.values())})
+
+    def processes(self, info: list) -> dict:
+        """name -> pid of socllm's processes (info: the processor actors' engine.info())."""
+        named = {"service": os.getpid(), "planner": ray.get(self.engine.planner.pid.remote()),
+                 **{d["processor"]: d["pid"] for d in info},
+                 **{k: p for k, (p, _) in self.frontends.items()}}
+        return named
 
     def status(self) -> dict:
         from .metrics import pss_mb
@@ -309,7 +224,8 @@ class Service:
         reqs = list(self.table.values())
         procs = []
         uptime = time.time() - self.started
-        for d in self.engine.info():
+        info = self.engine.info()
+        for d in info:
             procs.append({k: d.get(k) for k in ("processor", "api", "device", "type", "threads", "pid",
                                                 "steps")} | {"busy_share": round(d["busy_s"] / uptime, 4)})
         return {**self.describe(), "uptime_s": round(uptime, 1), "processors": procs,
@@ -320,7 +236,9 @@ class Service:
                        "sequences_max": self.scheduler.max_seqs,
                        "sequences_used": len(self.scheduler.running)},
                 "tokens_per_s_1min": round(len(self.token_times) / min(60.0, max(uptime, 1e-3)), 2),
-                "memory_pss_mb": round(pss_mb(self.pids()), 1)}
+                "memory_pss_mb": round(pss_mb(self.pids()), 1),
+                "memory_pss_mb_by_process": {k: round(pss_mb([p]), 1)
+                                             for k, p in self.processes(info).items()}}
 
     def prometheus(self) -> str:
         return self.metrics.text(self.table.values(), self.kv)

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     svc = Socllm(default_model_path(), max_seqs=16)
     client = socllm.connect()
     words = open(DATA).read().split()
-    tally, memory = Tally(), []
+    tally, memory, by_process = Tally(), [], []
     t_start = time.time()
     deadline = t_start + a.minutes * 60
     stop_sampling = threading.Event()
@@ -115,6 +115,7 @@ def main(argv=None) -> int:
         while not stop_sampling.wait(SAMPLE_S):
             st = ray.get(svc.svc.status.remote())
             memory.append((time.time() - t_start, st["memory_pss_mb"], st["kv"]["blocks_used"]))
+            by_process.append(st["memory_pss_mb_by_process"])
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
 
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
               "counts": tally.counts, "errors": tally.errors[:20],
               "ttft_ms": {f"p{q}": 1e3 * pct(tally.ttft, q) for q in (50, 90, 99)},
               "latency_s": {f"p{q}": pct(tally.latency, q) for q in (50, 90, 99)},
-              "memory": memory, "left_in_table": left, "kv_blocks_used_at_end": final["kv"]["blocks_used"],
+              "memory": memory, "memory_by_process": by_process[::6], "left_in_table": left, "kv_blocks_used_at_end": final["kv"]["blocks_used"],
               "memory_flat": flat}
     c = tally.counts
     print(f"completed {c['completed']}  failed {c['failed']}  cancelled {c['cancelled']}  lost {c['lost']}"

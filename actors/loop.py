@@ -1,0 +1,117 @@
+"""The service's loop (Agent.xpu §4.1, §4.3): schedule -> run -> postprocess, on its own thread.
+
+Each iteration runs one prefill chunk of the first request that needs one (prefill runs singly,
+in chunks) and then one decode step of every prefilled request (continuous batching: requests
+join and leave the batch at every step), through actors/runner.py; the sampled tokens become the
+requests' text, and requests end where they end. A mixin of the Service actor (actors/service.py),
+whose request table, scheduler, runner and streams it uses.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+from socllm.policies.request import Request
+
+KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
+
+
+class ServingLoop:
+    def _serve(self):
+        """Each iteration: one prefill chunk of the first request that needs one (Agent.xpu
+        §4.3: prefill runs singly, in chunks), then one decode step of every prefilled request
+        (continuous batching: requests join and leave the batch at every step)."""
+        while not self.stopping:
+            with self.cv:
+                for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
+                    self._end(req, "cancelled", "cancelled")
+                batch = self.scheduler.schedule()
+                for req in batch.preempted:
+                    req.state = "waiting"
+                    self.slots.append(self.slot.pop(req.id))
+                if not batch:
+                    self.cv.wait(0.5)
+                    continue
+                for req in self.scheduler.running:
+                    if req.id not in self.slot:
+                        self.slot[req.id] = self.slots.pop()
+            step = [batch.prefill[0]] if batch.prefill else []
+            try:
+                if batch.prefill:
+                    self._prefill_chunk(batch.prefill[0])
+                step = batch.decode
+                if batch.decode:
+                    self._decode(batch.decode)
+            except Exception as ex:   # one bad step fails its requests, never the service
+                traceback.print_exc()
+                for req in step:
+                    self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
+
+    def _prefill_chunk(self, req: Request):
+        seq = req.prompt + req.tokens     # a preempted request prefills its tokens too
+        lo = req.computed
+        hi = min(len(seq), lo + self.opts["prefill_chunk"])
+        req.state = "prefilling"
+        s = self.slot[req.id]
+        logits = self.runner.step([(seq[i], i, s) for i in range(lo, hi)], {s: req.blocks},
+                                  all_rows=False)
+        req.computed = hi
+        if hi == len(seq):
+            self._accept(req, self.streams[req.id][2](logits[0]))
+
+    def _decode(self, batch: list):
+        rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]
+        logits = self.runner.step(rows, {self.slot[r.id]: r.blocks for r in batch}, all_rows=True)
+        for i, req in enumerate(batch):
+            req.computed += 1
+            self._accept(req, self.streams[req.id][2](logits[i]))
+
+    def _accept(self, req: Request, tok: int):
+        """Postprocess one sampled token: stream its text, end the request where it ends."""
+        now = time.monotonic()
+        if req.first_token is None:
+            req.first_token = now
+        req.state = "decoding"
+        self.metrics.token(req, now)
+        self.token_times.append(now)
+        req.tokens.append(tok)
+        dec, stops, _ = self.streams[req.id]
+        e = self.engine
+        if tok in e.stop_ids and not req.ignore_eos:
+            reason = "stop"
+        else:
+            self._emit(req, stops.feed(dec.feed(tok)))
+            reason = "stop" if stops.hit else "length" if (
+                len(req.tokens) >= req.params.max_tokens or req.rows >= e.context) else None
+        if reason:
+            if not stops.hit:
+                self._emit(req, stops.feed(dec.flush()) + stops.flush())
+            with self.cv:
+                self._end(req, "finished", reason)
+
+    def _emit(self, req: Request, piece: str):
+        if piece:
+            req.text += piece
+            self.pieces[req.id].append(piece)
+            self._wake(req.id)
+
+    def _end(self, req: Request, state: str, reason: str, error: str | None = None):
+        """End a request: its blocks and its row of the block tables are free at once."""
+        with self.cv:
+            req.end(state, reason, error)
+            self.scheduler.finish(req)
+            if req.id in self.slot:
+                self.slots.append(self.slot.pop(req.id))
+            self.cancelled.discard(req.id)
+            self.streams.pop(req.id, None)
+            self.metrics.ended(req)
+            ended = [r for r in self.table.values() if r.ended]
+            for old in ended[:max(0, len(ended) - KEEP_ENDED)]:
+                for d in (self.table, self.pieces, self.events):
+                    d.pop(old.id, None)
+        self._wake(req.id)
+
+    def _wake(self, rid: int):
+        ev, loop = self.events.get(rid), self.loop
+        if ev is not None and loop is not None:
+            loop.call_soon_threadsafe(ev.set)
