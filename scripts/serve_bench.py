@@ -12,7 +12,8 @@ client (`/v1/completions`, server-sent events); OpenVINO GenAI's ContinuousBatch
 server, so it runs in this process with all of a level's requests added at once
 (scripts/ov_serving.py). Same GGUF, thread budget 2 everywhere; engines alternate within each
 repetition. Reported per engine and level: aggregate output tokens/s, TTFT and inter-token
-latency percentiles (p50/p90/p99), and PSS of the engine's processes after the level.
+latency percentiles (p50/p90/p99), time per output token (each request's mean gap; p50/p90), and
+PSS of the engine's processes after the level.
 A missing peer is reported as missing.
 """
 from __future__ import annotations
@@ -100,11 +101,15 @@ def http_level(url: str, n: int, per_client: int, words: int, max_tokens: int, s
 def summarize(results: list, wall: float, errors=()) -> dict:
     itl = [g for r in results for g in r["itl_s"]]
     ttft = [r["ttft_s"] for r in results]
+    # time per output token of each request (its gaps' mean): unlike single gaps, it does not
+    # depend on how a server groups tokens into events (socllm hands them out every 20 ms)
+    tpot = [sum(r["itl_s"]) / len(r["itl_s"]) for r in results if r["itl_s"]]
     tokens = sum(r["tokens"] for r in results)
     return {"requests": len(results), "errors": list(errors), "output_tokens": tokens,
             "wall_s": wall, "tok_s": tokens / wall if wall else 0.0,
             **{f"ttft_p{q}_ms": 1e3 * pct(ttft, q) for q in (50, 90, 99)},
-            **{f"itl_p{q}_ms": 1e3 * pct(itl, q) for q in (50, 90, 99)}}
+            **{f"itl_p{q}_ms": 1e3 * pct(itl, q) for q in (50, 90, 99)},
+            **{f"tpot_p{q}_ms": 1e3 * pct(tpot, q) for q in (50, 90)}}
 
 
 # -- the engines -------------------------------------------------------------------------------
@@ -264,14 +269,15 @@ def median_of(rows, eng, n, key):
 
 
 def table(rows, names, levels) -> str:
-    out = ["| engine | clients | tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | PSS MB |",
-           "|---|---|---|---|---|---|"]
+    out = ["| engine | clients | tok/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms | TPOT p50/p90 ms | PSS MB |",
+           "|---|---|---|---|---|---|---|"]
     for n in levels:
         for e in names:
             m = lambda k: median_of(rows, e, n, k)
             out.append(f"| {e} | {n} | {m('tok_s'):.1f} | {m('ttft_p50_ms'):.0f}/{m('ttft_p90_ms'):.0f}/"
                        f"{m('ttft_p99_ms'):.0f} | {m('itl_p50_ms'):.0f}/{m('itl_p90_ms'):.0f}/"
-                       f"{m('itl_p99_ms'):.0f} | {m('pss_mb'):.0f} |")
+                       f"{m('itl_p99_ms'):.0f} | {m('tpot_p50_ms'):.0f}/{m('tpot_p90_ms'):.0f} | "
+                       f"{m('pss_mb'):.0f} |")
     return "\n".join(out)
 
 
@@ -282,9 +288,11 @@ def plot(rows, names, levels, path):
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for e in names:
         a.plot(levels, [median_of(rows, e, n, "tok_s") for n in levels], marker="o", label=e)
-        b.plot(levels, [median_of(rows, e, n, "itl_p50_ms") for n in levels], marker="o", label=e)
+        key = "tpot_p50_ms" if all("tpot_p50_ms" in r for r in rows) else "itl_p50_ms"
+        b.plot(levels, [median_of(rows, e, n, key) for n in levels], marker="o", label=e)
     a.set(xlabel="concurrent clients", ylabel="aggregate output tok/s", xscale="log", title="throughput")
-    b.set(xlabel="concurrent clients", ylabel="inter-token latency p50 (ms)", xscale="log", title="latency")
+    b.set(xlabel="concurrent clients", ylabel=f"{key.split('_')[0].upper()} p50 (ms)", xscale="log",
+          title="time per output token" if key.startswith("tpot") else "inter-token latency")
     a.legend()
     fig.suptitle("2-core CPU (socllm's gpu = OpenCL on PoCL)")
     fig.tight_layout()
