@@ -6,10 +6,12 @@
 Bodies are checked here: malformed JSON, a field of the wrong type, an invalid value or a prompt
 too long get a 400 with an OpenAI-style error object, never a 500, and nothing else is disturbed.
 Extension fields: `priority` ("reactive" | "proactive"), `seed`, `ignore_eos` (as llama.cpp's). A client that disconnects
-mid-stream cancels its request (Serve cancels the handler; the generator's `finally` does it).
+mid-stream cancels its request: between two polls the handler asks whether the client is still
+there (Serve behind its proxy does not cancel a streaming handler when the client leaves).
 """
 import json
 import time
+from contextlib import aclosing
 
 import ray
 from fastapi import FastAPI, Request
@@ -152,10 +154,14 @@ class OpenAIServer:
                 "model": self.model,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
         if body.get("stream"):
-            return StreamingResponse(self._events(rid, meta, chat), media_type="text/event-stream")
+            return StreamingResponse(self._events(rid, meta, chat, request),
+                                     media_type="text/event-stream")
         text, out = "", None
-        async for out in self._polls(rid):
-            text += "".join(out["pieces"])
+        async with aclosing(self._polls(rid)) as polls:
+            async for out in polls:
+                if await request.is_disconnected():   # nobody to answer: polls' finally cancels
+                    return _error("the client disconnected", status=499)
+                text += "".join(out["pieces"])
         if out["state"] == "failed":
             return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
         reason = "stop" if out["finish_reason"] in ("stop", "cancelled") else out["finish_reason"]
@@ -175,7 +181,7 @@ class OpenAIServer:
             if not done:                    # the client went away: cancel the request
                 self.svc.cancel.remote(rid)
 
-    async def _events(self, rid: int, meta: dict, chat: bool):
+    async def _events(self, rid: int, meta: dict, chat: bool, request: Request):
         def event(delta: str | None, reason=None, usage=None, first=False):
             if chat:
                 d = ({"role": "assistant", "content": ""} if first else
@@ -190,17 +196,23 @@ class OpenAIServer:
 
         if chat:
             yield event(None, first=True)
-        async for out in self._polls(rid):
-            for piece in out["pieces"]:
-                yield event(piece)
-            if out["state"] in ENDED:
-                if out["state"] == "failed":
-                    err = {"error": {"message": f"generation failed: {out['error']}",
-                                     "type": "server_error", "param": None, "code": None}}
-                    yield f"data: {json.dumps(err)}\n\n"
-                else:
-                    reason = "stop" if out["finish_reason"] in ("stop", "cancelled") else out["finish_reason"]
-                    yield event(None, reason, out["usage"])
+        # aclosing: when Serve closes this stream (the client went away), _polls' `finally`
+        # cancels the request now, not whenever the event loop collects the generator
+        async with aclosing(self._polls(rid)) as polls:
+            async for out in polls:
+                if await request.is_disconnected():
+                    return                   # the client went away: polls' finally cancels
+                for piece in out["pieces"]:
+                    yield event(piece)
+                if out["state"] in ENDED:
+                    if out["state"] == "failed":
+                        err = {"error": {"message": f"generation failed: {out['error']}",
+                                         "type": "server_error", "param": None, "code": None}}
+                        yield f"data: {json.dumps(err)}\n\n"
+                    else:
+                        reason = ("stop" if out["finish_reason"] in ("stop", "cancelled")
+                                  else out["finish_reason"])
+                        yield event(None, reason, out["usage"])
         yield "data: [DONE]\n\n"
 
 
