@@ -17,7 +17,7 @@ from socllm.memory.kvcache import KVCache
 from socllm.memory.layout import W_FIRST_LOC, W_TOKENS
 from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
 from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
-from socllm.policies.placement import resolve
+from socllm.policies.placement import online_prepare, resolve
 from socllm.policies.sampling import Sampler, SamplingParams
 
 from .processor import ProcessorCore
@@ -56,12 +56,9 @@ class ControlCore(ProcessorCore):
     def _program(self, plan, phase, bucket, precision, prepare: bool = False):
         available = set(self.peers) | {"cpu"}
         concrete = resolve(plan, phase, bucket, available)
-        if plan == "auto" and concrete == "npu" and not prepare and "gpu" in available \
-                and ("npu", phase, bucket, precision) not in self.installed:
-            # HeteroLLM's online-prepare: the NPU's graphs for this chunk would compile inside the
-            # request (3-6 s) and cost more than the NPU saves on it (~1 ms a row here): the GPU
-            # runs it, and the NPU's graph is compiled after the request, for the next ones
-            self.deferred.add((phase, bucket, precision))
+        compiled = prepare or ("npu", phase, bucket, precision) in self.installed
+        if online_prepare(plan, concrete, compiled, available) != concrete:
+            self.deferred.add((phase, bucket, precision))    # compiled after the request
             concrete = "gpu"
         plan = concrete
         key = (plan, phase, bucket, precision)

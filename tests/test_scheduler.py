@@ -1,4 +1,5 @@
-"""The request table's pure parts: the FCFS policy's admission, stop strings, priorities."""
+"""The request table's pure parts: the FCFS policy's admission, stop strings, priorities; and
+auto's online-prepare rule (no NPU graph compiled inside a request)."""
 from __future__ import annotations
 
 import pytest
@@ -131,3 +132,13 @@ def test_ended_requests_report_usage():
     r.tokens = [1, 2, 3]
     r.end("cancelled", "cancelled")
     assert r.ended and r.usage() == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+
+def test_auto_never_compiles_an_npu_graph_inside_a_request():
+    from socllm.policies.placement import online_prepare, resolve
+    both = {"cpu", "gpu", "npu"}
+    assert resolve("auto", "prefill", 512, both) == "npu"
+    assert online_prepare("auto", "npu", compiled=False, available=both) == "gpu"
+    assert online_prepare("auto", "npu", compiled=True, available=both) == "npu"
+    assert online_prepare("npu", "npu", compiled=False, available=both) == "npu"   # asked for
+    assert online_prepare("auto", "npu", compiled=False, available={"cpu", "npu"}) == "npu"
