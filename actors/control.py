@@ -35,6 +35,25 @@ def next_epoch(ctl, words) -> int:
     return epoch
 
 
+def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos0: int,
+             precision: str, check_errors) -> int:
+    """One step from any process attached to the pool: the control block's words, the go words
+    of the processors the program uses, then their done words (a step's length is learned:
+    predict sleeps most of it, then polls). check_errors(procs) raises a processor's error.
+    Returns the step's epoch."""
+    epoch = next_epoch(ctl, words)
+    ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, pos0
+    ctl["precision"] = PRECISIONS[precision]
+    base = epoch * STEP
+    for p in procs:
+        words.store(lay.go(p), epoch)
+    for p in procs:
+        while not predict.wait(words, (pid, p), lay.done(p), base + final[p], timeout_s=0.25):
+            check_errors(procs)
+    check_errors(procs)
+    return epoch
+
+
 class ControlCore(ProcessorCore):
     def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict,
                  one_shot: bool = False):
@@ -84,17 +103,8 @@ class ControlCore(ProcessorCore):
     # -- one step ------------------------------------------------------------------------------
     def _step(self, prog, n: int, pos0: int, precision: str):
         pid, procs, final, _ = prog
-        self.epoch = next_epoch(self.ctl, self.words)
-        ctl, words, base = self.ctl, self.words, self.epoch * STEP
-        ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = self.epoch, pid, n, pos0
-        ctl["precision"] = PRECISIONS[precision]
-        for p in procs:
-            words.store(self.lay.go(p), self.epoch)
-        for p in procs:     # a decode step's length is learned: sleep most of it, then poll
-            while not self.step_predict.wait(words, (pid, p), self.lay.done(p), base + final[p],
-                                             timeout_s=0.25):
-                self._check_errors(procs)
-        self._check_errors(procs)
+        self.epoch = run_step(self.lay, self.ctl, self.words, self.step_predict, pid, procs, final,
+                              n, pos0, precision, self._check_errors)
 
     def _check_errors(self, procs):
         if self.ctl["error"]:

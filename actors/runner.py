@@ -13,9 +13,9 @@ import numpy as np
 import ray
 
 from socllm.graph.program import StepProgram
-from socllm.memory.ready import STEP, SleepPredictor
+from socllm.memory.ready import SleepPredictor
 
-from .control import PRECISIONS, next_epoch
+from .control import PRECISIONS, run_step
 
 
 class Runner:
@@ -62,18 +62,8 @@ class Runner:
 
     def _run(self, prog, n: int, pos0: int, precision: str):
         pid, procs, final = prog
-        ctl, words = self.ctl, self.words
-        epoch = next_epoch(ctl, words)
-        ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, pos0
-        ctl["precision"] = PRECISIONS[precision]
-        base = epoch * STEP
-        for p in procs:
-            words.store(self.lay.go(p), epoch)
-        for p in procs:
-            while not self.predict.wait(words, (pid, p), self.lay.done(p), base + final[p],
-                                        timeout_s=0.25):
-                self._check_errors(procs)
-        self._check_errors(procs)
+        run_step(self.lay, self.ctl, self.words, self.predict, pid, procs, final, n, pos0,
+                 precision, self._check_errors)
 
     def _check_errors(self, procs):
         if self.ctl["error"]:
