@@ -57,9 +57,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="requests decoding at once, one batched step (default 16)")
     s.add_argument("--kv-mb", type=float, default=512,
                    help="the paged KV cache, MB (default 512; pages are touched as requests use them)")
-    s.add_argument("--precision", choices=("q16", "f32", "q8"), default="q16",
-                   help="of a decode step with one request running (fused kernels); f32 keeps the "
-                        "numpy oracle's exact path; batches and prefill compute in f32 (default q16)")
+    s.add_argument("--precision", choices=("q8", "q16", "f32"), default="q8",
+                   help="activations of the decode steps' linears: q8 int8 (llama.cpp's for these "
+                        "weights), q16 int16 up to 2 rows and f32 above, f32 the numpy oracle's exact "
+                        "path; prefill computes in f32 (default q8)")
     s.add_argument("--policy", choices=("fcfs",), default="fcfs", help="scheduling policy (default fcfs)")
     s.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")

@@ -32,6 +32,8 @@ class GPUBackend:
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.rows_act_off = lay.io["act_rows"]
         self.rows_act_bytes = lay.io["act"] - lay.io["act_rows"]          # the next io region
+        # a serving step's rope table (paged.cl rope_rows_table)
+        self.kernels.rope_rows = (lay.io["rope_rows"], lay.io["att"] - lay.io["rope_rows"])
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
         self.threads = threads
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)

@@ -32,12 +32,13 @@ from socllm.models.quant import QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
-DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl")]
+DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl")]
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 # decode batches of up to this many rows run their linears in integers (q16 / q8); larger ones in
 # f32, whose dequantized weight block serves GEMM_TN rows: measured through the service on 2 cores
 # (tok/s, integers vs f32): 2 rows 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192
 INT_ROWS_MAX = 2
+TILE_ROWS = (4, 8, 16)      # activation rows a linear_tile work-item may take (cl/batch.cl)
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
@@ -64,11 +65,14 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "qkv_rope": [u64] * 14 + [i32] * 4 + [u64],
     "gate_up_silu": [u64] * 8 + [i32, i32],
     # paged.cl
-    "rope_rows": [u64] * 4 + [i32, i32, f32],
+    "rope_rows": [u64] * 4 + [i32, i32, f32, u64],
+    "rope_rows_table": [u64] * 2 + [i32, f32],
     "attention_paged": [u64] * 7 + [i32] * 4,
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
-    "prep_rows": [u64] * 2 + [i32, i32],
+    "prep_rows": [u64] * 2 + [i32, i32, i32],
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
+    # batch.cl (ACT_BITS 8 builds only)
+    "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -151,20 +155,26 @@ class CLKernels:
         self._recording = None        # bind(): launches collected instead of enqueued
         self.rows_act = None          # (offset, bytes, bits): prepared rows for a batch's linears
         self._prepared = None         # the input those rows hold (while recording a replay)
+        self.rope_rows = None         # (offset, bytes): a step's table of its rows' cos and sin
+        self._rope_table = None       # the positions that table holds (while recording a replay)
 
-    def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None) -> dict:
+    def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None,
+                 extra: str = "") -> dict:
         """The program built for a head size and activation format (and a GEMM_TN other than
-        the device's: a batch of fewer rows than GEMM_TN would compute the missing ones)."""
-        key = (head_dim, act_bits, gemm_tn)
+        the device's: a batch of fewer rows than GEMM_TN would compute the missing ones; extra:
+        more -D options, e.g. linear_tile's rows and K)."""
+        key = (head_dim, act_bits, gemm_tn, extra)
         if key not in self._by_head_dim:
             if head_dim % 8:
                 raise ValueError(f"head_dim {head_dim} is not a multiple of 8")
             options = self.options if gemm_tn is None else re.sub(
                 r"-DGEMM_TN=\d+", f"-DGEMM_TN={gemm_tn}", self.options)
             prg = cl.Program(self.ctx, "".join(p.read_text() for p in [SRC, *DECODE_SRC])).build(
-                options=f"{options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits}")
-            ks = {}
+                options=f"{options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits} {extra}")
+            ks, built = {}, set(prg.kernel_names.split(";"))
             for name, scalars in _SCALARS.items():
+                if name not in built:       # linear_tile: int8 builds only
+                    continue
                 ks[name] = cl.Kernel(prg, name)
                 ks[name].set_scalar_arg_dtypes([None] + scalars)
             self._by_head_dim[key] = ks
@@ -231,11 +241,11 @@ class CLKernels:
         queue, events, profile = self.queue, self.events, self.profile
 
         def record(n):
-            self._recording, self.rows_act, self._prepared = [], rows_act, None
+            self._recording, self.rows_act, self._prepared, self._rope_table = [], rows_act, None, None
             try:
                 for t in tasks:
                     self.run(t.op, t.args, n, 0)
-                    if t.args.get("out", (None, None))[1] == self._prepared:
+                    if self._prepared and t.args.get("out", (None, None))[1] == self._prepared[0]:
                         self._prepared = None          # its input was overwritten
             finally:
                 recs, self._recording, self.rows_act = self._recording, None, None
@@ -301,8 +311,11 @@ class CLKernels:
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
         out = a["out"][1] if rows else _out_off(a["out"], pos0, ld)
-        if 1 < N <= INT_ROWS_MAX and self.rows_act is not None:
-            return self._linear_rows(a, N, out, ld, rows)
+        if N > 1 and self.rows_act is not None:
+            if self.rows_act[2] == 8 and M % 8 == 0:
+                return self._linear_tile(a, N, out, ld, rows)
+            if N <= INT_ROWS_MAX:
+                return self._linear_rows(a, N, out, ld, rows)
         if N == 1:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
                      a["x"][1], qs, d, m, out, K, M, rows)
@@ -315,18 +328,35 @@ class CLKernels:
         """A decode batch's linear in integers: its N input rows prepared once (prep_rows; the
         linears after it that read the same rows reuse them), then linear_rows_act."""
         K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
-        off, nbytes, bits = self.rows_act
+        off, _, bits = self.rows_act
         row_bytes = _up(bits // 8 * K + 8 * (K // QK), 64)
-        if N * row_bytes > nbytes:
-            raise ValueError(f"linear: {N} prepared rows of {K} need {N * row_bytes} bytes, "
-                             f"the scratch has {nbytes}")
         tn, _ = self._tn(N)
         ks = self._kernels(64, bits, tn)
-        if self._prepared != a["x"][1]:
-            self._go("prep_rows", (_up(K // QK, 8), N), (8, 1), a["x"][1], off, K, row_bytes, ks=ks)
-            self._prepared = a["x"][1]
+        self._prep_rows(a["x"][1], K, N, N, row_bytes, ks)
         self._go("linear_rows_act", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1), off, qs, d,
                  m, out, K, M, N, ld, rows, row_bytes, ks=ks)
+
+    def _prep_rows(self, x, K, N, rows, row_bytes, ks):
+        """x [N, K] prepared into `rows` rows of the scratch (rows past N repeat row N-1), unless
+        the linear before read the same x (q, k and v; gate and up)."""
+        off, nbytes, _ = self.rows_act
+        if rows * row_bytes > nbytes:
+            raise ValueError(f"linear: {rows} prepared rows of {K} need {rows * row_bytes} bytes, "
+                             f"the scratch has {nbytes}")
+        if self._prepared != (x, rows):
+            self._go("prep_rows", (_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, N, ks=ks)
+            self._prepared = (x, rows)
+
+    def _linear_tile(self, a, N, out, ld, rows):
+        """A decode batch's linear in int8, 8 weight rows a work-item (cl/batch.cl), built per K
+        and per rows a work-item takes (TILE_ROWS: the fewest that cover N, at most the last)."""
+        K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
+        tn = next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1])
+        row_bytes = _up(K + 8 * (K // QK), 64)
+        ks = self._kernels(64, 8, None, f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
+        self._prep_rows(a["x"][1], K, N, _up(N, tn), row_bytes, ks)
+        self._go("linear_tile", (_up(M // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
+                 self.rows_act[0], qs, d, m, out, K, M, N, ld, rows, row_bytes, ks=ks)
 
     def _rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""
@@ -334,11 +364,25 @@ class CLKernels:
         if "pos" in a:          # rows at their own positions (paged.cl), KV rows from `rows`
             _aligned("rope", a["x"][1], a["out"][1], to=8)
             self._go("rope_rows", (hd // 2, N), (hd // 2, 1), a["x"][1], a["out"][1], a["pos"][1],
-                     a["rows"][1] if "rows" in a else 0, H, hd, a["theta"])
+                     a["rows"][1] if "rows" in a else 0, H, hd, a["theta"], self._rope_rows(a, N))
             return
         out = _out_off(a["out"], pos0, H * hd)
         _aligned("rope", a["x"][1], out, to=8)
         self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0)
+
+    def _rope_rows(self, a, N) -> int:
+        """Offset of this step's cos / sin table for rows at positions a["pos"], computed by the
+        first rope of a recorded step (positions are data: only a recording knows that one step
+        holds them fixed); 0: none, the kernel computes its own."""
+        hd = a["head_dim"]
+        if self._recording is None or self.rope_rows is None or N * hd * 4 > self.rope_rows[1]:
+            return 0
+        key = (a["pos"][1], N, hd, a["theta"])
+        if self._rope_table != key:
+            self._go("rope_rows_table", (hd // 2, N), (hd // 2, 1), a["pos"][1], self.rope_rows[0],
+                     hd, a["theta"])
+            self._rope_table = key
+        return self.rope_rows[0]
 
     def _attention(self, a, N, pos0):
         """q [N, H*hd], K/V cache rows 0 .. pos0+N -> out [N, H*hd] (causal, GQA): a work-group
@@ -346,8 +390,9 @@ class CLKernels:
         H, KVH, wg = a["heads"], a["kv_heads"], self.att_wg
         _aligned("attention", a["q"][1], a["k"][1], a["v"][1], a["out"][1])
         if "btab" in a:         # paged K/V, every row its own sequence and position (paged.cl)
-            if a["block_rows"] % 8:
-                raise ValueError(f"attention: block_rows {a['block_rows']} is not a multiple of 8")
+            br = a["block_rows"]
+            if br % 8 or br & (br - 1):
+                raise ValueError(f"attention: block_rows {br} is not a power of two >= 8")
             self._go("attention_paged", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1],
                      a["out"][1], a["pos"][1], a["seq"][1], a["btab"][1], H, KVH,
                      a["block_rows"], a["max_blocks"], ks=self._kernels(a["head_dim"]))

@@ -20,8 +20,8 @@ from .control import PRECISIONS, run_step
 
 class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32"):
-        """precision: of a decode step of one row, which runs the fused decode kernels (q16:
-        int16 activations in its GEMVs); batches of more rows and prefill run in f32."""
+        """precision: of a decode step's linears (actors/service.py SERVE_PRECISIONS); prefill
+        chunks run in f32."""
         self.eng, self.plan, self.precision = engine, plan, precision
         lay = self.lay = engine.layout
         buf = engine.arena.buf
@@ -59,6 +59,19 @@ class Runner:
         self._run(self.programs[all_rows], n, int(pos[0]) if n == 1 else 0,
                   self.precision if all_rows else "f32")
         return self.logits[:n if all_rows else 1]
+
+    def warm(self, max_seqs: int, chunks=(1, 2, 3, 5, 128)):
+        """Runs a decode batch of every size up to max_seqs and prefill chunks of a few lengths
+        once, on block 0 (no request holds blocks yet), so that kernel builds and launch
+        recordings happen here and not inside the first requests (seconds on PoCL)."""
+        self.btab[:max_seqs, 0] = 0
+        for n in range(1, max_seqs + 1):
+            self.step([(0, 0, s) for s in range(n)], {}, all_rows=True)
+        lay = self.lay
+        for n in chunks:
+            if n <= min(lay.max_rows, lay.context):
+                blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
+                self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False)
 
     def _run(self, prog, n: int, pos0: int, precision: str):
         pid, procs, final = prog

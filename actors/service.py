@@ -29,17 +29,18 @@ NAMESPACE, NAME = "socllm", "service"
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others runs between chunks
-# a decode step of one row runs the fused decode kernels at this precision (q16: int16 activations
-# in its GEMVs), one of two rows its linears in integers too; larger batches and prefill chunks
-# run in f32 (actors/kernels_cl.py INT_ROWS_MAX says why); f32 keeps the numpy oracle's path
-SERVE_PRECISIONS = ("q16", "f32", "q8")
+# a decode step's linears at this precision: q8 (the default) int8 activations, llama.cpp's own
+# for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
+# q16 int16 for one or two rows, f32 for more (actors/kernels_cl.py INT_ROWS_MAX says why); f32
+# the numpy oracle's path. Prefill chunks run in f32.
+SERVE_PRECISIONS = ("q8", "q16", "f32")
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service(ServingLoop):
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
                  kv_mb: float = 512, policy: str = "fcfs", threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q16"):
+                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
         if precision not in SERVE_PRECISIONS:
@@ -78,6 +79,7 @@ class Service(ServingLoop):
             # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
             self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
             self.runner = Runner(e, self.plan, self.precision)
+            self.runner.warm(o["max_seqs"])
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
             self.scheduler = POLICIES[o["policy"]](o["max_seqs"], e.context, self.kv)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read

@@ -1,6 +1,10 @@
 """Where a GPU decode step's time goes: kernels (OpenCL profiling events) vs everything else.
 
     python -m socllm.scripts.profile_decode [--pos 512] [--steps 30] [--precision f32|q16|q8]
+                                            [--batch N]
+
+--batch N profiles a serving decode batch instead (the paged "batch" program the service runs):
+N sequences, each at position --pos over its own blocks.
 
 Runs the gpu plan's decode program in this process, on a pool laid out exactly as the engine lays
 it out (no Ray: the step's own cost, without the hop to the control actor). Reports the step's wall
@@ -21,9 +25,9 @@ import numpy as np
 from socllm.policies.threads import actor_env, machine_budget
 
 
-def pool_program(proc: str, phase: str, bucket: int):
+def pool_program(proc: str, phase: str, bucket: int, paged: int = 0):
     """-> (arena, layout, the proc's StepProgram): the default model's pool laid out and filled
-    as the engine does it, in this process."""
+    as the engine does it, in this process. paged: that many sequences of a serving batch."""
     from socllm.actors.planner import PlannerCore
     from socllm.graph.program import StepProgram
     from socllm.memory.arena import Arena
@@ -37,28 +41,45 @@ def pool_program(proc: str, phase: str, bucket: int):
     planner = PlannerCore(cfg)
     slot_bytes = [planner.slots.nbytes(i, MAX_CHUNK) for i in range(len(planner.slots.sizes))]
     lay = plan_layout(weights, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, slot_bytes, MAX_CHUNK,
-                      2048, cfg.vocab, max(cfg.dim, cfg.ffn_dim))
+                      2048, cfg.vocab, max(cfg.dim, cfg.ffn_dim), max_seqs=max(1, paged),
+                      kv_blocks=max(1, paged) * 2048 // 16, block_rows=16)
     arena = Arena.create(lay.size, lay.readonly_bytes)
     write_weights(arena.buf, lay, weights)
     planner.set_layout(lay.to_dict())
-    return arena, lay, StepProgram.from_bytes(planner.program(proc, phase, bucket)[1])
+    blob = planner.paged_program(proc, True)[1] if paged else planner.program(proc, phase, bucket)[1]
+    return arena, lay, StepProgram.from_bytes(blob)
 
 
-def build(precision: str, profile: bool):
+def batch_rows(arena, lay, n: int, pos: int):
+    """Row metadata of a decode batch: sequence s at position pos, its blocks s * MB .. in order."""
+    def io(name, count):
+        return arena.buf[lay.io[name]: lay.io[name] + 4 * count].view(np.int32)
+    mb, br = lay.max_blocks, lay.block_rows
+    io("btab", lay.max_seqs * mb)[:] = np.arange(lay.max_seqs * mb, dtype=np.int32)
+    io("ids", n)[:] = 100 + np.arange(n)
+    io("pos", n)[:] = pos
+    io("seq", n)[:] = np.arange(n)
+    io("rows", n)[:] = np.arange(n) * mb * br + pos
+
+
+def build(precision: str, profile: bool, batch: int = 0):
     from socllm.actors.gpu import GPUBackend
-    arena, lay, prog = pool_program("gpu", "decode", 1)
+    arena, lay, prog = pool_program("gpu", "decode", 1, batch)
     gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
     units = gpu.build_units(prog, precision)
-    return arena, gpu, units
+    return arena, lay, gpu, units
 
 
-def run_steps(gpu, units, precision, pos, steps):
+def run_steps(gpu, units, precision, pos, steps, batch=0):
     walls = []
     for s in range(steps):
         gpu.begin_step(precision)
         t0 = time.perf_counter()
         for u in units:
-            u.run(1, pos + s)
+            if batch:
+                u.run(batch, 0)
+            else:
+                u.run(1, pos + s)
         gpu.finish()
         walls.append(time.perf_counter() - t0)
     return walls
@@ -69,16 +90,19 @@ def main(argv=None):
     ap.add_argument("--pos", type=int, default=512, help="KV rows before the step")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--precision", default="f32", choices=("f32", "q16", "q8"))
+    ap.add_argument("--batch", type=int, default=0, help="profile a serving decode batch of N rows")
     args = ap.parse_args(argv)
     for k, v in actor_env(machine_budget()).items():
         os.environ.setdefault(k, v)
     out = {}
     for profile in (False, True):
-        arena, gpu, units = build(args.precision, profile)
+        arena, lay, gpu, units = build(args.precision, profile, args.batch)
         try:
-            run_steps(gpu, units, args.precision, args.pos, 3)          # compile, warm caches
+            if args.batch:
+                batch_rows(arena, lay, args.batch, args.pos)
+            run_steps(gpu, units, args.precision, args.pos, 3, args.batch)   # compile, warm caches
             gpu.kernels.events.clear()
-            walls = run_steps(gpu, units, args.precision, args.pos, args.steps)
+            walls = run_steps(gpu, units, args.precision, args.pos, args.steps, args.batch)
             out[profile] = (walls, gpu.kernels.kernel_times())
         finally:
             arena.unlink()
@@ -86,7 +110,7 @@ def main(argv=None):
     launches = sum(n for n, _ in per_op.values()) / args.steps
     busy = sum(t for _, t in per_op.values()) / args.steps
     med = statistics.median(walls)
-    print(f"decode step at pos {args.pos}, precision {args.precision}, {args.steps} steps, "
+    print(f"decode {'batch of ' + str(args.batch) + ' rows ' if args.batch else ''}step at pos {args.pos}, precision {args.precision}, {args.steps} steps, "
           f"{len(units)} units, {launches:.0f} launches/step")
     print(f"  wall without events: median {statistics.median(plain) * 1e3:.2f} ms "
           f"(min {min(plain) * 1e3:.2f}, max {max(plain) * 1e3:.2f})")

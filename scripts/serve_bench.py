@@ -2,7 +2,7 @@
 
     python -m socllm.scripts.serve_bench [--clients 1,2,4,8,16] [--prompt-words 64]
         [--max-tokens 128] [--requests 2] [--reps 1] [--json FILE] [--plot FILE.png]
-        [--peers llama-server,openvino-genai]
+        [--peers llama-server,openvino-genai] [--precision q8|q16|f32]
 
 Each client sends `--requests` requests one after another, each a distinct prompt of
 `--prompt-words` words (public-domain text, so no engine reuses a cached prefix) and `--max-tokens`
@@ -116,7 +116,7 @@ def summarize(results: list, wall: float, errors=()) -> dict:
 class Socllm:
     name = "socllm"
 
-    def __init__(self, gguf: str, max_seqs: int):
+    def __init__(self, gguf: str, max_seqs: int, precision: str | None = None):
         import ray
 
         from socllm.actors.http import deploy
@@ -128,10 +128,10 @@ class Socllm:
                                  "prestart_worker_first_driver": False})
         self.svc = Service.options(name=NAME, namespace=NAMESPACE,
                                    runtime_env={"env_vars": actor_env(2)}).remote(
-            model=gguf, max_seqs=max_seqs, threads=2)
+            model=gguf, max_seqs=max_seqs, threads=2, **({"precision": precision} if precision else {}))
         self.info = ray.get(self.svc.ready.remote())
         self.url = deploy("127.0.0.1", free_port())
-        self.version = "socllm (paged GPU steps on PoCL)"
+        self.version = f"socllm (paged GPU steps on PoCL, {self.info['precision']})"
 
     def level(self, n, per_client, words, max_tokens, salt) -> dict:
         import ray
@@ -221,6 +221,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peers", default="llama-server,openvino-genai")
     ap.add_argument("--llama-server", default=None, help="the binary (default: on PATH or in .venv/bin)")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--precision", default=None, help="socllm's (default: the service's default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
         except Exception as e:
             missing[p] = f"{type(e).__name__}: {e}"
             print(f"# {p}: missing ({missing[p]})", file=sys.stderr)
-    engines.insert(0, Socllm(gguf, max(levels)))
+    engines.insert(0, Socllm(gguf, max(levels), a.precision))
     rows = []
     try:
         for rep in range(a.reps):

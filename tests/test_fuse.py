@@ -162,9 +162,11 @@ def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, precision,
         assert np.isnan(c[row + 1]).all() and np.isfinite(c[phys]).all()
 
 
-def test_q16_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool):
+@pytest.mark.parametrize("precision,rtol", [("q16", 1e-3), ("q8", 5e-2)])
+def test_integer_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool, precision, rtol):
     """Two rows of two sequences at their own positions: the q16 batch (linears in integers,
-    each input prepared once and reused by the linears that read it) against the f32 batch."""
+    each input prepared once and reused by the linears that read it) and the q8 batch (int8
+    weight tiles, cl/batch.cl) against the f32 batch."""
     arena, lay, prog, gpu = paged_pool
     rng = np.random.default_rng(3)
     buf, cols, br = arena.buf, lay.kv_cols, lay.block_rows
@@ -181,11 +183,11 @@ def test_q16_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool):
     io("rows", 2)[:] = [tables[s][p // br] * br + p % br for s, p in enumerate(pos)]
     logits = io("logits", 2 * lay.vocab, np.float32).reshape(2, -1)
     gpu.fuse = True
-    for precision in ("f32", "q16"):
-        for u in gpu.build_units(prog, precision):
+    for prec in ("f32", precision):
+        for u in gpu.build_units(prog, prec):
             u.run(2, 0)
         gpu.finish()
-        if precision == "f32":
+        if prec == "f32":
             want = logits.copy()
-    np.testing.assert_allclose(logits, want, rtol=0, atol=1e-3 * np.abs(want).max())
+    np.testing.assert_allclose(logits, want, rtol=0, atol=rtol * np.abs(want).max())
     assert not np.allclose(want[0], want[1])                    # two different rows

@@ -539,3 +539,31 @@ def test_batch_linear_in_integers_matches_numpy(dev, lay, rng, N, bits, tol):
     np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
     untouched = np.setdiff1d(np.arange(40), kv_rows)
     assert not arena[out: out + 40 * M * 4].view(np.float32).reshape(40, M)[untouched].any()
+
+
+@pytest.mark.parametrize("N,K,M", [(2, D, KVH * HD), (5, D, F), (16, F, D), (19, D, KVH * HD)])
+def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, K, M):
+    """A decode batch's linear at q8 in weight tiles of 8 rows (cl/batch.cl): each row equals the
+    int8 reference of linear_act (the same prepared row, f64 sums) to f32 rounding, at its
+    paged KV row; rows padded to whole tiles (19 rows: 16 + 3) are computed, never stored."""
+    arena, clk = dev[0], build
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    w = lay.w4(M, K, rng)
+    kv_rows = rng.permutation(40)[:N].astype(np.int32)
+    xo, out, rmap = lay.put(x), lay.zeros((40, M)), lay.put(kv_rows)
+    scratch, nbytes = lay.top, 32 * (K + K // 4 + 64)
+    lay.zeros(nbytes // 4)
+    qs, d, m = (arena[o: o + n].view(t).reshape(M, -1) for o, n, t in
+                [(w[1], M * K // 2, np.uint8), (w[2], M * K // 16, np.float16),
+                 (w[3], M * K // 16, np.float16)])
+    want = np.stack([linear_act_reference(x[n], qs, d, m, K, M, 8) for n in range(N)])
+    clk.rows_act, clk._prepared = (scratch, nbytes, 8), None
+    try:
+        clk.run("linear", {"x": ("a", xo), "w": w, "out": ("kv", out), "rows": ("a", rmap),
+                           "K": K, "M": M}, N, 0)
+        clk.finish()
+    finally:
+        clk.rows_act = None
+    got = arena[out: out + 40 * M * 4].view(np.float32).reshape(40, M)
+    np.testing.assert_allclose(got[kv_rows], want, rtol=0, atol=1e-5 * np.abs(want).max())
+    assert not got[np.setdiff1d(np.arange(40), kv_rows)].any()

@@ -242,6 +242,22 @@ inline float8 dot4(const __global float8* q, const __global float8* k0, const __
     return (float8)(p01.even, p23.even) + (float8)(p01.odd, p23.odd);
 }
 
+// The online softmax's running max *mx raised to the largest of s, if larger: what is summed so
+// far (sum, acc [HC]) rescaled by e^(old max - new max)
+inline void att_max(float8 s, float* mx, float* sum, float8* acc)
+{
+    const float4 m4 = s.lo > s.hi ? s.lo : s.hi;
+    const float2 m2 = m4.lo > m4.hi ? m4.lo : m4.hi;
+    const float top = m2.x > m2.y ? m2.x : m2.y;
+    if (top > *mx) {
+        const float a = exp_f32(*mx - top);
+        *sum *= a;
+#pragma unroll
+        for (int c = 0; c < HC; c++) acc[c] *= a;
+        *mx = top;
+    }
+}
+
 // One online-softmax step over keys l .. l+7 (those < L) for one query row q: scores as one
 // float8, one vector exp, at most one rescale of (mx, sum, acc). Keys past L - 1 are not read.
 inline void att_step8(const __global float8* q, const __global float8* k, const __global float8* v,
@@ -259,16 +275,7 @@ inline void att_step8(const __global float8* q, const __global float8* k, const 
     const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l) < (int8)L;
     const float8 s = live ? ((float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd)) * rsq
                           : (float8)-INFINITY;
-    const float4 m4 = s.lo > s.hi ? s.lo : s.hi;
-    const float2 m2 = m4.lo > m4.hi ? m4.lo : m4.hi;
-    const float top = m2.x > m2.y ? m2.x : m2.y;
-    if (top > *mx) {                       // a new running max: rescale what is summed so far
-        const float a = exp_f32(*mx - top);
-        *sum *= a;
-#pragma unroll
-        for (int c = 0; c < HC; c++) acc[c] *= a;
-        *mx = top;
-    }
+    att_max(s, mx, sum, acc);
     const float8 p = live ? exp8_f32(s - *mx) : (float8)0.0f;
     *sum += hsum8(p);
 #pragma unroll

@@ -8,19 +8,88 @@
 // Keys are read 8 at a time (att_step8); BR is a multiple of 8, so 8 keys never straddle blocks.
 
 // rope of rows at their own positions: x [N, H*hd] -> out rows (KV rows rows[n] if rows_o != 0,
-// else row n).  global (hd/2, N)
+// else row n); t_o != 0: cos and sin from rope_rows_table's table, else computed here.
+// global (hd/2, N)
 __kernel void rope_rows(__global uchar* arena, ulong x_o, ulong out_o, ulong pos_o, ulong rows_o,
-                        int H, int hd, float theta)
+                        int H, int hd, float theta, ulong t_o)
 {
     const int i = get_global_id(0), n = get_global_id(1);
-    const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
-    const float c = cos(ang), s = sin(ang);
+    float c, s;
+    if (t_o) {
+        c = AT(const float, t_o)[n * hd + i];
+        s = AT(const float, t_o)[n * hd + hd / 2 + i];
+    } else {
+        const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
+        c = cos(ang), s = sin(ang);
+    }
     const int r = rows_o ? AT(const int, rows_o)[n] : n;
     const __global float2* x = AT(const float2, x_o) + (size_t)n * H * hd / 2 + i;
     __global float2* out = AT(float2, out_o) + (size_t)r * H * hd / 2 + i;
     for (int h = 0; h < H; h++) {
         const float2 v = x[h * hd / 2];
         out[h * hd / 2] = (float2)(v.x * c - v.y * s, v.x * s + v.y * c);
+    }
+}
+
+// rope_rows_table: per row n, cos [hd/2] then sin [hd/2] of its position at t_o + n hd floats:
+// once a step, read by the step's 2 L rope_rows (pow, cos and sin are library calls here, ~4 ms
+// a 16-row step when every rope computes them).  global (hd/2, N)
+__kernel void rope_rows_table(__global uchar* arena, ulong pos_o, ulong t_o, int hd, float theta)
+{
+    const int i = get_global_id(0), n = get_global_id(1);
+    const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
+    AT(float, t_o)[n * hd + i] = cos(ang);
+    AT(float, t_o)[n * hd + hd / 2 + i] = sin(ang);
+}
+
+// One query row's attention over keys 0 .. L-1 of a block table, ATT_CH keys a pass, for a CPU
+// (ATT_WG 1: a work-item has the whole row): the pass's scores first (dot4),
+// one max and one rescale a pass, their exponentials, then V weighted key by key into HC
+// accumulators. ~20 vector operations a key, against ~50 for att_step8's online softmax of 8
+// keys at a time. BR (block rows) is a power of two and a multiple of 8.
+#define ATT_CH 64
+inline void att_rows(const __global float8* q, const __global float8* k, const __global float8* v,
+                     const __global int* bt, int kw, int L, int BR, float rsq, float* mx,
+                     float* sum, float8* acc)
+{
+    const int sh = __builtin_ctz(BR);
+    for (int l0 = 0; l0 < L; l0 += ATT_CH) {
+        const int groups = (min(ATT_CH, L - l0) + 7) / 8;
+        float8 sc[ATT_CH / 8];
+        int base[ATT_CH / 8];                 // KV row of the group's first key
+        float8 m8 = -INFINITY;
+        for (int j = 0; j < groups; j++) {
+            const int l = l0 + 8 * j;
+            base[j] = (bt[l >> sh] << sh) + (l & (BR - 1));
+            const __global float8* kr[8];
+#pragma unroll
+            for (int t = 0; t < 8; t++)          // tail: re-read the last key (masked below)
+                kr[t] = k + (size_t)(base[j] + (l + t < L ? t : L - 1 - l)) * kw;
+            const float8 d0 = dot4(q, kr[0], kr[1], kr[2], kr[3]);
+            const float8 d1 = dot4(q, kr[4], kr[5], kr[6], kr[7]);
+            const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l) < (int8)L;
+            sc[j] = live ? ((float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd)) * rsq
+                         : (float8)-INFINITY;
+            m8 = sc[j] > m8 ? sc[j] : m8;
+        }
+        att_max(m8, mx, sum, acc);
+        float8 s8 = 0.0f;
+        for (int j = 0; j < groups; j++) {
+            const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l0 + 8 * j) < (int8)L;
+            sc[j] = live ? exp8_f32(sc[j] - *mx) : (float8)0.0f;
+            s8 += sc[j];
+        }
+        *sum += hsum8(s8);
+        const float* p = (const float*)sc;
+        for (int j = 0; j < groups; j++) {
+            const int keys = min(8, L - l0 - 8 * j);
+            const __global float8* vr = v + (size_t)base[j] * kw;
+            for (int t = 0; t < keys; t++, vr += kw) {
+                const float w = p[8 * j + t];
+#pragma unroll
+                for (int c = 0; c < HC; c++) acc[c] += w * vr[c];
+            }
+        }
     }
 }
 
@@ -41,10 +110,14 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
 #pragma unroll
     for (int c = 0; c < HC; c++) acc[c] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
+#if ATT_WG == 1
+    att_rows(q, k, v, bt, kw, L, BR, rsq, &mx, &sum, acc);
+#else
     for (int l = 8 * t; l < L; l += 8 * ATT_WG) {
         const long shift = (long)(bt[l / BR] * BR + l % BR - l) * kw;   // keys l.. of this block
         att_step8(q, k + shift, v + shift, kw, l, L, rsq, &mx, &sum, acc);
     }
+#endif
     __local float part_mx[ATT_WG], part_sum[ATT_WG];
     __local float8 part_acc[ATT_WG * HC];
     att_store(AT(float8, out_o) + ((size_t)n * H + h) * HC, t, mx, sum, acc, part_mx, part_sum,
@@ -86,13 +159,14 @@ __kernel void lm_head_rows(__global uchar* arena, ulong x_o, ulong qs_o, ulong d
 }
 
 // ---- a decode batch's linears with prepared (int16 / int8) activations (precision q16 / q8) ----
-// prep_rows: x [N, K] -> N prepared rows (decode.cl's act format), row n at s_o + n * row_bytes.
-// global (K/32 rounded up, N)
-__kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes)
+// prep_rows: x [N, K] -> prepared rows (decode.cl's act format), row n at s_o + n * row_bytes;
+// rows n >= N (a launch padded to whole tiles, batch.cl) repeat row N-1.
+// global (K/32 rounded up, rows)
+__kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes, int N)
 {
     const int b = get_global_id(0), n = get_global_id(1);
     if (b >= K / QK) return;
-    const __global float8* x = AT(const float8, x_o) + (size_t)n * (K / 8) + 4 * b;
+    const __global float8* x = AT(const float8, x_o) + (size_t)(n < N ? n : N - 1) * (K / 8) + 4 * b;
     prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 0);
 }
 

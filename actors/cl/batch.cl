@@ -1,0 +1,123 @@
+// A decode batch's linears in int8, weight tile by weight tile (precision q8; appended after
+// paged.cl). linear_rows_act's way (a weight row against a row of activations, a horizontal sum
+// per row) spends ~6 instructions per block and row on conversions and scaling; here a work-item
+// takes a TILE of 8 weight rows, so each integer lane belongs to one weight row:
+//   W_g   the dword g (bytes 4g .. 4g+3) of block b of the 8 rows, as one 256-bit vector:
+//         low nibbles pair with the activation's evens 4g .. 4g+3, high nibbles with its odds
+//   dot   8 u8 x s8 pair products (pmaddubsw) against an activation dword broadcast to all
+//         lanes, summed in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15), then pairs to int32:
+//         the block's 8 row sums in 17 instructions, no horizontal sum
+//   scale acc += dot * (d_w * dx) + m_w * sx: one vector for the tile's 8 rows
+// The tile's weight blocks are loaded, transposed and split once for TILE_N activation rows.
+
+#ifndef TILE_N       // activation rows a work-item takes against its weight tile
+#define TILE_N 4
+#endif
+
+#if ACT_BITS == 8
+#ifdef Q8_X86
+typedef uint uint8v __attribute__((ext_vector_type(8)));
+// sum_j q_w * q_x of block b for the tile's 8 rows: lo / hi [4] the split tile, x the row's
+// prepared block (16 evens, then 16 odds, int8)
+inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
+{
+    v16hi p = __builtin_ia32_pmaddubsw256(lo[0], __builtin_astype((int8)x[0], v32qi));
+#pragma unroll
+    for (int g = 1; g < 4; g++)
+        p += __builtin_ia32_pmaddubsw256(lo[g], __builtin_astype((int8)x[g], v32qi));
+#pragma unroll
+    for (int g = 0; g < 4; g++)
+        p += __builtin_ia32_pmaddubsw256(hi[g], __builtin_astype((int8)x[4 + g], v32qi));
+    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    return __builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8);
+}
+#endif
+
+// linear_tile: N prepared int8 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) -> out [N, M]
+// in rows ld wide (row n at rows[n] if rows_o != 0). The scratch holds ceil(N / TILE_N) * TILE_N
+// rows (prep_rows repeats row N-1), so a work-item's rows are one base and constant strides.
+// TILE_K: a build for one K (CLKernels builds one per K it meets): the rows of a tile and of the
+// scratch are then constant displacements from one pointer each, not ~30 induction variables.
+// global (M / 8 rounded up to LIN_R, ceil(N / TILE_N)), local (LIN_R, 1)
+#ifdef TILE_K
+#define TK TILE_K
+#define TRB TILE_ROW_BYTES
+#else
+#define TK K
+#define TRB row_bytes
+#endif
+__kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+{
+    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
+    if (r0 >= M) return;
+    const int nb = TK / QK;
+    const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
+    const __global ushort* m = AT(const ushort, m_o) + (size_t)r0 * nb;
+    const __global uchar* x0 = AT(const uchar, s_o + (ulong)n0 * TRB);   // row i at x0 + i TRB
+    float8 acc[TILE_N];
+#pragma unroll
+    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+#ifdef Q8_X86
+        const short8 dh = (short8)(d[b], d[nb + b], d[2 * nb + b], d[3 * nb + b], d[4 * nb + b],
+                                   d[5 * nb + b], d[6 * nb + b], d[7 * nb + b]);
+        const short8 mh = (short8)(m[b], m[nb + b], m[2 * nb + b], m[3 * nb + b], m[4 * nb + b],
+                                   m[5 * nb + b], m[6 * nb + b], m[7 * nb + b]);
+        const float8 dw = __builtin_ia32_vcvtph2ps256(dh), mw = __builtin_ia32_vcvtph2ps256(mh);
+        // rows (j, j+4) side by side, then a 4x4 dword transpose in each 128-bit half
+        const uint8v a0 = __builtin_shufflevector(q[b], q[4 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+        const uint8v a1 = __builtin_shufflevector(q[nb + b], q[5 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+        const uint8v a2 = __builtin_shufflevector(q[2 * nb + b], q[6 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+        const uint8v a3 = __builtin_shufflevector(q[3 * nb + b], q[7 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+        const uint8v t0 = __builtin_shufflevector(a0, a1, 0, 8, 1, 9, 4, 12, 5, 13);   // unpacklo dq
+        const uint8v t1 = __builtin_shufflevector(a0, a1, 2, 10, 3, 11, 6, 14, 7, 15);  // unpackhi dq
+        const uint8v t2 = __builtin_shufflevector(a2, a3, 0, 8, 1, 9, 4, 12, 5, 13);
+        const uint8v t3 = __builtin_shufflevector(a2, a3, 2, 10, 3, 11, 6, 14, 7, 15);
+        const uint8v w[4] = {__builtin_shufflevector(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13),  // qdq
+                             __builtin_shufflevector(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15),
+                             __builtin_shufflevector(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13),
+                             __builtin_shufflevector(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15)};
+        v32qi lo[4], hi[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            lo[g] = __builtin_astype(w[g] & (uint)0x0F0F0F0F, v32qi);
+            hi[g] = __builtin_astype((w[g] >> 4) & (uint)0x0F0F0F0F, v32qi);
+        }
+#pragma unroll
+        for (int i = 0; i < TILE_N; i++) {   // row i: values [K], then dx [K/32], sx [K/32]
+            const __global int* xb = (const __global int*)(x0 + i * TRB);
+            const __global float* dx = (const __global float*)(xb + TK / 4);
+            acc[i] += CVT(tile_dot(lo, hi, xb + 8 * b), float8) * (dw * dx[b]) + mw * dx[nb + b];
+        }
+#else
+        float dws[8], mws[8];
+        int sums[TILE_N][8];
+        for (int j = 0; j < 8; j++) {
+            dws[j] = HALF(d, j * nb + b);
+            mws[j] = HALF(m, j * nb + b);
+            const uchar16 wq = as_uchar16(q[j * nb + b]);
+            const short16 wl = convert_short16(wq & (uchar)0x0F), wh = convert_short16(wq >> (uchar)4);
+            for (int i = 0; i < TILE_N; i++) {
+                const __global char16* x = (const __global char16*)(x0 + i * TRB) + 2 * b;
+                const short16 p = wl * convert_short16(x[0]) + wh * convert_short16(x[1]);
+                const int8 s8 = convert_int8(p.lo) + convert_int8(p.hi);
+                const int4 s4 = s8.lo + s8.hi;
+                sums[i][j] = s4.x + s4.y + s4.z + s4.w;
+            }
+        }
+        const float8 dw = vload8(0, dws), mw = vload8(0, mws);
+        for (int i = 0; i < TILE_N; i++) {
+            const __global float* dx = (const __global float*)(x0 + i * TRB + TK);
+            acc[i] += convert_float8(vload8(0, sums[i])) * (dw * dx[b]) + mw * dx[nb + b];
+        }
+#endif
+    }
+#pragma unroll
+    for (int i = 0; i < TILE_N; i++)
+        if (n0 + i < N)
+            vstore8(acc[i], 0, AT(float, out_o)
+                    + (size_t)(rows_o ? AT(const int, rows_o)[n0 + i] : n0 + i) * ld + r0);
+}
+#endif
