@@ -42,8 +42,9 @@ class GPUBackend:
         tasks = prog.tasks.get(self.name, [])
         if prog.phase in PAGED_PHASES and not any(t.waits or t.signals for t in tasks):
             # a serving step on this processor alone: its launches recorded once per row count;
-            # a decode batch of one row runs the fused decode kernels (at this precision)
-            bits = ACT_BITS.get(precision) if prog.phase == "batch" else None
+            # a decode batch of one row runs the fused decode kernels (at this precision); q8
+            # prefill chunks run their linears in int8 weight tiles too
+            bits = ACT_BITS.get(precision) if prog.phase == "batch" or precision == "q8" else None
             rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
             replay = self.kernels.replay(tasks, rows_act, keep=RECORDINGS[prog.phase])
             seqs = tuple(t.seq for t in tasks)

@@ -21,8 +21,9 @@ from .control import PRECISIONS, run_step
 class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32"):
         """precision: of a decode step's linears (actors/service.py SERVE_PRECISIONS); prefill
-        chunks run in f32."""
+        chunks run in f32, or in int8 weight tiles at q8."""
         self.eng, self.plan, self.precision = engine, plan, precision
+        self.chunk_precision = "q8" if precision == "q8" else "f32"   # prefill's linears
         lay = self.lay = engine.layout
         buf = engine.arena.buf
 
@@ -40,7 +41,7 @@ class Runner:
         eng = self.eng
         pid, blob, procs = ray.get(eng.planner.paged_program.remote(self.plan, all_rows))
         actors = {**eng.peers, "cpu": eng.control}
-        prec = self.precision if all_rows else "f32"
+        prec = self.precision if all_rows else self.chunk_precision
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
 
@@ -57,7 +58,7 @@ class Runner:
         self.rows[:n] = self.btab[seq, pos // br] * br + pos % br
         # one row: its position is also pos0 (the fused decode kernels' RoPE and key count)
         self._run(self.programs[all_rows], n, int(pos[0]) if n == 1 else 0,
-                  self.precision if all_rows else "f32")
+                  self.precision if all_rows else self.chunk_precision)
         return self.logits[:n if all_rows else 1]
 
     def warm(self, max_seqs: int, chunks=(1, 2, 3, 5, 128)):

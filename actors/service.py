@@ -58,6 +58,10 @@ class Service(ServingLoop):
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
         self.token_times: collections.deque = collections.deque()   # for tokens/s over a minute
+        # the loop's time: prefill chunks, decode steps (of which in the step's kernels: the rest
+        # is sampling and text), rows decoded
+        self.loop_times = dict.fromkeys(("prefill_chunks", "prefill_s", "decode_steps",
+                                         "decode_rows", "decode_s", "decode_kernels_s"), 0)
         self.engine, self.error, self.loop = None, None, None
         self.ids = iter(range(1, 1 << 62))
         self.cv = threading.Condition()
@@ -238,6 +242,7 @@ class Service(ServingLoop):
                        "sequences_max": self.scheduler.max_seqs,
                        "sequences_used": len(self.scheduler.running)},
                 "tokens_per_s_1min": round(len(self.token_times) / min(60.0, max(uptime, 1e-3)), 2),
+                "loop": {k: round(v, 3) for k, v in self.loop_times.items()},
                 "memory_pss_mb": round(pss_mb(self.pids()), 1),
                 "memory_pss_mb_by_process": {k: round(pss_mb([p]), 1)
                                              for k, p in self.processes(info).items()}}
