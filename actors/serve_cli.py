@@ -141,6 +141,11 @@ def status(a) -> int:
     print(f"kv         {kv['blocks_used']} of {kv['blocks']} blocks ({kv['block_rows']} rows each) "
           f"used; sequences {kv['sequences_used']} of {kv['sequences_max']}")
     print(f"tokens/s   {st['tokens_per_s_1min']:.1f} (last minute)")
+    lp = st["loop"]
+    if lp["decode_steps"]:
+        print(f"loop       {lp['decode_steps']} decode steps of {lp['decode_rows'] / lp['decode_steps']:.1f} "
+              f"rows, {1e3 * lp['decode_s'] / lp['decode_steps']:.1f} ms each; {lp['prefill_chunks']} "
+              f"prefill chunks, {lp['prefill_s']:.1f} s")
     for p in st["processors"]:
         print(f"{p['processor']:<10} {p.get('api') or ''} {p.get('device') or ''}: busy "
               f"{100 * p['busy_share']:.1f} %")

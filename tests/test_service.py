@@ -73,6 +73,16 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert st["frontends"]["http"] == served[1]
 
 
+def test_status_counts_the_loops_steps(client):
+    before = client.status()["loop"]
+    client.generate(FRANCE, max_tokens=6, ignore_eos=True)
+    after = client.status()["loop"]
+    assert after["prefill_chunks"] >= before["prefill_chunks"] + 1
+    assert after["decode_steps"] >= before["decode_steps"] + 5           # the first token: prefill's
+    assert after["decode_rows"] - before["decode_rows"] >= after["decode_steps"] - before["decode_steps"]
+    assert after["decode_s"] > before["decode_s"] and after["decode_kernels_s"] <= after["decode_s"]
+
+
 def test_client_text_equals_the_oracle_stream_and_not(client, oracle, tokenizer):
     want = _want(oracle, tokenizer, FRANCE, 12)
     assert client.generate(FRANCE, max_tokens=12) == want
