@@ -15,7 +15,6 @@ little themselves; the wall time without them is reported too.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import statistics
 import time

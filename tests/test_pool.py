@@ -7,8 +7,6 @@ import sys
 import threading
 import time
 
-import numpy as np
-import pytest
 
 from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
