@@ -34,9 +34,10 @@ SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
 DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl")]
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
-# decode batches of up to this many rows run their linears in integers (q16 / q8); larger ones in
-# f32, whose dequantized weight block serves GEMM_TN rows: measured through the service on 2 cores
-# (tok/s, integers vs f32): 2 rows 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192
+# q16 decode batches of up to this many rows run their linears in int16 (linear_rows_act); larger
+# ones in f32, whose dequantized weight block serves GEMM_TN rows: measured through the service on
+# 2 cores (tok/s, integers vs f32): 2 rows 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192.
+# q8 batches of any size run int8 weight tiles (linear_tile) instead.
 INT_ROWS_MAX = 2
 TILE_ROWS = (4, 8, 16)      # activation rows a linear_tile work-item may take (cl/batch.cl)
 

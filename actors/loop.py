@@ -36,26 +36,19 @@ class ServingLoop:
                     if req.id not in self.slot:
                         self.slot[req.id] = self.slots.pop()
             step = [batch.prefill[0]] if batch.prefill else []
-            t = self.loop_times
             try:
                 if batch.prefill:
-                    t0 = time.perf_counter()
                     self._prefill_chunk(batch.prefill[0])
-                    t["prefill_chunks"] += 1
-                    t["prefill_s"] += time.perf_counter() - t0
                 step = batch.decode
                 if batch.decode:
-                    t0 = time.perf_counter()
                     self._decode(batch.decode)
-                    t["decode_steps"] += 1
-                    t["decode_rows"] += len(batch.decode)
-                    t["decode_s"] += time.perf_counter() - t0
             except Exception as ex:   # one bad step fails its requests, never the service
                 traceback.print_exc()
                 for req in step:
                     self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
 
     def _prefill_chunk(self, req: Request):
+        t0 = time.perf_counter()
         seq = req.prompt + req.tokens     # a preempted request prefills its tokens too
         lo = req.computed
         hi = min(len(seq), lo + self.opts["prefill_chunk"])
@@ -66,15 +59,22 @@ class ServingLoop:
         req.computed = hi
         if hi == len(seq):
             self._accept(req, self.streams[req.id][2](logits[0]))
+        self.loop_times["prefill_chunks"] += 1
+        self.loop_times["prefill_s"] += time.perf_counter() - t0
 
     def _decode(self, batch: list):
         rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]
         t0 = time.perf_counter()
         logits = self.runner.step(rows, {self.slot[r.id]: r.blocks for r in batch}, all_rows=True)
-        self.loop_times["decode_kernels_s"] += time.perf_counter() - t0
+        t1 = time.perf_counter()
         for i, req in enumerate(batch):
             req.computed += 1
             self._accept(req, self.streams[req.id][2](logits[i]))
+        t = self.loop_times
+        t["decode_steps"] += 1
+        t["decode_rows"] += len(batch)
+        t["decode_kernels_s"] += t1 - t0
+        t["decode_s"] += time.perf_counter() - t0
 
     def _accept(self, req: Request, tok: int):
         """Postprocess one sampled token: stream its text, end the request where it ends."""
