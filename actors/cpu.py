@@ -11,7 +11,7 @@ class CPUBackend:
     name = "cpu"
 
     def __init__(self, arena_buf, lay, threads: int):
-        self.kernels = NumpyKernels(arena_buf)
+        self.kernels = NumpyKernels(arena_buf, lay.kv_dtype)
         self.threads = threads
 
     def build_units(self, prog: StepProgram, precision: str) -> list:

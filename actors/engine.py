@@ -20,7 +20,7 @@ import ray
 
 from socllm.memory.arena import Arena
 from socllm.memory.blocks import BLOCK_ROWS
-from socllm.memory.layout import W_TOKENS, Control, plan_layout, write_weights
+from socllm.memory.layout import KV_DTYPES, W_TOKENS, Control, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
 from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model
@@ -77,13 +77,17 @@ class Engine:
     def __init__(self, model: str | None = None, context: int = 2048,
                  processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
                  n_layers: int | None = None, reader=None, rowcut_profile: str | None = None,
-                 max_seqs: int = 1, kv_mb: float = 0, one_shot: bool = False):
+                 max_seqs: int = 1, kv_mb: float = 0, one_shot: bool = False,
+                 kv_dtype: str = "f32"):
         """rowcut_profile: the tensor plan's profile (scripts/profile_rowcut.py); default: this
         device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut. max_seqs,
         kv_mb: sequences a serving step holds and the paged KV cache's size (the service).
-        one_shot: one request and gone (the CLI): `auto` compiles no NPU graph for later ones."""
+        one_shot: one request and gone (the CLI): `auto` compiles no NPU graph for later ones.
+        kv_dtype: the KV cache's elements (memory/layout.KV_DTYPES); "f16" runs paged programs
+        on the GPU only (the service below f32)."""
         self._closed = True
         self.max_seqs, self.kv_mb, self.one_shot = max_seqs, kv_mb, one_shot
+        self.kv_dtype = kv_dtype
         self.rowcut_profile = load_profile(rowcut_profile)
         path = model or default_model_path()
         if model is None:
@@ -127,11 +131,11 @@ class Engine:
                        if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
         layers = self.cfg.n_layers if n_layers is None else n_layers
         kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
-        block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * 4     # a block of every layer's K and V
+        block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * KV_DTYPES[self.kv_dtype]   # every layer's K, V
         lay = plan_layout(weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context,
                           self.cfg.vocab, max(self.cfg.dim, self.cfg.ffn_dim),
                           max_seqs=self.max_seqs, kv_blocks=int(self.kv_mb * 2**20 // block_bytes),
-                          block_rows=BLOCK_ROWS)
+                          block_rows=BLOCK_ROWS, kv_dtype=self.kv_dtype)
         self.layout = lay
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
         write_weights(self.arena.buf, lay, weights)

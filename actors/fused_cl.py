@@ -67,7 +67,7 @@ class FusedCL:
     def _linear_act(self, a, pos0):
         """act [K], W [M, K] -> out [M] (+ res [M])"""
         M, (_, qs, d, m) = a["M"], a["w"]
-        out = _out_off(a["out"], pos0, a.get("ld", M))
+        out = _out_off(a["out"], pos0, a.get("ld", M), self.k.kv_half)
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
                  int(a["res"] is not None))
@@ -81,8 +81,8 @@ class FusedCL:
         if "rows" in a:         # paged KV: the kernel reads the row from the pool
             outs = [a["q_out"][1], a["k_out"][1], a["v_out"][1]]
         else:
-            outs = [_out_off(a["q_out"], pos0, Mq), _out_off(a["k_out"], pos0, Mk),
-                    _out_off(a["v_out"], pos0, Mk)]
+            outs = [_out_off(a[o], pos0, m, self.k.kv_half)
+                    for o, m in (("q_out", Mq), ("k_out", Mk), ("v_out", Mk))]
         self._go("qkv_rope", *self._rows(Mq + 2 * Mk), self.act, *ws, *outs, self.table,
                  a["K"], Mq, Mk, hd, a["rows"][1] if "rows" in a else 0)
 

@@ -28,7 +28,7 @@ class GPUBackend:
         if not self.device.host_unified_memory:
             raise RuntimeError(f"{self.device.name}: discrete GPUs need an upload path (not built yet)")
         self.buf = wrap_arena(self.ctx, arena_buf)
-        self.kernels = CLKernels(self.ctx, self.queue, self.buf)
+        self.kernels = CLKernels(self.ctx, self.queue, self.buf, kv_dtype=lay.kv_dtype)
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.rows_act_off = lay.io["act_rows"]
         self.rows_act_bytes = lay.io["act"] - lay.io["act_rows"]          # the next io region

@@ -128,9 +128,14 @@ def _up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
-def _out_off(ref, pos0: int, cols: int) -> int:
-    """Byte offset of an output ref's first row: KV refs start at row pos0 (written in place)."""
-    return ref[1] + (pos0 * cols * 4 if ref[0] == "kv" else 0)
+def _out_off(ref, pos0: int, cols: int, kv_half: bool = False) -> int:
+    """Byte offset of an output ref's first row: KV refs start at row pos0 (written in place, in
+    f32: an f16 cache is written through row maps only, by paged programs)."""
+    if ref[0] != "kv":
+        return ref[1]
+    if kv_half:
+        raise ValueError("an f16 KV cache is written through row maps only (paged programs)")
+    return ref[1] + pos0 * cols * 4
 
 
 def _aligned(op: str, *offsets: int, to: int = VEC):
@@ -140,12 +145,14 @@ def _aligned(op: str, *offsets: int, to: int = VEC):
 
 class CLKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
-                 build_options: str = ""):
+                 build_options: str = "", kv_dtype: str = "f32"):
         """Builds kernels.cl once (PoCL and pyopencl cache the binaries on disk; PoCL compiles each
         kernel again per work-group size at its first launch, also cached). build_options may
-        override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them."""
+        override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them. kv_dtype: the
+        pool's KV elements (f16: every kernel built with KV_HALF)."""
         self.ctx, self.queue, self.buf = ctx, queue, arena_buf
-        knobs, self.options = tuning(queue.device, build_options)
+        self.kv_half = kv_dtype == "f16"
+        knobs, self.options = tuning(queue.device, build_options + " -DKV_HALF" * self.kv_half)
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
         self.att_wg = knobs["ATT_WG"]
         self.group = 64               # work-group size of the element-wise kernels
@@ -311,7 +318,7 @@ class CLKernels:
         _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
-        out = a["out"][1] if rows else _out_off(a["out"], pos0, ld)
+        out = a["out"][1] if rows else _out_off(a["out"], pos0, ld, self.kv_half)
         if N > 1 and self.rows_act is not None:
             if self.rows_act[2] == 8 and M % 8 == 0:
                 return self._linear_tile(a, N, out, ld, rows)
@@ -367,7 +374,7 @@ class CLKernels:
             self._go("rope_rows", (hd // 2, N), (hd // 2, 1), a["x"][1], a["out"][1], a["pos"][1],
                      a["rows"][1] if "rows" in a else 0, H, hd, a["theta"], self._rope_rows(a, N))
             return
-        out = _out_off(a["out"], pos0, H * hd)
+        out = _out_off(a["out"], pos0, H * hd, self.kv_half)
         _aligned("rope", a["x"][1], out, to=8)
         self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0)
 

@@ -25,9 +25,13 @@ def strided_rows(arena: np.ndarray, off: int, rows: int, cols: int, ld: int, dty
     return np.lib.stride_tricks.as_strided(span, (rows, cols), (ld * size, size), writeable=True)
 
 
+KV_NUMPY = {"f32": np.float32, "f16": np.float16}    # memory/layout.KV_DTYPES as numpy types
+
+
 class NumpyKernels:
-    def __init__(self, arena: np.ndarray):
+    def __init__(self, arena: np.ndarray, kv_dtype: str = "f32"):
         self.arena = arena  # uint8 [bytes]
+        self.kv_type = KV_NUMPY[kv_dtype]   # f16 KV rows: stored rounded to nearest even
 
     # -- views ---------------------------------------------------------------------------------
     def f32(self, off: int, rows: int, cols: int) -> np.ndarray:
@@ -43,10 +47,16 @@ class NumpyKernels:
         KV row rows[n] (a fancy-indexed _Scatter view)."""
         ref, ld = a["out"], a.get("ld") or cols
         if "rows" in a:
-            return _Scatter(self.f32(ref[1], 1 + int(self.i32(a["rows"], N).max()), cols),
-                            self.i32(a["rows"], N))
+            rows = self.i32(a["rows"], N)
+            return _Scatter(self._arr(ref[1], (1 + int(rows.max()), cols), self.kv_type), rows)
+        if ref[0] == "kv" and self.kv_type != np.float32:
+            raise ValueError("an f16 KV cache is written through row maps only (paged programs)")
         off = ref[1] + (pos0 * ld * 4 if ref[0] == "kv" else 0)
         return strided_rows(self.arena, off, N, cols, ld, np.float32)
+
+    def _kv(self, ref, rows: int, cols: int) -> np.ndarray:
+        """KV rows 0 .. rows-1 of a "kv" ref in f32: [rows, cols] (a copy when they are f16)"""
+        return self._arr(ref[1], (rows, cols), self.kv_type).astype(np.float32, copy=False)
 
     def i32(self, ref, n: int) -> np.ndarray:
         return self._arr(ref[1], (n,), np.int32)
@@ -112,8 +122,8 @@ class NumpyKernels:
             return self.attention_paged(a, N)
         L = pos0 + N
         q = self.f32(a["q"][1], N, H * hd).reshape(N, H, hd)
-        k = self.f32(a["k"][1], L, KVH * hd).reshape(L, KVH, hd)
-        v = self.f32(a["v"][1], L, KVH * hd).reshape(L, KVH, hd)
+        k = self._kv(a["k"], L, KVH * hd).reshape(L, KVH, hd)
+        v = self._kv(a["v"], L, KVH * hd).reshape(L, KVH, hd)
         g = H // KVH
         qh = q.reshape(N, KVH, g, hd).transpose(1, 2, 0, 3)            # [KVH, g, N, hd]
         s = np.einsum("kgnd,lkd->kgnl", qh, k) / np.float32(np.sqrt(hd))
@@ -136,8 +146,8 @@ class NumpyKernels:
             L = int(pos[n]) + 1
             ls = np.arange(L)
             phys = btab[seq[n], ls // br] * br + ls % br
-            k = self.f32(a["k"][1], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
-            v = self.f32(a["v"][1], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
+            k = self._kv(a["k"], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
+            v = self._kv(a["v"], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
             qh = q[n].reshape(KVH, H // KVH, hd)
             s = np.einsum("kgd,lkd->kgl", qh, k) / np.float32(np.sqrt(hd))
             s = np.exp(s - s.max(axis=-1, keepdims=True))

@@ -60,7 +60,7 @@ class NPUBackend:
         self.core = ov.Core()
         self.device = pick_device(self.core)
         self.arena = arena_buf
-        self.kv_rows = lay.kv_rows
+        self.kv_rows, self.kv_dtype = lay.kv_rows, lay.kv_dtype
         self.threads = threads
         self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
         self.shared: dict = {}             # segment signature -> compiled graph (ov_segment)
@@ -72,6 +72,8 @@ class NPUBackend:
         config = {"INFERENCE_NUM_THREADS": self.threads,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_QUANT_GROUP.get(precision, 0)}
         tasks = prog.tasks.get(self.name, [])
+        if tasks and self.kv_dtype != "f32":
+            raise ValueError(f"the NPU's graphs read an f32 KV cache, this pool's is {self.kv_dtype}")
         # row-cut halves (the tensor plan) are one linear per segment: weights as inputs let all
         # layers share one compiled graph per shape instead of compiling each half's constants
         const = const_weights(prog.phase, prog.bucket) and not any(t.rows for t in tasks)

@@ -32,8 +32,10 @@ PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others 
 # a decode step's linears at this precision: q8 (the default) int8 activations, llama.cpp's own
 # for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
 # q16 int16 for one or two rows, f32 for more (actors/kernels_cl.py INT_ROWS_MAX says why); f32
-# the numpy oracle's path. Prefill chunks run in f32.
+# the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
 SERVE_PRECISIONS = ("q8", "q16", "f32")
+# the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
+KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -79,7 +81,8 @@ class Service(ServingLoop):
             from .runner import Runner
             o = self.opts
             self.engine = e = Engine(model=o["model"], context=o["context"], threads=o["threads"],
-                                     max_seqs=o["max_seqs"], kv_mb=o["kv_mb"])
+                                     max_seqs=o["max_seqs"], kv_mb=o["kv_mb"],
+                                     kv_dtype=KV_DTYPE[o["precision"]])
             # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
             self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
             self.runner = Runner(e, self.plan, self.precision)

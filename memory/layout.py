@@ -3,7 +3,7 @@
   [ weights (read-only, written once) | KV cache | activation slots | io | control | ready words ]
 
   weights   planar Q4_1 / Q8_0 arrays and f32 vectors (models/quant.py)     read by every actor
-  kv        [n_layers, 2, kv_rows, kv_cols] f32, kv_rows = context + largest bucket (a padded
+  kv        [n_layers, 2, kv_rows, kv_cols] f32 (or f16: kv_dtype), kv_rows = context + largest bucket (a padded
             NPU chunk writes up to a bucket of rows past the real ones) or, paged, kv_blocks
             blocks of block_rows rows (memory/blocks.py), whichever is more
   slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py)
@@ -26,6 +26,7 @@ _CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
 W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
 
 
+KV_DTYPES = {"f32": 4, "f16": 2}     # a KV element's type -> its bytes
 ATT_SPLITS = 16     # key splits of the GPU's decode attention (ATT_S of actors/cl/decode.cl)
 
 
@@ -36,6 +37,7 @@ class PoolLayout:
     kv: dict = field(default_factory=dict)         # "kcache.3" -> offset
     kv_rows: int = 0
     kv_cols: int = 0
+    kv_dtype: str = "f32"                          # "f16": half the bytes (paged programs only)
     kv_blocks: int = 0                             # paged: kv_rows // block_rows blocks
     block_rows: int = 16
     max_blocks: int = 0                            # a block table's length (context's blocks)
@@ -51,6 +53,11 @@ class PoolLayout:
     n_words: int = 0
     locations: dict = field(default_factory=dict)  # location key -> ready word index
     size: int = 0
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of one KV element."""
+        return KV_DTYPES[self.kv_dtype]
 
     def word(self, loc: str) -> int:
         return self.locations[loc]
@@ -75,13 +82,15 @@ class PoolLayout:
 
 def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, max_rows: int,
                 context: int, vocab: int, max_k: int = 4096, max_seqs: int = 1,
-                kv_blocks: int = 0, block_rows: int = 16) -> PoolLayout:
+                kv_blocks: int = 0, block_rows: int = 16, kv_dtype: str = "f32") -> PoolLayout:
     """weights: name -> planar dict of arrays (quantized) or an f32 array. max_seqs sequences of
     a serving step read kv_blocks blocks of block_rows rows (memory/blocks.py) through their
     block tables; the KV rows also hold one contiguous sequence of the context (the one-shot
-    engine's programs)."""
+    engine's programs). kv_dtype: the KV elements' type (KV_DTYPES)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     lay = PoolLayout(max_rows=max_rows, context=context, vocab=vocab, kv_cols=kv_cols,
-                     max_seqs=max_seqs, block_rows=block_rows,
+                     kv_dtype=kv_dtype, max_seqs=max_seqs, block_rows=block_rows,
                      max_blocks=-(-context // block_rows))
     off = 0
 
@@ -104,7 +113,7 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     lay.kv_blocks = lay.kv_rows // block_rows
     for i in range(n_layers):
         for which in ("kcache", "vcache"):
-            lay.kv[f"{which}.{i}"] = take(lay.kv_rows * kv_cols * 4, ALIGN)
+            lay.kv[f"{which}.{i}"] = take(lay.kv_rows * kv_cols * lay.kv_bytes, ALIGN)
     lay.slot_bytes = list(slot_bytes)
     lay.slots = [take(b, ALIGN) for b in slot_bytes]
     # act: the GPU's prepared activation row for its decode GEMVs (values f32 or int8, block

@@ -24,9 +24,10 @@ import numpy as np
 from socllm.policies.threads import actor_env, machine_budget
 
 
-def pool_program(proc: str, phase: str, bucket: int, paged: int = 0):
+def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: str = "f32"):
     """-> (arena, layout, the proc's StepProgram): the default model's pool laid out and filled
-    as the engine does it, in this process. paged: that many sequences of a serving batch."""
+    as the engine does it, in this process. paged: that many sequences of a serving batch, over
+    a KV cache of kv_dtype elements."""
     from socllm.actors.planner import PlannerCore
     from socllm.graph.program import StepProgram
     from socllm.memory.arena import Arena
@@ -41,7 +42,7 @@ def pool_program(proc: str, phase: str, bucket: int, paged: int = 0):
     slot_bytes = [planner.slots.nbytes(i, MAX_CHUNK) for i in range(len(planner.slots.sizes))]
     lay = plan_layout(weights, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, slot_bytes, MAX_CHUNK,
                       2048, cfg.vocab, max(cfg.dim, cfg.ffn_dim), max_seqs=max(1, paged),
-                      kv_blocks=max(1, paged) * 2048 // 16, block_rows=16)
+                      kv_blocks=max(1, paged) * 2048 // 16, block_rows=16, kv_dtype=kv_dtype)
     arena = Arena.create(lay.size, lay.readonly_bytes)
     write_weights(arena.buf, lay, weights)
     planner.set_layout(lay.to_dict())
@@ -61,9 +62,9 @@ def batch_rows(arena, lay, n: int, pos: int):
     io("rows", n)[:] = np.arange(n) * mb * br + pos
 
 
-def build(precision: str, profile: bool, batch: int = 0):
+def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32"):
     from socllm.actors.gpu import GPUBackend
-    arena, lay, prog = pool_program("gpu", "decode", 1, batch)
+    arena, lay, prog = pool_program("gpu", "decode", 1, batch, kv_dtype)
     gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
     units = gpu.build_units(prog, precision)
     return arena, lay, gpu, units
@@ -90,12 +91,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--precision", default="f32", choices=("f32", "q16", "q8"))
     ap.add_argument("--batch", type=int, default=0, help="profile a serving decode batch of N rows")
+    ap.add_argument("--kv", choices=("f32", "f16"),
+                    help="a serving batch's KV elements (default: the service's at --precision)")
     args = ap.parse_args(argv)
+    from socllm.actors.service import KV_DTYPE
+    kv = args.kv or (KV_DTYPE[args.precision] if args.batch else "f32")
     for k, v in actor_env(machine_budget()).items():
         os.environ.setdefault(k, v)
     out = {}
     for profile in (False, True):
-        arena, lay, gpu, units = build(args.precision, profile, args.batch)
+        arena, lay, gpu, units = build(args.precision, profile, args.batch, kv)
         try:
             if args.batch:
                 batch_rows(arena, lay, args.batch, args.pos)
@@ -109,7 +114,7 @@ def main(argv=None):
     launches = sum(n for n, _ in per_op.values()) / args.steps
     busy = sum(t for _, t in per_op.values()) / args.steps
     med = statistics.median(walls)
-    print(f"decode {'batch of ' + str(args.batch) + ' rows ' if args.batch else ''}step at pos {args.pos}, precision {args.precision}, {args.steps} steps, "
+    print(f"decode {'batch of ' + str(args.batch) + ' rows ' if args.batch else ''}step at pos {args.pos}, precision {args.precision}, KV {kv}, {args.steps} steps, "
           f"{len(units)} units, {launches:.0f} launches/step")
     print(f"  wall without events: median {statistics.median(plain) * 1e3:.2f} ms "
           f"(min {min(plain) * 1e3:.2f}, max {max(plain) * 1e3:.2f})")

@@ -123,29 +123,38 @@ def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol, pos
         np.testing.assert_array_equal(c[pos0 + 1], w[pos0 + 1])         # nothing past row pos0
 
 
-@pytest.fixture(scope="module")
-def paged_pool(model_config, model_weights):
-    """The same with a paged KV cache (16 blocks of 16 rows, 2 sequences' tables): a decode batch."""
+@pytest.fixture(scope="module", params=["f32", "f16"])
+def paged_pool(model_config, model_weights, request):
+    """The same with a paged KV cache (16 blocks of 16 rows, 2 sequences' tables) of f32 or f16
+    elements: a decode batch."""
     yield from _pool(model_config, model_weights, lambda p: p.paged_program("gpu", True),
-                     max_seqs=2, kv_blocks=16)
+                     max_seqs=2, kv_blocks=16, kv_dtype=request.param)
+
+
+def kv_caches(buf, lay) -> list:
+    """Every layer's K and V cache as [kv_rows, kv_cols] arrays of the pool's KV type."""
+    t = {"f32": np.float32, "f16": np.float16}[lay.kv_dtype]
+    n = lay.kv_rows * lay.kv_cols
+    return [buf[off: off + n * lay.kv_bytes].view(t).reshape(lay.kv_rows, -1) for off in lay.kv.values()]
 
 
 @pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3)])
 def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, precision, rtol):
     """A decode batch of one row runs the fused kernels over the block table (qkv_rope writes
     the row's K/V at its KV row, split-K attention reads keys through the table); the same row
-    through the batched op-by-op launches gives the same logits and the same KV row."""
+    through the batched op-by-op launches gives the same logits and the same KV row (f16 KV:
+    within its rounding, 2^-11)."""
     arena, lay, prog, gpu = paged_pool
+    rtol = max(rtol, 2e-3) if lay.kv_dtype == "f16" else rtol
     rng = np.random.default_rng(2)
     buf, cols, br, pos = arena.buf, lay.kv_cols, lay.block_rows, 37
     blocks = [9, 2, 14]                                   # not in order; pos 37 is in block 14
     io = lambda name, n, dt=np.int32: buf[lay.io[name]: lay.io[name] + n * 4].view(dt)
-    kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
-          for off in lay.kv.values()]
+    kv = kv_caches(buf, lay)
     phys = np.array([blocks[l // br] * br + l % br for l in range(pos)])
     for c in kv:
         c[:] = np.nan                                     # rows of no sequence: never read
-        c[phys] = rng.standard_normal((pos, cols)).astype(np.float32)
+        c[phys] = rng.standard_normal((pos, cols))
     io("btab", 2 * lay.max_blocks).reshape(2, -1)[1, :3] = blocks
     io("seq", 1)[0], io("pos", 1)[0], io("ids", 1)[0] = 1, pos, 3575
     row = blocks[pos // br] * br + pos % br
@@ -158,7 +167,8 @@ def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, precision,
     _step(gpu, prog, precision, pos, fuse=True)
     np.testing.assert_allclose(logits, want, rtol=0, atol=rtol * np.abs(want).max())
     for c, w in zip(kv, want_row):
-        np.testing.assert_allclose(c[row], w, rtol=0, atol=rtol * np.abs(w).max())
+        np.testing.assert_allclose(c[row].astype(np.float32), w.astype(np.float32), rtol=0,
+                                   atol=rtol * np.abs(w.astype(np.float32)).max())
         assert np.isnan(c[row + 1]).all() and np.isfinite(c[phys]).all()
 
 
@@ -172,10 +182,8 @@ def test_integer_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool, pre
     buf, cols, br = arena.buf, lay.kv_cols, lay.block_rows
     io = lambda name, n, dt=np.int32: buf[lay.io[name]: lay.io[name] + n * 4].view(dt)
     tables, pos = [[3, 7], [11, 0, 5]], [20, 40]
-    kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
-          for off in lay.kv.values()]
-    for c in kv:
-        c[:] = rng.standard_normal(c.shape).astype(np.float32)
+    for c in kv_caches(buf, lay):
+        c[:] = rng.standard_normal(c.shape)
     bt = io("btab", 2 * lay.max_blocks).reshape(2, -1)
     for s, t in enumerate(tables):
         bt[s, :len(t)] = t

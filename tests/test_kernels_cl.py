@@ -19,7 +19,7 @@ import pytest
 cl = pytest.importorskip("pyopencl")
 
 from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
-from socllm.actors.kernels_numpy import NumpyKernels
+from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import QK, repack_q4_1
 
@@ -70,6 +70,19 @@ def dev():
     return arena, CLKernels(ctx, queue, wrap_arena(ctx, arena))
 
 
+@pytest.fixture(scope="module")
+def dev16(dev):
+    """The module's arena with kernels built for an f16 KV cache (memory/layout.py kv_dtype)."""
+    arena, clk = dev
+    return arena, CLKernels(clk.ctx, clk.queue, clk.buf, kv_dtype="f16"), "f16"
+
+
+@pytest.fixture(scope="module", params=["f32", "f16"])
+def kvdev(dev, dev16, request):
+    """(arena, kernels, kv dtype) for an f32 or an f16 KV cache."""
+    return (*dev, "f32") if request.param == "f32" else dev16
+
+
 @pytest.fixture
 def lay(dev):
     return Layout(dev[0])
@@ -80,21 +93,24 @@ def rng():
     return np.random.default_rng(0)
 
 
-def check(dev, lay, op, args, N, pos0, outs, clk=None, atol=RTOL):
-    """Run op both ways; outs = [(byte offset, nbytes)] of the f32 output ranges; atol is
-    relative to the largest output value."""
+def check(dev, lay, op, args, N, pos0, outs, clk=None, atol=RTOL, kv="f32", out_kv=False):
+    """Run op both ways; outs = [(byte offset, nbytes)] of the output ranges (f32, or KV rows of
+    type kv if out_kv); atol is relative to the largest output value. kv: the KV cache's elements
+    (clk must be built for them)."""
     arena, clk = dev[0], clk or dev[1]
     end = lay.top + GUARD
     ref = arena[:end].copy()
-    NumpyKernels(ref).run(op, args, N, pos0)
+    NumpyKernels(ref, kv).run(op, args, N, pos0)
     clk.run(op, args, N, pos0)
     clk.finish()
     got = arena[:end]
     mask = np.zeros(end, bool)
+    dtype = KV_NUMPY[kv] if out_kv else np.float32
+    rtol = 1e-3 if dtype == np.float16 else RTOL       # f16 rounding of sums in another order
     for off, nbytes in outs:
         mask[off: off + nbytes] = True
-        g, w = got[off: off + nbytes].view(np.float32), ref[off: off + nbytes].view(np.float32)
-        np.testing.assert_allclose(g, w, rtol=RTOL, atol=atol * float(np.abs(w).max()))
+        g, w = (a[off: off + nbytes].view(dtype).astype(np.float32) for a in (got, ref))
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=max(atol, rtol) * float(np.abs(w).max()))
     assert np.array_equal(got[~mask], ref[~mask]), "bytes outside the output changed"
 
 
@@ -451,10 +467,12 @@ def paged_meta(lay, rng, lengths, n_blocks=40):
 
 
 @pytest.mark.parametrize("lengths", [[1], [37, 5, 16, 17, 300], [16, 32, 48]])
-def test_paged_attention_equals_contiguous_attention_per_sequence(dev, lay, rng, lengths):
+def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rng, lengths):
+    arena, clk, kv = kvdev
+    kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
     n_blocks, cols = 40, KVH * HD
     pos, rows_, seq, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
-    cache = rng.standard_normal((2, n_blocks * BR, cols)).astype(np.float32)
+    cache = rng.standard_normal((2, n_blocks * BR, cols)).astype(kvt)
     used = np.zeros(n_blocks * BR, bool)
     for p in phys:
         used[p] = True
@@ -465,15 +483,14 @@ def test_paged_attention_equals_contiguous_attention_per_sequence(dev, lay, rng,
     args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out), "pos": pos,
             "seq": seq, "btab": btab, "heads": H, "kv_heads": KVH, "head_dim": HD,
             "block_rows": BR, "max_blocks": MB}
-    check(dev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)])
-    # the paged numpy spec is the contiguous one over each sequence's rows gathered in order
-    arena = dev[0]
+    check(kvdev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)], clk=clk, kv=kv)
+    # the paged numpy spec is the contiguous f32 one over each sequence's rows gathered in order
     got = arena[out: out + N * H * HD * 4].view(np.float32).reshape(N, H * HD)
     for n, p in enumerate(phys):
         ref = np.zeros(1 << 22, np.uint8)
         L = len(p)
-        kk = arena[k: k + n_blocks * BR * cols * 4].view(np.float32).reshape(-1, cols)[p]
-        vv = arena[v: v + n_blocks * BR * cols * 4].view(np.float32).reshape(-1, cols)[p]
+        kk, vv = (arena[o: o + n_blocks * BR * cols * kvb].view(kvt).reshape(-1, cols)[p]
+                  .astype(np.float32) for o in (k, v))
         qq = got[n] * 0 + arena[q: q + N * H * HD * 4].view(np.float32).reshape(N, -1)[n]
         offs = [0, L * cols * 4, 2 * L * cols * 4, 2 * L * cols * 4 + H * HD * 4]
         for o, a in zip(offs, (kk, vv, qq)):
@@ -486,20 +503,34 @@ def test_paged_attention_equals_contiguous_attention_per_sequence(dev, lay, rng,
 
 
 @pytest.mark.parametrize("lengths", [[20, 3, 33, 1], [21]], ids=["gemm", "gemv"])
-def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(dev, lay, rng, lengths):
+def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(kvdev, lay, rng, lengths):
+    arena, clk, kv = kvdev
+    kvt = KV_NUMPY[kv]
+    b = np.dtype(kvt).itemsize
     n_blocks, cols, N = 12, KVH * HD, len(lengths)
     pos, rows_, seq, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
-    cache = lay.zeros((n_blocks * BR, cols))
+    cache = lay.zeros((n_blocks * BR, cols), kvt)
     x = rows(lay, rng, N, cols)
-    rowbytes = [(cache + int(p[-1]) * cols * 4, cols * 4) for p in phys]
-    check(dev, lay, "rope", {"x": ("a", x), "out": ("kv", cache), "pos": pos, "rows": rows_,
-                             "heads": KVH, "head_dim": HD, "theta": 100000.0}, N, 0, rowbytes,
-          atol=40 * 1.2e-7)
+    rowbytes = [(cache + int(p[-1]) * cols * b, cols * b) for p in phys]
+    check(kvdev, lay, "rope", {"x": ("a", x), "out": ("kv", cache), "pos": pos, "rows": rows_,
+                               "heads": KVH, "head_dim": HD, "theta": 100000.0}, N, 0, rowbytes,
+          clk=clk, atol=40 * 1.2e-7, kv=kv, out_kv=True)
     xn, w = rows(lay, rng, N, D), lay.w4(cols, D, rng)
-    vcache = lay.zeros((n_blocks * BR, cols))
-    check(dev, lay, "linear", {"x": ("a", xn), "w": w, "out": ("kv", vcache), "rows": rows_,
-                               "K": D, "M": cols}, N, 0,
-          [(vcache + int(p[-1]) * cols * 4, cols * 4) for p in phys])
+    vcache = lay.zeros((n_blocks * BR, cols), kvt)
+    check(kvdev, lay, "linear", {"x": ("a", xn), "w": w, "out": ("kv", vcache), "rows": rows_,
+                                 "K": D, "M": cols}, N, 0,
+          [(vcache + int(p[-1]) * cols * b, cols * b) for p in phys], clk=clk, kv=kv, out_kv=True)
+
+
+def test_an_f16_kv_cache_is_written_through_row_maps_only(dev16, lay, rng):
+    """Contiguous KV writes at pos0 (one-shot programs) are f32 only: an f16 pool refuses them
+    instead of writing f32 rows into f16 ones."""
+    arena, clk, kv = dev16
+    x, w, cache = rows(lay, rng, 1, D), lay.w4(KVH * HD, D, rng), lay.zeros((4, KVH * HD))
+    args = {"x": ("a", x), "w": w, "out": ("kv", cache), "K": D, "M": KVH * HD}
+    for k in (clk, NumpyKernels(arena, kv)):
+        with pytest.raises(ValueError, match="row maps only"):
+            k.run("linear", args, 1, 2)
 
 
 @pytest.mark.parametrize("N", [1, 5, 9])
@@ -536,16 +567,21 @@ def test_batch_linear_in_integers_matches_numpy(dev, lay, rng, N, bits, tol):
     assert not arena[out: out + 40 * M * 4].view(np.float32).reshape(40, M)[untouched].any()
 
 
+@pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("N,K,M", [(2, D, KVH * HD), (5, D, F), (16, F, D), (19, D, KVH * HD)])
-def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, K, M):
+def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, K, M, kv):
     """A decode batch's linear at q8 in weight tiles of 8 rows (cl/batch.cl): each row equals the
-    int8 reference of linear_act (the same prepared row, f64 sums) to f32 rounding, at its
-    paged KV row; rows padded to whole tiles (19 rows: 16 + 3) are computed, never stored."""
+    int8 reference of linear_act (the same prepared row, f64 sums) to f32 rounding (f16: that
+    rounded to nearest even), at its paged KV row; rows padded to whole tiles (19 rows: 16 + 3)
+    are computed, never stored."""
     arena, clk = dev[0], build
+    if kv == "f16":
+        clk = CLKernels(clk.ctx, clk.queue, clk.buf, clk.options, kv_dtype="f16")
+    kvt = KV_NUMPY[kv]
     x = rng.standard_normal((N, K)).astype(np.float32)
     w = lay.w4(M, K, rng)
     kv_rows = rng.permutation(40)[:N].astype(np.int32)
-    xo, out, rmap = lay.put(x), lay.zeros((40, M)), lay.put(kv_rows)
+    xo, out, rmap = lay.put(x), lay.zeros((40, M), kvt), lay.put(kv_rows)
     scratch, nbytes = lay.top, 32 * (K + K // 4 + 64)
     lay.zeros(nbytes // 4)
     qs, d, m = (arena[o: o + n].view(t).reshape(M, -1) for o, n, t in
@@ -559,6 +595,9 @@ def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, 
         clk.finish()
     finally:
         clk.rows_act = None
-    got = arena[out: out + 40 * M * 4].view(np.float32).reshape(40, M)
-    np.testing.assert_allclose(got[kv_rows], want, rtol=0, atol=1e-5 * np.abs(want).max())
+    got = arena[out: out + 40 * M * kvt(0).itemsize].view(kvt).reshape(40, M)
+    if kv == "f16":
+        want = want.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(got[kv_rows].astype(np.float32), want, rtol=1e-3 if kv == "f16" else 0,
+                               atol=1e-5 * np.abs(want).max())
     assert not got[np.setdiff1d(np.arange(40), kv_rows)].any()

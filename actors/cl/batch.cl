@@ -116,8 +116,9 @@ __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
     }
 #pragma unroll
     for (int i = 0; i < TILE_N; i++)
-        if (n0 + i < N)
-            vstore8(acc[i], 0, AT(float, out_o)
-                    + (size_t)(rows_o ? AT(const int, rows_o)[n0 + i] : n0 + i) * ld + r0);
+        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
+            KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, acc[i]);
+        else if (n0 + i < N)
+            vstore8(acc[i], 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
 }
 #endif

@@ -260,13 +260,17 @@ __kernel void qkv_rope(__global uchar* arena, ulong s_o,
     } else if (r >= Mq) {
         r -= Mq, qs = k_qs, d = k_d, m = k_m, out = k_out;
     }
-    if (out != q_out && rows_o)     // paged KV (paged.cl): K and V go to KV row rows[0]
-        out += (ulong)AT(const int, rows_o)[0] * Mk * 4;
     float2 y = dot2(arena, qs, d, m, r, r + 1, K, s_o);
     if (rope) {
         const int i = (r % hd) / 2;
         const float c = AT(const float, t_o)[i], s = AT(const float, t_o)[hd / 2 + i];
         y = (float2)(y.x * c - y.y * s, y.x * s + y.y * c);
+    }
+    if (out != q_out && rows_o) {   // paged KV (paged.cl): K and V go to KV row rows[0]
+        __global kv_t* kv = AT(kv_t, out) + (size_t)AT(const int, rows_o)[0] * Mk;
+        KV_PUT(kv, r, y.x);
+        KV_PUT(kv, r + 1, y.y);
+        return;
     }
     AT(float, out)[r] = y.x;
     AT(float, out)[r + 1] = y.y;

@@ -26,8 +26,8 @@ inline void attention_part(__global uchar* arena, ulong q_o, ulong k_o, ulong v_
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
     for (int h = 0; h < H; h++) {          // head-major: the chunk's K/V rows stay in cache
         const int kv = h / grp;
-        const __global float8* k = AT(const float8, k_o) + kv * HC;
-        const __global float8* v = AT(const float8, v_o) + kv * HC;
+        const __global kv8* k = AT(const kv8, k_o) + kv * HC;
+        const __global kv8* v = AT(const kv8, v_o) + kv * HC;
         const __global float8* q = AT(const float8, q_o) + h * HC;
         float8 acc[HC];
 #pragma unroll

@@ -49,6 +49,37 @@
 #define HALF(p, i) vload_half((i), (const __global half*)(p))
 #endif
 
+// KV rows (memory/layout.py kv_dtype): f32, or f16 with -DKV_HALF (half the bytes attention reads;
+// served precisions below f32). kv8: 8 elements of a row; KV8(p) the kv8 at p as float8 (one F16C
+// instruction on x86); KV_PUT(p, i, x) / KV_PUT8(p, i, x8) store element i (.. i+7; i % 8 == 0) of
+// the rows at p, rounded to nearest even like numpy's astype(float16). f16 KV rows are written
+// only through a row map (rows_o: paged KV); contiguous KV writes (one-shot programs) are f32.
+#ifdef KV_HALF
+typedef ushort8 kv8;
+typedef ushort kv_t;
+#define KV_BYTES 2
+#if defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
+typedef float kv_v4sf __attribute__((__vector_size__(16)));
+typedef float kv_v8sf __attribute__((__vector_size__(32)));
+#define KV8(p) __builtin_astype(__builtin_ia32_vcvtph2ps256(as_short8(*(p))), float8)
+#define KV_PUT(p, i, x) \
+    ((p)[i] = (ushort)__builtin_ia32_vcvtps2ph(__builtin_astype((float4)(x), kv_v4sf), 0)[0])
+#define KV_PUT8(p, i, x8) (*(__global ushort8*)((p) + (i)) = \
+    __builtin_astype(__builtin_ia32_vcvtps2ph256(__builtin_astype((x8), kv_v8sf), 0), ushort8))
+#else
+#define KV8(p) vload_half8(0, (const __global half*)(p))
+#define KV_PUT(p, i, x) vstore_half((x), (i), (__global half*)(p))
+#define KV_PUT8(p, i, x8) vstore_half8((x8), 0, (__global half*)((p) + (i)))
+#endif
+#else
+typedef float8 kv8;
+typedef float kv_t;
+#define KV_BYTES 4
+#define KV8(p) (*(p))
+#define KV_PUT(p, i, x) ((p)[i] = (x))
+#define KV_PUT8(p, i, x8) vstore8((x8), 0, (p) + (i))
+#endif
+
 inline float hsum8(float8 v) { const float4 a = v.lo + v.hi; const float2 b = a.lo + a.hi; return b.x + b.y; }
 
 // e^x inline (Cephes expf: Cody-Waite reduction, degree-6 polynomial, ~1 ulp on [-87, 88]);
@@ -148,8 +179,10 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
 #else
     const float s = hsum8((a0 + a1) + (a2 + a3));
 #endif
-    if (t == 0 && r < M)    // rows_o != 0: the row goes to output row rows[0] (paged KV)
-        AT(float, out_o)[(rows_o ? (size_t)AT(const int, rows_o)[0] * M : 0) + r] = s;
+    if (t == 0 && r < M) {  // rows_o != 0: the row goes to KV row rows[0] (paged KV)
+        if (rows_o) KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[0] * M + r, s);
+        else AT(float, out_o)[r] = s;
+    }
 }
 
 // linear, prefill (N > 1): x [N, K], W Q4_1 [M, K] -> out [N, M] in rows ld wide (ld > M: a
@@ -185,9 +218,10 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     }
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
-        if (n0 + i < N)     // rows_o: token n goes to output row rows[n] (paged KV, paged.cl)
-            AT(float, out_o)[(size_t)(rows_o ? AT(const int, rows_o)[n0 + i] : n0 + i) * ld + r]
-                = hsum8(acc[i]);
+        if (n0 + i < N && rows_o)   // token n goes to KV row rows[n] (paged KV, paged.cl)
+            KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r, hsum8(acc[i]));
+        else if (n0 + i < N)
+            AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]);
 }
 
 // rope (GGML NORM): x [N, H*hd] -> out [N, H*hd] (may be KV rows; in place is fine): pair
@@ -226,16 +260,16 @@ inline float8 exp8_f32(float8 x)
 
 // attention's helpers. q . k_j for 4 keys j, HC float8 each, as 4 independent chains; the result's
 // lanes (2j, 2j+1) hold two halves of key j's sum (a transposed reduction, no hsum8 per key)
-inline float8 dot4(const __global float8* q, const __global float8* k0, const __global float8* k1,
-                   const __global float8* k2, const __global float8* k3)
+inline float8 dot4(const __global float8* q, const __global kv8* k0, const __global kv8* k1,
+                   const __global kv8* k2, const __global kv8* k3)
 {
-    float8 d0 = q[0] * k0[0], d1 = q[0] * k1[0], d2 = q[0] * k2[0], d3 = q[0] * k3[0];
+    float8 d0 = q[0] * KV8(k0), d1 = q[0] * KV8(k1), d2 = q[0] * KV8(k2), d3 = q[0] * KV8(k3);
 #pragma unroll
     for (int c = 1; c < HC; c++) {
-        d0 += q[c] * k0[c];
-        d1 += q[c] * k1[c];
-        d2 += q[c] * k2[c];
-        d3 += q[c] * k3[c];
+        d0 += q[c] * KV8(k0 + c);
+        d1 += q[c] * KV8(k1 + c);
+        d2 += q[c] * KV8(k2 + c);
+        d3 += q[c] * KV8(k3 + c);
     }
     const float8 p01 = (float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd);
     const float8 p23 = (float8)(d2.even, d3.even) + (float8)(d2.odd, d3.odd);
@@ -260,11 +294,11 @@ inline void att_max(float8 s, float* mx, float* sum, float8* acc)
 
 // One online-softmax step over keys l .. l+7 (those < L) for one query row q: scores as one
 // float8, one vector exp, at most one rescale of (mx, sum, acc). Keys past L - 1 are not read.
-inline void att_step8(const __global float8* q, const __global float8* k, const __global float8* v,
+inline void att_step8(const __global float8* q, const __global kv8* k, const __global kv8* v,
                       int kw, int l, int L, float rsq, float* mx, float* sum, float8* acc)
 {
-    const __global float8* kr[8];
-    const __global float8* vr[8];
+    const __global kv8* kr[8];
+    const __global kv8* vr[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const size_t row = l + j < L ? l + j : L - 1;         // tail: re-read a valid row
@@ -280,8 +314,10 @@ inline void att_step8(const __global float8* q, const __global float8* k, const 
     *sum += hsum8(p);
 #pragma unroll
     for (int c = 0; c < HC; c++)
-        acc[c] += ((p.s0 * vr[0][c] + p.s1 * vr[1][c]) + (p.s2 * vr[2][c] + p.s3 * vr[3][c]))
-                + ((p.s4 * vr[4][c] + p.s5 * vr[5][c]) + (p.s6 * vr[6][c] + p.s7 * vr[7][c]));
+        acc[c] += ((p.s0 * KV8(vr[0] + c) + p.s1 * KV8(vr[1] + c))
+                   + (p.s2 * KV8(vr[2] + c) + p.s3 * KV8(vr[3] + c)))
+                + ((p.s4 * KV8(vr[4] + c) + p.s5 * KV8(vr[5] + c))
+                   + (p.s6 * KV8(vr[6] + c) + p.s7 * KV8(vr[7] + c)));
 }
 
 // out [HC] = the work-group's partial softmaxes merged (online-softmax style): partial t weighs
@@ -326,10 +362,10 @@ __kernel void attention(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, 
                         int H, int KVH, int pos0)
 {
     const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
-    const int kv = h / (H / KVH), kw = KVH * HC;              // KV row stride in float8
+    const int kv = h / (H / KVH), kw = KVH * HC;              // KV row stride in kv8
     const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
-    const __global float8* k = AT(const float8, k_o) + kv * HC;
-    const __global float8* v = AT(const float8, v_o) + kv * HC;
+    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
+    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
     const int L = pos0 + n + 1;
     float8 acc[HC];

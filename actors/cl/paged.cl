@@ -22,9 +22,17 @@ __kernel void rope_rows(__global uchar* arena, ulong x_o, ulong out_o, ulong pos
         const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
         c = cos(ang), s = sin(ang);
     }
-    const int r = rows_o ? AT(const int, rows_o)[n] : n;
     const __global float2* x = AT(const float2, x_o) + (size_t)n * H * hd / 2 + i;
-    __global float2* out = AT(float2, out_o) + (size_t)r * H * hd / 2 + i;
+    if (rows_o) {                           // K: KV row rows[n]
+        __global kv_t* out = AT(kv_t, out_o) + (size_t)AT(const int, rows_o)[n] * H * hd + 2 * i;
+        for (int h = 0; h < H; h++) {
+            const float2 v = x[h * hd / 2];
+            KV_PUT(out, h * hd, v.x * c - v.y * s);
+            KV_PUT(out, h * hd + 1, v.x * s + v.y * c);
+        }
+        return;
+    }
+    __global float2* out = AT(float2, out_o) + (size_t)n * H * hd / 2 + i;
     for (int h = 0; h < H; h++) {
         const float2 v = x[h * hd / 2];
         out[h * hd / 2] = (float2)(v.x * c - v.y * s, v.x * s + v.y * c);
@@ -48,7 +56,7 @@ __kernel void rope_rows_table(__global uchar* arena, ulong pos_o, ulong t_o, int
 // accumulators. ~20 vector operations a key, against ~50 for att_step8's online softmax of 8
 // keys at a time. BR (block rows) is a power of two and a multiple of 8.
 #define ATT_CH 64
-inline void att_rows(const __global float8* q, const __global float8* k, const __global float8* v,
+inline void att_rows(const __global float8* q, const __global kv8* k, const __global kv8* v,
                      const __global int* bt, int kw, int L, int BR, float rsq, float* mx,
                      float* sum, float8* acc)
 {
@@ -61,7 +69,7 @@ inline void att_rows(const __global float8* q, const __global float8* k, const _
         for (int j = 0; j < groups; j++) {
             const int l = l0 + 8 * j;
             base[j] = (bt[l >> sh] << sh) + (l & (BR - 1));
-            const __global float8* kr[8];
+            const __global kv8* kr[8];
 #pragma unroll
             for (int t = 0; t < 8; t++)          // tail: re-read the last key (masked below)
                 kr[t] = k + (size_t)(base[j] + (l + t < L ? t : L - 1 - l)) * kw;
@@ -83,11 +91,11 @@ inline void att_rows(const __global float8* q, const __global float8* k, const _
         const float* p = (const float*)sc;
         for (int j = 0; j < groups; j++) {
             const int keys = min(8, L - l0 - 8 * j);
-            const __global float8* vr = v + (size_t)base[j] * kw;
+            const __global kv8* vr = v + (size_t)base[j] * kw;
             for (int t = 0; t < keys; t++, vr += kw) {
                 const float w = p[8 * j + t];
 #pragma unroll
-                for (int c = 0; c < HC; c++) acc[c] += w * vr[c];
+                for (int c = 0; c < HC; c++) acc[c] += w * KV8(vr + c);
             }
         }
     }
@@ -101,8 +109,8 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
     const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
     const int kv = h / (H / KVH), kw = KVH * HC;
     const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
-    const __global float8* k = AT(const float8, k_o) + kv * HC;
-    const __global float8* v = AT(const float8, v_o) + kv * HC;
+    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
+    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
     const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
     const int L = AT(const int, pos_o)[n] + 1;
@@ -205,7 +213,9 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
     }
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
-        if (n0 + i < N)
-            AT(float, out_o)[(size_t)(rows_o ? AT(const int, rows_o)[n0 + i] : n0 + i) * ld + r]
-                = hsum8(acc[i]) + macc[i];
+        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
+            KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r,
+                   hsum8(acc[i]) + macc[i]);
+        else if (n0 + i < N)
+            AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]) + macc[i];
 }
