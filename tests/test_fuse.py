@@ -179,7 +179,7 @@ def test_integer_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool, pre
     weight tiles, cl/batch.cl) against the f32 batch."""
     arena, lay, prog, gpu = paged_pool
     rng = np.random.default_rng(3)
-    buf, cols, br = arena.buf, lay.kv_cols, lay.block_rows
+    buf, br = arena.buf, lay.block_rows
     io = lambda name, n, dt=np.int32: buf[lay.io[name]: lay.io[name] + n * 4].view(dt)
     tables, pos = [[3, 7], [11, 0, 5]], [20, 40]
     for c in kv_caches(buf, lay):
