@@ -24,10 +24,11 @@ import numpy as np
 from socllm.policies.threads import actor_env, machine_budget
 
 
-def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: str = "f32"):
+def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: str = "f32",
+                 chunk: bool = False):
     """-> (arena, layout, the proc's StepProgram): the default model's pool laid out and filled
-    as the engine does it, in this process. paged: that many sequences of a serving batch, over
-    a KV cache of kv_dtype elements."""
+    as the engine does it, in this process. paged: that many sequences of a serving batch (or,
+    chunk, the paged prefill chunk program), over a KV cache of kv_dtype elements."""
     from socllm.actors.planner import PlannerCore
     from socllm.graph.program import StepProgram
     from socllm.memory.arena import Arena
@@ -46,7 +47,7 @@ def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: s
     arena = Arena.create(lay.size, lay.readonly_bytes)
     write_weights(arena.buf, lay, weights)
     planner.set_layout(lay.to_dict())
-    blob = planner.paged_program(proc, True)[1] if paged else planner.program(proc, phase, bucket)[1]
+    blob = planner.paged_program(proc, not chunk)[1] if paged else planner.program(proc, phase, bucket)[1]
     return arena, lay, StepProgram.from_bytes(blob)
 
 
