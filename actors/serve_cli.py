@@ -88,7 +88,7 @@ def serve(a) -> int:
         raise
     print(f"socllm: serving {d['model']} (paged steps on the {d['plan']}, {d['precision']}, context "
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
-          f"{d['block_rows']} rows, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
+          f"{d['block_rows']} rows, {d['kv_dtype']} K/V, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
     if url:
         print(f"socllm: OpenAI-compatible HTTP at {url}/v1")
     print("socllm: `socllm status` shows what runs, `socllm stop` removes it")

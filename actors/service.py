@@ -113,7 +113,7 @@ class Service(ServingLoop):
                 "context": e.context, "plan": self.plan, "precision": self.precision,
                 "policy": self.scheduler.name, "max_seqs": self.scheduler.max_seqs,
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
-                "prefill_chunk": self.opts["prefill_chunk"], "pid": os.getpid(),
+                "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.opts["prefill_chunk"], "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
     # -- the client calls ----------------------------------------------------------------------

@@ -66,7 +66,8 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     r = _cli(served[0], "status", "--json")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
-    assert st["model"].endswith(".gguf") and st["precision"] == "f32" and st["context"] == 512
+    assert st["model"].endswith(".gguf") and st["precision"] == "f32" and st["context"] == 512 \
+        and st["kv_dtype"] == "f32"
     assert {"waiting", "finished", "cancelled", "failed"} <= set(st["requests"])
     assert st["kv"]["blocks"] >= 64 * 2**20 // (30 * 2 * 16 * 192 * 4) and st["memory_pss_mb"] > 100
     assert {p["processor"] for p in st["processors"]} == {"cpu", "gpu", "npu"}
