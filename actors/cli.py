@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="activations of the decode steps' linears: q8 int8 (llama.cpp's for these "
                         "weights), q16 int16 up to 2 rows and f32 above, f32 the numpy oracle's exact "
                         "path; prefill computes in f32 (default q8)")
-    s.add_argument("--policy", choices=("fcfs",), default="fcfs", help="scheduling policy (default fcfs)")
+    s.add_argument("--policy", choices=("agent", "fcfs"), default="agent",
+                   help="scheduling policy (default agent: reactive requests first; fcfs: arrival order)")
     s.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")
     s.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1 (this device only)")

@@ -28,7 +28,8 @@ class ServingLoop:
                 batch = self.scheduler.schedule()
                 for req in batch.preempted:
                     req.state = "waiting"
-                    self.slots.append(self.slot.pop(req.id))
+                    if req.id in self.slot:      # admitted earlier (not in this schedule)
+                        self.slots.append(self.slot.pop(req.id))
                 if not batch:
                     self.cv.wait(0.5)
                     continue

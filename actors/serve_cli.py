@@ -136,7 +136,10 @@ def status(a) -> int:
     print(f"model      {st['model']}  (context {st['context']}, plan {st['plan']}, {st['precision']}, "
           f"policy {st['policy']})")
     print(f"http       {st['frontends'].get('http', '-')}")
-    print(f"requests   running {len(st['queues']['running'])}  waiting {len(st['queues']['waiting'])}  "
+    q = st["queues"]
+    classes = (f" (reactive {len(q['waiting_reactive'])}, proactive {len(q['waiting_proactive'])})"
+               if "waiting_reactive" in q else "")
+    print(f"requests   running {len(q['running'])}  waiting {len(q['waiting'])}{classes}  "
           f"finished {r['finished']}  cancelled {r['cancelled']}  failed {r['failed']}")
     print(f"kv         {kv['blocks_used']} of {kv['blocks']} blocks ({kv['block_rows']} rows each) "
           f"used; sequences {kv['sequences_used']} of {kv['sequences_max']}")

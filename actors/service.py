@@ -21,7 +21,7 @@ import ray
 
 from socllm.policies.request import Request, StopText, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.scheduler import POLICIES
+from socllm.policies.agent import POLICIES
 
 from .loop import ServingLoop
 
@@ -41,7 +41,7 @@ KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service(ServingLoop):
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
-                 kv_mb: float = 512, policy: str = "fcfs", threads: int | None = None,
+                 kv_mb: float = 512, policy: str = "agent", threads: int | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
@@ -201,7 +201,7 @@ class Service(ServingLoop):
         """A request's table entry (and, once it ended, how it ran)."""
         req = self.table[rid]
         out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
-                                            "finish_reason", "error")}
+                                            "finish_reason", "error", "arrival", "first_token")}
         ttft = (req.first_token or req.arrival) - req.arrival
         n_dec = max(0, len(req.tokens) - 1)
         dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)

@@ -2,7 +2,7 @@
 
 A policy sees requests arrive (`add`), end (`finish`) and is asked each iteration what to run
 (`schedule`). The service's loop is: schedule -> run -> postprocess (nano-vllm's engine step).
-The agent-scheduling issue replaces FCFS with a priority policy through the same three calls.
+policies/agent.py's priority policy works through the same three calls.
 
 The KV cache is paged (memory/blocks.py, passed in as `kv`): a request takes the blocks of its
 prompt when it is admitted and one more block whenever decode crosses into one. When the pool
@@ -94,6 +94,3 @@ class FCFS:
 
     def queues(self) -> dict:
         return {"waiting": [r.id for r in self.waiting], "running": [r.id for r in self.running]}
-
-
-POLICIES = {"fcfs": FCFS}

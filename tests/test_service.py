@@ -26,7 +26,8 @@ def _segments():
 
 @pytest.fixture(scope="module")
 def served(ray_session):
-    """`socllm serve` (f32: the oracle's greedy path) -> (env for CLI subprocesses, base URL)."""
+    """`socllm serve` (f32: the oracle's greedy path; the default policy, agent, which serves
+    requests of one class as FCFS does) -> (env for CLI subprocesses, base URL)."""
     env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
@@ -67,7 +68,7 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert st["model"].endswith(".gguf") and st["precision"] == "f32" and st["context"] == 512 \
-        and st["kv_dtype"] == "f32"
+        and st["kv_dtype"] == "f32" and st["policy"] == "agent"
     assert {"waiting", "finished", "cancelled", "failed"} <= set(st["requests"])
     assert st["kv"]["blocks"] >= 64 * 2**20 // (30 * 2 * 16 * 192 * 4) and st["memory_pss_mb"] > 100
     assert {p["processor"] for p in st["processors"]} == {"cpu", "gpu", "npu"}
@@ -114,6 +115,24 @@ def test_mixed_requests_at_once_each_get_their_oracle_text(client, oracle, token
         t.join(300)
     for p in prompts:
         assert out[p] == _want(oracle, tokenizer, p, 6), p
+
+
+def test_a_reactive_request_overtakes_a_long_proactive_prefill(client, oracle, tokenizer):
+    """Agent.xpu §4.4: a reactive request arriving while a 3-chunk proactive prefill runs takes the
+    next chunk and gets its first token first; the proactive prefill resumes where it stopped and
+    its text is still the oracle's (preemption changes no result)."""
+    import ray
+    long = " ".join(f"item {i}," for i in range(70))            # ~350 tokens: 3 chunks of 128
+    assert len(tokenizer.encode(long)) > 256
+    p = client.submit(prompt=long, max_tokens=4, priority="proactive")
+    time.sleep(0.2)                                               # its first chunk is running
+    r = client.submit(prompt=FRANCE, max_tokens=4, priority="reactive")
+    texts = {rid: "".join(client.pieces(rid)) for rid in (r, p)}
+    info = {rid: ray.get(client.service.request.remote(rid)) for rid in (r, p)}
+    assert info[r]["priority"] == "reactive" and info[p]["priority"] == "proactive"
+    assert info[r]["first_token"] < info[p]["first_token"]
+    assert texts[r] == _want(oracle, tokenizer, FRANCE, 4)
+    assert texts[p] == _want(oracle, tokenizer, long, 4)
 
 
 def test_asyncio_stream_and_task_cancellation(client, oracle, tokenizer):

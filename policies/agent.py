@@ -1,0 +1,131 @@
+"""Agent.xpu's reactive-first scheduling (§4.4-4.5) as a policy: pure, no Ray, no kernels.
+
+Two priority classes, each with its own queue for both phases: `reactive` (a person waits) and
+`proactive` (background agents). Through FCFS's three calls (add / schedule / finish):
+
+  prefill   reactive requests first (oldest first), then aged proactive, then proactive. The loop
+            runs one chunk per iteration, so a reactive arrival preempts a proactive prefill at
+            the next chunk boundary; the proactive one resumes where it stopped (its rows' K/V
+            stay in the cache: nothing is recomputed).
+  decode    homogeneous batches take everyone; a batch mixing the classes is capped at B_RF rows:
+            every reactive row, then proactive rows that are not evicted (aged ones bypass the
+            cap). Evicted first (§4.5 ②): the longest sequences, then the newest arrivals.
+            Evicted rows keep their KV and wait for the next iteration.
+  admission reactive first; a reactive request that finds every sequence slot taken preempts the
+            newest proactive one (its blocks are given back; it prefills again later).
+  aging     a proactive request older than AGING_S is promoted (§4.5 ③): it prefills before the
+            other proactive ones and joins a decode batch beyond the cap.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from .request import Request
+from .scheduler import FCFS, Batch
+
+B_RF = 3          # rows of a batch mixing the classes (Agent.xpu's value; not yet profiled here)
+AGING_S = 30.0    # seconds after which a proactive request is promoted
+
+
+class AgentPolicy(FCFS):
+    name = "agent"
+
+    def __init__(self, max_seqs: int, context: int, kv, b_rf: int = B_RF,
+                 aging_s: float = AGING_S, clock=time.monotonic):
+        super().__init__(max_seqs, context, kv)
+        if b_rf < 1 or aging_s <= 0:
+            raise ValueError(f"b_rf must be >= 1 and aging_s > 0, got {b_rf}, {aging_s}")
+        self.b_rf, self.aging_s, self.clock = b_rf, aging_s, clock
+        self.reactive: deque = deque()        # waiting, per class (FCFS's `waiting` is unused)
+        self.proactive: deque = deque()
+
+    def urgent(self, req: Request) -> bool:
+        """Reactive, or proactive past the aging threshold."""
+        return req.priority == "reactive" or self.clock() - req.arrival > self.aging_s
+
+    def add(self, req: Request):
+        self.check(req)
+        (self.reactive if req.priority == "reactive" else self.proactive).append(req)
+
+    def schedule(self) -> Batch:
+        batch = Batch()
+        decoding = [r for r in self.running if r.prefilled]
+        for req in sorted(decoding, key=lambda r: not self.urgent(r)):   # urgent ones grow first
+            if req not in self.running:
+                continue
+            while not self.kv.can_grow(req.blocks, req.rows):
+                victim = self._newest(lambda r: r is not req and not self.urgent(r)) or \
+                    self._newest(lambda r: r is not req)
+                if victim is None:
+                    break
+                batch.preempted.append(self._preempt(victim))
+            if self.kv.can_grow(req.blocks, req.rows):
+                self.kv.grow(req.blocks, req.rows)
+                batch.decode.append(req)
+            else:
+                batch.preempted.append(self._preempt(req))
+        batch.decode = self._cap([r for r in batch.decode if r in self.running])
+        self._admit(batch)
+        prefill = [r for r in self.running if not r.prefilled]
+        batch.prefill = sorted(prefill, key=lambda r: (r.priority != "reactive", not self.urgent(r),
+                                                        r.arrival))
+        return batch
+
+    def _admit(self, batch: Batch):
+        """Waiting requests into the running set: reactive, then aged proactive, then the rest,
+        in arrival order within each; the first that does not fit stops admission (nothing
+        smaller jumps it). A reactive request that finds every sequence slot taken preempts the
+        newest plain proactive one that is not in this step's decode batch (an aged one waits for
+        a slot: Agent.xpu gives it precedence, not the power to preempt)."""
+        aged = [r for r in self.proactive if self.urgent(r)]
+        for req in [*self.reactive, *aged, *(r for r in self.proactive if r not in aged)]:
+            if req in batch.preempted:
+                break                     # the KV ran dry this step: nobody new starts
+            if len(self.running) >= self.max_seqs and req.priority == "reactive":
+                victim = self._newest(lambda r: not self.urgent(r) and r not in batch.decode)
+                if victim is not None:
+                    batch.preempted.append(self._preempt(victim))
+            if len(self.running) >= self.max_seqs or not self.kv.can_grow(req.blocks, req.rows):
+                break
+            self.kv.grow(req.blocks, req.rows)
+            (self.reactive if req.priority == "reactive" else self.proactive).remove(req)
+            self.running.append(req)
+
+    def _cap(self, rows: list) -> list:
+        """Reactive-first batching (§4.5 ②): a batch holding both classes keeps its reactive and
+        aged rows and fills up to B_RF rows with proactive ones, evicting the longest first, then
+        the newest; a batch of one class takes everyone."""
+        reactive = [r for r in rows if r.priority == "reactive"]
+        aged = [r for r in rows if r.priority != "reactive" and self.urgent(r)]
+        rest = [r for r in rows if not self.urgent(r)]
+        if not reactive or not (aged or rest):
+            return rows
+        keep = sorted(rest, key=lambda r: (r.rows, r.arrival))[:max(0, self.b_rf - len(reactive))]
+        return [r for r in rows if r in reactive or r in aged or r in keep]
+
+    def _newest(self, which) -> Request | None:
+        cands = [r for r in self.running if which(r)]
+        return max(cands, key=lambda r: r.arrival) if cands else None
+
+    def _preempt(self, req: Request) -> Request:
+        self.running.remove(req)
+        self.kv.release(req.blocks)
+        req.computed = 0
+        (self.reactive if req.priority == "reactive" else self.proactive).appendleft(req)
+        return req
+
+    def finish(self, req: Request):
+        for q in (self.reactive, self.proactive):
+            if req in q:
+                q.remove(req)
+        super().finish(req)
+
+    def queues(self) -> dict:
+        return {"waiting_reactive": [r.id for r in self.reactive],
+                "waiting_proactive": [r.id for r in self.proactive],
+                "waiting": [r.id for r in (*self.reactive, *self.proactive)],
+                "running": [r.id for r in self.running]}
+
+
+POLICIES = {"fcfs": FCFS, "agent": AgentPolicy}     # socllm serve --policy

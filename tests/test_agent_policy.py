@@ -1,0 +1,115 @@
+"""The agent policy alone (policies/agent.py, no Ray): queue order, the reactive-first batch cap
+and its eviction rules, slot preemption, aging."""
+from __future__ import annotations
+
+from socllm.memory.blocks import BlockPool
+from socllm.policies.agent import AgentPolicy
+from socllm.policies.request import Request
+from socllm.policies.sampling import SamplingParams
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def policy(max_seqs=8, blocks=100, b_rf=3, aging_s=30.0):
+    clock = Clock()
+    return AgentPolicy(max_seqs, 10_000, BlockPool(blocks, block_rows=16), b_rf, aging_s, clock), clock
+
+
+def req(i, clock, priority="proactive", prompt=8, max_tokens=16):
+    return Request(i, list(range(prompt)), SamplingParams(max_tokens=max_tokens), priority=priority,
+                   arrival=clock.t + i * 1e-3)
+
+
+def prefill(p, reqs):
+    """As the loop does: every admitted request's rows computed and one token sampled."""
+    for r in reqs:
+        r.computed, r.tokens = len(r.prompt), [1]
+
+
+def admitted(p, reqs, prefilled=True) -> list:
+    """reqs added and admitted in one schedule (and prefilled, as the loop would)."""
+    for r in reqs:
+        p.add(r)
+    p.schedule()
+    if prefilled:
+        prefill(p, reqs)
+    return reqs
+
+
+def test_reactive_requests_prefill_first_whatever_their_arrival():
+    p, clock = policy()
+    early = [req(i, clock) for i in range(3)]
+    late = req(3, clock, "reactive")
+    for r in early + [late]:
+        p.add(r)
+    assert [r.id for r in p.schedule().prefill] == [3, 0, 1, 2]
+
+
+def test_a_reactive_arrival_takes_the_next_chunk_and_the_proactive_resumes_where_it_stopped():
+    p, clock = policy()
+    long = req(0, clock, prompt=300)
+    p.add(long)
+    assert p.schedule().prefill == [long]
+    long.computed = 128                       # one chunk done
+    p.add(r := req(1, clock, "reactive"))
+    assert p.schedule().prefill == [r, long] and long.computed == 128
+
+
+def test_homogeneous_batches_take_everyone():
+    p, clock = policy(b_rf=3)
+    reqs = admitted(p, [req(i, clock) for i in range(6)])
+    assert p.schedule().decode == reqs
+
+
+def test_a_mixed_batch_is_capped_evicting_longest_then_newest_proactive_rows():
+    p, clock = policy(b_rf=3)
+    pro = admitted(p, [req(i, clock, prompt=n) for i, n in enumerate([40, 8, 8, 100])])
+    admitted(p, [req(9, clock, "reactive")])
+    decode = p.schedule().decode
+    # the reactive row, then 2 proactive: the shortest (8 rows), the older of the two
+    assert sorted(r.id for r in decode) == [1, 2, 9]
+    assert all(r in p.running and r.blocks for r in pro)   # evicted rows keep their KV
+
+
+def test_a_reactive_request_preempts_the_newest_proactive_when_every_slot_is_taken():
+    p, clock = policy(max_seqs=2)
+    pro = admitted(p, [req(i, clock) for i in range(2)], prefilled=False)   # both prefilling
+    p.add(rx := req(5, clock, "reactive"))
+    b = p.schedule()
+    assert b.preempted == [pro[1]] and rx in p.running and not pro[1].blocks
+    assert p.queues()["waiting_proactive"] == [1]
+
+
+def test_aged_proactive_requests_jump_the_proactive_queue_and_bypass_the_cap():
+    p, clock = policy(b_rf=1, aging_s=30.0)
+    old = req(0, clock)
+    p.add(old)
+    clock.t += 10
+    young = [req(i, clock) for i in (1, 2)]
+    for r in young:
+        p.add(r)
+    clock.t += 25                              # old is 35 s old, the others 25
+    assert p.schedule().prefill[0] is old
+    prefill(p, [old, *young])
+    rx, = admitted(p, [req(3, clock, "reactive")])
+    decode = p.schedule().decode
+    assert rx in decode and old in decode and not any(r in decode for r in young)
+
+
+def test_finish_frees_blocks_from_either_queue():
+    p, clock = policy(max_seqs=1)
+    a, b = req(0, clock), req(1, clock, "reactive")
+    p.add(a)
+    p.schedule()
+    p.add(b)
+    p.finish(a)
+    assert p.kv.n_used == 0
+    p.schedule()
+    p.finish(b)
+    assert p.kv.n_used == 0 and not p.running and not p.queues()["waiting"]
