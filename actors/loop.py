@@ -54,6 +54,9 @@ class ServingLoop:
         lo = req.computed
         hi = min(len(seq), lo + self.opts["prefill_chunk"])
         req.state = "prefilling"
+        if req.prefill_start is None:
+            req.prefill_start = time.monotonic()
+            self.metrics.prefill_started(req)
         s = self.slot[req.id]
         logits = self.runner.step([(seq[i], i, s) for i in range(lo, hi)], {s: req.blocks},
                                   all_rows=False)

@@ -25,6 +25,9 @@ class ServiceMetrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("socllm_inter_token_seconds", "time between a request's tokens",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self.pending = Histogram("socllm_pending_seconds", "arrival to the start of the first "
+                                 "prefill chunk, by priority (a reactive one's: its preemption "
+                                 "latency)", ["priority"], buckets=LATENCY_BUCKETS, registry=r)
         self.kv = Gauge("socllm_kv_blocks_used", "KV cache blocks held by requests", registry=r)
         self.kv_total = Gauge("socllm_kv_blocks", "KV cache blocks in the pool", registry=r)
         self._last: dict = {}             # request id -> time of its last token
@@ -32,6 +35,9 @@ class ServiceMetrics:
     def arrived(self, req):
         self.requests.labels(req.priority).inc()
         self.prompt_tokens.inc(len(req.prompt))
+
+    def prefill_started(self, req):
+        self.pending.labels(req.priority).observe(req.prefill_start - req.arrival)
 
     def token(self, req, now: float):
         self.tokens.inc()

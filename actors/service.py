@@ -201,7 +201,8 @@ class Service(ServingLoop):
         """A request's table entry (and, once it ended, how it ran)."""
         req = self.table[rid]
         out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
-                                            "finish_reason", "error", "arrival", "first_token")}
+                                            "finish_reason", "error", "arrival", "prefill_start",
+                                            "first_token")}
         ttft = (req.first_token or req.arrival) - req.arrival
         n_dec = max(0, len(req.tokens) - 1)
         dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)

@@ -51,6 +51,7 @@ class Request:
     blocks: list = field(default_factory=list)    # KV block table (memory/blocks.py)
     computed: int = 0                     # rows of prompt + tokens whose K/V are in the cache
     arrival: float = field(default_factory=time.monotonic)
+    prefill_start: float | None = None   # its first prefill chunk began (preemption latency)
     first_token: float | None = None
     finish: float | None = None
 

@@ -131,6 +131,8 @@ def test_a_reactive_request_overtakes_a_long_proactive_prefill(client, oracle, t
     info = {rid: ray.get(client.service.request.remote(rid)) for rid in (r, p)}
     assert info[r]["priority"] == "reactive" and info[p]["priority"] == "proactive"
     assert info[r]["first_token"] < info[p]["first_token"]
+    # preemption latency: the reactive prefill waited at most for the proactive chunk running
+    assert info[p]["prefill_start"] < info[r]["prefill_start"] < info[p]["first_token"]
     assert texts[r] == _want(oracle, tokenizer, FRANCE, 4)
     assert texts[p] == _want(oracle, tokenizer, long, 4)
 
@@ -244,16 +246,20 @@ def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
 
 def test_an_http_client_that_disconnects_cancels_its_request(served, client):
     import requests
-    before = client.status()["requests"]["cancelled"]
+    import ray
     with requests.post(served[1] + "/v1/completions", stream=True, timeout=60,
                        json={"prompt": COUNT, "max_tokens": 400, "stream": True}) as r:
-        lines = r.iter_lines()
-        for _ in range(3):
-            next(lines)
-    _until(lambda: client.status()["requests"]["cancelled"] == before + 1, 30)
+        it = r.iter_lines()
+        lines = [line for line in (next(it) for _ in range(3)) if line]
+    rid = int(json.loads(lines[0][6:])["id"].split("-")[1])
+    _until(lambda: ray.get(client.service.request.remote(rid))["state"] in
+           ("finished", "cancelled", "failed"), 30)
+    out = ray.get(client.service.request.remote(rid))
+    assert out["state"] == "cancelled" and len(out["tokens"]) < 400
     metrics = requests.get(served[1] + "/metrics", timeout=10).text
     assert 'socllm_requests_ended_total{state="cancelled"}' in metrics
     assert "socllm_time_to_first_token_seconds_bucket" in metrics
+    assert 'socllm_pending_seconds_count{priority="proactive"}' in metrics
 
 
 def test_stop_removes_the_service_and_its_pool(served, client):
