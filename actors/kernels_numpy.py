@@ -54,9 +54,12 @@ class NumpyKernels:
         off = ref[1] + (pos0 * ld * 4 if ref[0] == "kv" else 0)
         return strided_rows(self.arena, off, N, cols, ld, np.float32)
 
-    def _kv(self, ref, rows: int, cols: int) -> np.ndarray:
-        """KV rows 0 .. rows-1 of a "kv" ref in f32: [rows, cols] (a copy when they are f16)"""
-        return self._arr(ref[1], (rows, cols), self.kv_type).astype(np.float32, copy=False)
+    def _kv(self, ref, rows, cols: int) -> np.ndarray:
+        """KV rows `rows` (a count from row 0, or an index array) of a "kv" ref in f32: [rows,
+        cols]; f16 rows are converted after they are picked, never the whole cache."""
+        n = rows if isinstance(rows, int) else int(rows.max()) + 1
+        cache = self._arr(ref[1], (n, cols), self.kv_type)
+        return (cache if isinstance(rows, int) else cache[rows]).astype(np.float32, copy=False)
 
     def i32(self, ref, n: int) -> np.ndarray:
         return self._arr(ref[1], (n,), np.int32)
@@ -146,8 +149,8 @@ class NumpyKernels:
             L = int(pos[n]) + 1
             ls = np.arange(L)
             phys = btab[seq[n], ls // br] * br + ls % br
-            k = self._kv(a["k"], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
-            v = self._kv(a["v"], int(phys.max()) + 1, KVH * hd)[phys].reshape(L, KVH, hd)
+            k = self._kv(a["k"], phys, KVH * hd).reshape(L, KVH, hd)
+            v = self._kv(a["v"], phys, KVH * hd).reshape(L, KVH, hd)
             qh = q[n].reshape(KVH, H // KVH, hd)
             s = np.einsum("kgd,lkd->kgl", qh, k) / np.float32(np.sqrt(hd))
             s = np.exp(s - s.max(axis=-1, keepdims=True))

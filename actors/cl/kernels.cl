@@ -57,7 +57,6 @@
 #ifdef KV_HALF
 typedef ushort8 kv8;
 typedef ushort kv_t;
-#define KV_BYTES 2
 #if defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
 typedef float kv_v4sf __attribute__((__vector_size__(16)));
 typedef float kv_v8sf __attribute__((__vector_size__(32)));
@@ -74,7 +73,6 @@ typedef float kv_v8sf __attribute__((__vector_size__(32)));
 #else
 typedef float8 kv8;
 typedef float kv_t;
-#define KV_BYTES 4
 #define KV8(p) (*(p))
 #define KV_PUT(p, i, x) ((p)[i] = (x))
 #define KV_PUT8(p, i, x8) vstore8((x8), 0, (p) + (i))
