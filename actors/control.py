@@ -36,19 +36,21 @@ def next_epoch(ctl, words) -> int:
 
 
 def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos0: int,
-             precision: str, check_errors) -> int:
+             precision: str, check_errors, span: tuple | None = None) -> int:
     """One step from any process attached to the pool: the control block's words, the go words
     of the processors the program uses, then their done words (a step's length is learned:
     predict sleeps most of it, then polls). check_errors(procs) raises a processor's error.
+    span: (lo, hi), run only the program's stages lo .. hi-1 (graph/program.py stage_of).
     Returns the step's epoch."""
     epoch = next_epoch(ctl, words)
     ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, pos0
+    ctl["span_lo"], ctl["span_hi"] = span or (0, 0)
     ctl["precision"] = PRECISIONS[precision]
     base = epoch * STEP
     for p in procs:
         words.store(lay.go(p), epoch)
     for p in procs:
-        while not predict.wait(words, (pid, p), lay.done(p), base + final[p], timeout_s=0.25):
+        while not predict.wait(words, (pid, p, span), lay.done(p), base + final[p], timeout_s=0.25):
             check_errors(procs)
     check_errors(procs)
     return epoch

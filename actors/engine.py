@@ -78,16 +78,17 @@ class Engine:
                  processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
                  n_layers: int | None = None, reader=None, rowcut_profile: str | None = None,
                  max_seqs: int = 1, kv_mb: float = 0, one_shot: bool = False,
-                 kv_dtype: str = "f32"):
+                 kv_dtype: str = "f32", double_rows: int = 0):
         """rowcut_profile: the tensor plan's profile (scripts/profile_rowcut.py); default: this
         device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut. max_seqs,
         kv_mb: sequences a serving step holds and the paged KV cache's size (the service).
         one_shot: one request and gone (the CLI): `auto` compiles no NPU graph for later ones.
         kv_dtype: the KV cache's elements (memory/layout.KV_DTYPES); "f16" runs paged programs
-        on the GPU only (the service below f32)."""
+        on the GPU only (the service below f32). double_rows: the double activation buffer's
+        rows (memory/layout.py; the service's prefill chunk), 0: none."""
         self._closed = True
         self.max_seqs, self.kv_mb, self.one_shot = max_seqs, kv_mb, one_shot
-        self.kv_dtype = kv_dtype
+        self.kv_dtype, self.double_rows = kv_dtype, double_rows
         self.rowcut_profile = load_profile(rowcut_profile)
         path = model or default_model_path()
         if model is None:
@@ -130,12 +131,15 @@ class Engine:
             weights = {k: v for k, v in weights.items()
                        if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
         layers = self.cfg.n_layers if n_layers is None else n_layers
+        self.n_layers = layers
         kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
+        double = (self.double_rows, ray.get(self.planner.slot_bytes.remote(self.double_rows))) \
+            if self.double_rows else ()
         block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * KV_DTYPES[self.kv_dtype]   # every layer's K, V
         lay = plan_layout(weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context,
                           self.cfg.vocab, max(self.cfg.dim, self.cfg.ffn_dim),
                           max_seqs=self.max_seqs, kv_blocks=int(self.kv_mb * 2**20 // block_bytes),
-                          block_rows=BLOCK_ROWS, kv_dtype=self.kv_dtype)
+                          block_rows=BLOCK_ROWS, kv_dtype=self.kv_dtype, double=double)
         self.layout = lay
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
         write_weights(self.arena.buf, lay, weights)

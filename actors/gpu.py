@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from socllm.graph.program import StepProgram
+from socllm.graph.program import StepProgram, stage_of
 
 from .worker import Unit, kernel_units
 
@@ -35,6 +35,7 @@ class GPUBackend:
         # a serving step's rope table (paged.cl rope_rows_table)
         self.kernels.rope_rows = (lay.io["rope_rows"], lay.io["att"] - lay.io["rope_rows"])
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
+        self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)
 
@@ -46,10 +47,15 @@ class GPUBackend:
             # prefill chunks run their linears in int8 weight tiles too
             bits = ACT_BITS.get(precision) if prog.phase == "batch" or precision == "q8" else None
             rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
-            replay = self.kernels.replay(tasks, rows_act, keep=RECORDINGS[prog.phase])
+            # a chunk in the second activation buffer has its own rope table there (its stages
+            # may run apart, with other steps between them)
+            rope_rows = (self.double["rope_rows"], 4 * self.double_rows * self.lay.kv_cols) \
+                if prog.buffer else None
+            replay = self.kernels.replay(tasks, rows_act, keep=RECORDINGS[prog.phase],
+                                         rope_rows=rope_rows, stages=stage_of(tasks))
             seqs = tuple(t.seq for t in tasks)
             if prog.phase != "batch" or not self.fuse:
-                return [Unit([], replay, [], seqs)]
+                return [Unit([], replay, [], seqs, spans=True)]
             fused = self._fused_units(prog, precision)
 
             def run(n, pos0):

@@ -237,39 +237,54 @@ class CLKernels:
                     events.append((name, ev))
         return run
 
-    def replay(self, tasks: list, rows_act: tuple | None = None, keep: int | None = None):
+    def replay(self, tasks: list, rows_act: tuple | None = None, keep: int | None = None,
+               rope_rows: tuple | None = None, stages: list | None = None):
         """Tasks that depend on no pos0 (a paged program: positions are data in the pool) as
         run(n): the launches for n rows are recorded once, each with its own cl.Kernel and its
         arguments set once, and only enqueued at later steps of n rows (no Python per op).
         rows_act = (offset, bytes, bits): the linears of more than one row take their rows
         prepared in int16 (bits 16) or int8 (8) in that scratch (decode batches at q16 / q8).
         keep: recordings kept at most, the least recently used dropped (each is a few hundred
-        kernel objects: prefill chunks come in every length, decode batches in max_seqs)."""
+        kernel objects: prefill chunks come in every length, decode batches in max_seqs).
+        rope_rows: (offset, bytes) of the step's cos / sin table (default: the kernels' own).
+        stages: each task's stage (graph/program.py stage_of): run(n, span=(lo, hi)) enqueues
+        only the launches of stages lo .. hi-1 (every stage prepares its own inputs)."""
         recorded: dict = {}
         queue, events, profile = self.queue, self.events, self.profile
+        stages = stages or [0] * len(tasks)
+        table = rope_rows or self.rope_rows
 
         def record(n):
             self._recording, self.rows_act, self._prepared, self._rope_table = [], rows_act, None, None
+            own, self.rope_rows = self.rope_rows, table
+            starts = {}                                # stage -> index of its first launch
             try:
-                for t in tasks:
+                for t, stage in zip(tasks, stages):
+                    starts.setdefault(stage, len(self._recording))
                     self.run(t.op, t.args, n, 0)
                     if self._prepared and t.args.get("out", (None, None))[1] == self._prepared[0]:
                         self._prepared = None          # its input was overwritten
             finally:
-                recs, self._recording, self.rows_act = self._recording, None, None
+                recs, self._recording, self.rows_act, self.rope_rows = self._recording, None, None, own
+            bounds = [starts.get(k, len(recs)) for k in range(max(stages) + 2)]
+            for k in range(len(bounds) - 2, -1, -1):   # a stage without launches: the next one's
+                bounds[k] = min(bounds[k], bounds[k + 1])
             bound = []
             for name, gsize, lsize, args, ks in recs:
                 knl = ks[name].clone()
                 knl.set_scalar_arg_dtypes([None] + _SCALARS[name])
                 knl.set_args(self.buf, *args)
                 bound.append((name, knl, gsize, lsize))
-            return bound
+            return bound, bounds
 
-        def run(n, pos0=0):
-            launches = recorded.pop(n, None) or record(n)
-            recorded[n] = launches                 # the most recently used last
+        def run(n, pos0=0, span=None):
+            launches, bounds = recorded.pop(n, None) or record(n)
+            recorded[n] = launches, bounds         # the most recently used last
             if keep is not None and len(recorded) > keep:
                 del recorded[next(iter(recorded))]
+            if span is not None:
+                lo, hi = (min(k, len(bounds) - 1) for k in span)
+                launches = launches[bounds[lo]: bounds[hi]]
             for name, knl, gsize, lsize in launches:
                 ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
                 if profile:

@@ -46,17 +46,23 @@ class PlannerCore:
         other = "npu" if dom == "gpu" else "gpu"
         return row_cut(self.graph, plan_rows(phase, sizes, self.rowcut_profile), dom, other)
 
-    def _refs(self, graph) -> dict:
+    def _refs(self, graph, buffer: int = 0) -> dict:
+        """buffer 1: activations and the step's rows in the pool's second activation buffer."""
         lay, refs = self.lay, {}
+        io, slots = lay.io, lay.slots
+        if buffer:
+            if not lay.double:
+                raise ValueError("this pool has no second activation buffer")
+            io, slots = {**lay.io, **lay.double}, lay.double["slots"]
         for name, t in graph.tensors.items():
             if t.kind == "weight":
                 refs[name] = lay.weights[name]
             elif t.kind == "kv":
                 refs[name] = ("kv", lay.kv[name])
             elif t.kind in ("input", "output"):
-                refs[name] = ("a", lay.io[name])
+                refs[name] = ("a", io[name])
             else:
-                refs[name] = ("a", lay.slots[self.slots.assign[name]])
+                refs[name] = ("a", slots[self.slots.assign[name]])
         return refs
 
     def program(self, plan: str, phase: str, bucket: int):
@@ -71,22 +77,26 @@ class PlannerCore:
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
 
-    def paged_program(self, plan: str, all_rows: bool):
+    def paged_program(self, plan: str, all_rows: bool, buffer: int = 0):
         """A serving step's program (graph/build.py, paged): any N rows of any sequences, each at
         its own position over its block table; all_rows: every row's logits (a decode batch),
         else the last row's (a prefill chunk). One program serves every N: GPU and CPU kernels
-        take N at run time. NPU graphs are static, so paged programs run on the GPU or the CPU."""
+        take N at run time. NPU graphs are static, so paged programs run on the GPU or the CPU.
+        buffer 1: a prefill chunk in the second activation buffer (memory/layout.py double), which
+        may stop between layers while other steps run."""
         if plan not in ("gpu", "cpu"):
             raise ValueError(f"paged programs run on the gpu or the cpu, not {plan!r}")
         phase = "batch" if all_rows else "chunk"
-        key = (plan, phase, 0)
+        key = (plan, phase, buffer)
         if key not in self.programs:
             lay = self.lay
             graph = build_graph(self.cfg, self.n_layers, paged={
                 "block_rows": lay.block_rows, "max_blocks": lay.max_blocks,
                 "max_seqs": lay.max_seqs, "all_rows": all_rows})
-            prog = lower(graph, self.slots, self._refs(graph), lay.locations,
-                         {p: lay.done(p) for p in PROCESSORS}, lambda op: plan, phase, lay.max_rows)
+            prog = lower(graph, self.slots, self._refs(graph, buffer), lay.locations,
+                         {p: lay.done(p) for p in PROCESSORS}, lambda op: plan, phase,
+                         lay.double_rows if buffer else lay.max_rows)
+            prog.buffer = buffer
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
 

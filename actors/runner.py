@@ -27,38 +27,53 @@ class Runner:
         lay = self.lay = engine.layout
         buf = engine.arena.buf
 
-        def io(name, n, dtype=np.int32):
-            return buf[lay.io[name]: lay.io[name] + n * np.dtype(dtype).itemsize].view(dtype)
-        self.ids, self.pos = io("ids", lay.max_rows), io("pos", lay.max_rows)
-        self.rows, self.seq = io("rows", lay.max_rows), io("seq", lay.max_rows)
+        def io(name, n, dtype=np.int32, where=lay.io):
+            return buf[where[name]: where[name] + n * np.dtype(dtype).itemsize].view(dtype)
+        # the step's rows per activation buffer (1: memory/layout.py's double buffer)
+        self.meta = [{k: io(k, lay.max_rows) for k in ("ids", "pos", "rows", "seq")}]
+        if lay.double:
+            self.meta.append({k: io(k, lay.double_rows, where=lay.double)
+                              for k in ("ids", "pos", "rows", "seq")})
         self.btab = io("btab", lay.max_seqs * lay.max_blocks).reshape(lay.max_seqs, lay.max_blocks)
         self.logits = io("logits", lay.max_seqs * lay.vocab, np.float32).reshape(lay.max_seqs, lay.vocab)
         self.words, self.ctl = engine.words, engine.ctl
         self.predict = SleepPredictor()
-        self.programs = {all_rows: self._install(all_rows) for all_rows in (False, True)}
+        self.programs = {(all_rows, 0): self._install(all_rows) for all_rows in (False, True)}
+        if lay.double:
+            self.programs[(False, 1)] = self._install(False, 1)
+        self.stages = engine.n_layers + 2        # graph/program.py stage_of
 
-    def _install(self, all_rows: bool):
+    def _install(self, all_rows: bool, buffer: int = 0):
         eng = self.eng
-        pid, blob, procs = ray.get(eng.planner.paged_program.remote(self.plan, all_rows))
+        pid, blob, procs = ray.get(eng.planner.paged_program.remote(self.plan, all_rows, buffer))
         actors = {**eng.peers, "cpu": eng.control}
         prec = self.precision if all_rows else self.chunk_precision
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
 
-    def step(self, rows: list, tables: dict, all_rows: bool) -> np.ndarray:
+    def step(self, rows: list, tables: dict, all_rows: bool, buffer: int = 0,
+             span: tuple | None = None) -> np.ndarray:
         """rows: [(token id, position, sequence slot)], tables: slot -> block ids. Returns the
-        logits [N, V] (all_rows) or [1, V] of the last row, a view into the pool."""
+        logits [N, V] (all_rows) or [1, V] of the last row, a view into the pool.
+        buffer 1: a prefill chunk in the second activation buffer; span (lo, hi): only its stages
+        lo .. hi-1 (of `self.stages`), the rest at later calls with the same rows, other steps
+        in between (Agent.xpu §4.4: a proactive prefill stops between layers). The logits are
+        the last stage's."""
         n, br = len(rows), self.lay.block_rows
-        if not 0 < n <= self.lay.max_rows:
-            raise ValueError(f"a step of {n} rows (at most {self.lay.max_rows})")
-        for slot, blocks in tables.items():
-            self.btab[slot, :len(blocks)] = blocks
-        tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
-        self.ids[:n], self.pos[:n], self.seq[:n] = tok, pos, seq
-        self.rows[:n] = self.btab[seq, pos // br] * br + pos % br
+        meta = self.meta[buffer]
+        if not 0 < n <= len(meta["ids"]):
+            raise ValueError(f"a step of {n} rows (at most {len(meta['ids'])})")
+        if span is not None and (buffer == 0 or not 0 <= span[0] < span[1] <= self.stages):
+            raise ValueError(f"stages {span} of a step in buffer {buffer} ({self.stages} stages)")
+        if span is None or span[0] == 0:
+            for slot, blocks in tables.items():
+                self.btab[slot, :len(blocks)] = blocks
+            tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
+            meta["ids"][:n], meta["pos"][:n], meta["seq"][:n] = tok, pos, seq
+            meta["rows"][:n] = self.btab[seq, pos // br] * br + pos % br
         # one row: its position is also pos0 (the fused decode kernels' RoPE and key count)
-        self._run(self.programs[all_rows], n, int(pos[0]) if n == 1 else 0,
-                  self.precision if all_rows else self.chunk_precision)
+        self._run(self.programs[(all_rows, buffer)], n, int(rows[0][1]) if n == 1 else 0,
+                  self.precision if all_rows else self.chunk_precision, span)
         return self.logits[:n if all_rows else 1]
 
     def warm(self, max_seqs: int, chunks=(1, 2, 3, 5, 128)):
@@ -69,15 +84,17 @@ class Runner:
         for n in range(1, max_seqs + 1):
             self.step([(0, 0, s) for s in range(n)], {}, all_rows=True)
         lay = self.lay
-        for n in chunks:
-            if n <= min(lay.max_rows, lay.context):
-                blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
-                self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False)
+        for buffer, meta in enumerate(self.meta):
+            for n in chunks:
+                if n <= min(len(meta["ids"]), lay.context):
+                    blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
+                    self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False,
+                              buffer=buffer)
 
-    def _run(self, prog, n: int, pos0: int, precision: str):
+    def _run(self, prog, n: int, pos0: int, precision: str, span=None):
         pid, procs, final = prog
         run_step(self.lay, self.ctl, self.words, self.predict, pid, procs, final, n, pos0,
-                 precision, self._check_errors)
+                 precision, self._check_errors, span)
 
     def _check_errors(self, procs):
         if self.ctl["error"]:

@@ -11,21 +11,26 @@ import threading
 import time
 import traceback
 
+from socllm.graph.program import stage_of
 from socllm.memory.layout import W_ERROR, Control, PoolLayout
 from socllm.memory.ready import STEP, ReadyWords, SleepPredictor
 
 
 class Unit:
-    __slots__ = ("waits", "run", "signals", "seqs")
+    """run(n, pos0); a step that runs a span of its program's stages (graph/program.py stage_of)
+    skips a unit of another `stage`, and hands the span to a unit that `spans` several
+    (run(n, pos0, span)); a unit with neither always runs."""
+    __slots__ = ("waits", "run", "signals", "seqs", "stage", "spans")
 
-    def __init__(self, waits, run, signals, seqs=()):
+    def __init__(self, waits, run, signals, seqs=(), stage=None, spans=False):
         self.waits, self.run, self.signals, self.seqs = waits, run, signals, seqs
+        self.stage, self.spans = stage, spans
 
 
 def kernel_units(kernels, tasks: list) -> list:
     """One unit per task for backends that launch kernels one by one (CPU, GPU)."""
-    return [Unit(t.waits, (lambda n, p, t=t: kernels.run(t.op, t.args, n, p)), t.signals, (t.seq,))
-            for t in tasks]
+    return [Unit(t.waits, (lambda n, p, t=t: kernels.run(t.op, t.args, n, p)), t.signals, (t.seq,),
+                 stage) for t, stage in zip(tasks, stage_of(tasks))]
 
 
 class Worker:
@@ -66,6 +71,8 @@ class Worker:
         ctl, words = self.ctl, self.words
         base = ctl["epoch"] * STEP
         pid, n, pos0, prec = ctl["program"], ctl["n"], ctl["pos0"], ctl["precision"]
+        lo, hi = ctl["span_lo"], ctl["span_hi"]
+        span = (lo, hi) if hi else None
         units = self.units[(pid, prec)]
         self.backend.begin_step(self.precisions[prec])
         t0 = time.perf_counter()
@@ -73,7 +80,10 @@ class Worker:
             for w, v in u.waits:
                 if not self.predict.wait(words, (pid, k), w, base + v, timeout_s=300):
                     raise TimeoutError(f"waited 300 s for ready word {w}")
-            u.run(n, pos0)
+            if u.spans:
+                u.run(n, pos0, span)
+            elif span is None or u.stage is None or lo <= u.stage < hi:
+                u.run(n, pos0)
             if u.signals:
                 self.backend.finish()
                 for w, v in u.signals:

@@ -51,6 +51,7 @@ class StepProgram:
     bucket: int             # static row count the program was planned for (NPU graphs use it)
     tasks: dict             # processor name -> [Task]
     final: dict = field(default_factory=dict)     # processor -> seq of its last task
+    buffer: int = 0         # activation buffer: 1, the pool's second one (memory/layout.py double)
 
     def to_bytes(self) -> bytes:
         def task(t: Task):
@@ -58,7 +59,7 @@ class StepProgram:
                     t.waits, t.signals, list(t.rows) if t.rows else None, t.layer, t.seq]
         return msgpack.packb({"phase": self.phase, "bucket": self.bucket,
                               "tasks": {p: [task(t) for t in ts] for p, ts in self.tasks.items()},
-                              "final": self.final})
+                              "final": self.final, "buffer": self.buffer})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "StepProgram":
@@ -69,11 +70,22 @@ class StepProgram:
             return Task(op, args, [tuple(w) for w in waits], [tuple(s) for s in signals],
                         tuple(rows) if rows else None, layer, seq)
         return cls(d["phase"], d["bucket"], {p: [task(*t) for t in ts] for p, ts in d["tasks"].items()},
-                   d["final"])
+                   d["final"], d.get("buffer", 0))
 
     def ordered(self) -> list:
         """Every processor's tasks in the step's global order."""
         return sorted((t for ts in self.tasks.values() for t in ts), key=lambda t: t.seq)
+
+
+def stage_of(tasks: list) -> list:
+    """Each task's stage: 0 before the first layer (the embedding), layer + 1 inside a layer,
+    the last layer + 2 after it (final norm, lm-head). A step may run a span of stages at a time
+    (the control block's span_lo, span_hi): only a layer's input is live between stages."""
+    out, top = [], 0
+    for t in tasks:
+        top = max(top, t.layer + 1)
+        out.append(t.layer + 1 if t.layer >= 0 else (top + 1 if top else 0))
+    return out
 
 
 def cut_rows(args: dict, lo: int, hi: int) -> dict:

@@ -6,7 +6,8 @@
   kv        [n_layers, 2, kv_rows, kv_cols] f32 (or f16: kv_dtype), kv_rows = context + largest bucket (a padded
             NPU chunk writes up to a bucket of rows past the real ones) or, paged, kv_blocks
             blocks of block_rows rows (memory/blocks.py), whichever is more
-  slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py)
+  slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py); with a
+            double buffer, a second set for a suspended prefill chunk (Agent.xpu §4.4 ①)
   io        ids int32 [max_rows], logits f32 [max_seqs, vocab], token ring int32 [context],
             row metadata and block tables of a serving step, GPU decode scratch
   control   int64 fields of the current step (CTL_*)
@@ -21,7 +22,10 @@ import numpy as np
 from .arena import ALIGN, align
 
 PROCESSORS = ("cpu", "gpu", "npu")
-CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished", "cancel")
+# span_lo, span_hi: the stages of the program this step runs (graph/program.py stage_of; 0, 0:
+# all): a prefill chunk in its own activation buffer runs a few layers at a time
+CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished", "cancel",
+              "span_lo", "span_hi")
 _CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
 W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
 
@@ -52,6 +56,11 @@ class PoolLayout:
     words: int = 0
     n_words: int = 0
     locations: dict = field(default_factory=dict)  # location key -> ready word index
+    # the double activation buffer (Agent.xpu §4.4 ①): slot id -> offset of a second set of slots
+    # and io name -> offset of a second ids / pos / rows / seq / rope_rows, for double_rows rows;
+    # a prefill chunk there keeps its activations while other steps run (empty: none)
+    double: dict = field(default_factory=dict)
+    double_rows: int = 0
     size: int = 0
 
     @property
@@ -82,11 +91,13 @@ class PoolLayout:
 
 def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, max_rows: int,
                 context: int, vocab: int, max_k: int = 4096, max_seqs: int = 1,
-                kv_blocks: int = 0, block_rows: int = 16, kv_dtype: str = "f32") -> PoolLayout:
+                kv_blocks: int = 0, block_rows: int = 16, kv_dtype: str = "f32",
+                double: tuple = ()) -> PoolLayout:
     """weights: name -> planar dict of arrays (quantized) or an f32 array. max_seqs sequences of
     a serving step read kv_blocks blocks of block_rows rows (memory/blocks.py) through their
     block tables; the KV rows also hold one contiguous sequence of the context (the one-shot
-    engine's programs). kv_dtype: the KV elements' type (KV_DTYPES)."""
+    engine's programs). kv_dtype: the KV elements' type (KV_DTYPES). double: (rows, slot_bytes) of
+    the double activation buffer (empty: none): the service's prefill chunk."""
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     lay = PoolLayout(max_rows=max_rows, context=context, vocab=vocab, kv_cols=kv_cols,
@@ -135,6 +146,14 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
                                        * align(max_k + 8 * max_k // 32, 64)), 64),
               "act": take(act), "rope": take(4 * 1024), "rope_rows": take(4 * max_rows * kv_cols),
               "att": take(ATT_SPLITS * 4 * (max_k + max_k // 8))}
+    if double:
+        rows, dbytes = double
+        if not 0 < rows <= max_rows or len(dbytes) != len(slot_bytes):
+            raise ValueError(f"a double buffer of {rows} rows and {len(dbytes)} slots")
+        lay.double_rows = rows
+        lay.double = {"slots": [take(b, ALIGN) for b in dbytes],
+                      **{k: take(rows * 4) for k in ("ids", "pos", "rows", "seq")},
+                      "rope_rows": take(4 * rows * kv_cols)}
     lay.ctl = take(len(CTL_FIELDS) * 8)
     locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]
     lay.locations = {k: W_FIRST_LOC + i for i, k in enumerate(locs)}

@@ -1,5 +1,7 @@
 """The service's step runner over an f16 paged KV cache (its default), in process: sequences
-prefilled in chunks and decoded together in one batch follow the oracle."""
+prefilled in chunks and decoded together in one batch follow the oracle; a prefill chunk in the
+second activation buffer, run a few layers at a time with other steps between, gives the same
+logits as the whole chunk."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +15,7 @@ def engine16(gguf_reader, ray_session):
     from socllm.actors.engine import Engine
     from socllm.actors.service import KV_DTYPE
     eng = Engine(reader=gguf_reader, context=256, processors_=("cpu", "gpu"), max_seqs=4,
-                 kv_mb=8, kv_dtype=KV_DTYPE["q8"])
+                 kv_mb=8, kv_dtype=KV_DTYPE["q8"], double_rows=8)
     yield eng
     eng.close()
 
@@ -57,3 +59,36 @@ def test_a_batch_over_an_f16_cache_follows_the_oracle(engine16, oracle, oracle_g
         assert sum(int(a == b) for a, b in zip(top, ref.argmax(axis=1))) >= agree, (PROMPTS[s], top)
         err = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(got[s], ref))
         assert err <= tol, (PROMPTS[s], err)
+
+
+@pytest.mark.parametrize("plan", ["gpu", "cpu"])
+def test_a_chunk_stopped_between_layers_resumes_without_recomputing(engine16, oracle_greedy, plan):
+    """Agent.xpu §4.4: a proactive chunk in the second activation buffer runs its stages in three
+    spans; between them another sequence prefills (buffer 0) and decodes. Its activations and
+    row metadata survive in its own buffer, so its logits equal those of the whole chunk run
+    at once (same kernels: equal to float rounding), and the other sequence's are unchanged."""
+    from socllm.actors.runner import Runner
+    runner = Runner(engine16, plan, "f32")
+    stages = runner.stages
+    (a, _), (b, b_next) = oracle_greedy[PROMPTS[0]], oracle_greedy[PROMPTS[1]]
+    a, b = a[:8], b[:8]
+    tab = {0: [3, 1], 1: [5, 0], 2: [2, 4]}        # slot -> blocks (2 each, out of order)
+    rows = lambda ids, slot: [(t, i, slot) for i, t in enumerate(ids)]
+
+    whole = runner.step(rows(a, 0), {0: tab[0]}, all_rows=False).copy()
+    b_ref = runner.step(rows(b, 1), {1: tab[1]}, all_rows=False).copy()
+    b_dec = runner.step([(b_next[0], len(b), 1)], {1: tab[1]}, all_rows=True).copy()
+
+    cuts = [0, 3, stages - 4, stages]
+    for k, span in enumerate(zip(cuts, cuts[1:])):
+        got = runner.step(rows(a, 2), {2: tab[2]}, all_rows=False, buffer=1, span=span)
+        if k == 0:       # the other sequence prefills anew, then decodes, in buffer 0
+            assert np.allclose(runner.step(rows(b, 1), {1: tab[1]}, all_rows=False), b_ref,
+                               rtol=0, atol=1e-5)
+        elif k == 1:
+            assert np.allclose(runner.step([(b_next[0], len(b), 1)], {1: tab[1]}, all_rows=True),
+                               b_dec, rtol=0, atol=1e-5)
+    scale = float(np.abs(whole).max())
+    assert float(np.abs(got - whole).max()) <= 1e-5 * scale
+    with pytest.raises(ValueError, match="stages"):
+        runner.step(rows(a, 2), {2: tab[2]}, all_rows=False, span=(0, 3))    # buffer 0: whole
