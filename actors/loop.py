@@ -21,6 +21,7 @@ class ServingLoop:
         """Each iteration: one prefill chunk of the first request that needs one (Agent.xpu
         §4.3: prefill runs singly, in chunks), then one decode step of every prefilled request
         (continuous batching: requests join and leave the batch at every step)."""
+        stopped = False         # the last iteration stopped a chunk for a reactive arrival
         while not self.stopping:
             with self.cv:
                 for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
@@ -38,33 +39,93 @@ class ServingLoop:
                         self.slot[req.id] = self.slots.pop()
             step = [batch.prefill[0]] if batch.prefill else []
             try:
-                if batch.prefill:
-                    self._prefill_chunk(batch.prefill[0])
+                if batch.prefill and self._prefill(batch.prefill) and not stopped:
+                    stopped = True             # stopped for a reactive arrival: schedule it
+                    continue                   # now (once: decode runs if it could not start)
+                stopped = False
                 step = batch.decode
                 if batch.decode:
                     self._decode(batch.decode)
             except Exception as ex:   # one bad step fails its requests, never the service
                 traceback.print_exc()
-                for req in step:
-                    self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
+                if self.part is not None:
+                    step, self.part = [*step, self.part["req"]], None
+                for req in {r.id: r for r in step}.values():
+                    if not req.ended:
+                        self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
 
-    def _prefill_chunk(self, req: Request):
-        t0 = time.perf_counter()
+    def _prefill(self, ready: list) -> bool:
+        """One prefill chunk of the first request in `ready` (the policy's order). A policy with
+        a slice_s runs proactive chunks in the second activation buffer, a span of layers at a
+        time, and stops between spans when it says a reactive request waits; the chunk resumes
+        at a later iteration (unless its request lost its blocks meanwhile). Returns True if
+        the chunk stopped before its end."""
+        req, part = ready[0], self.part
+        if part is not None and (part["req"] not in ready or part["key"] != self._chunk_key(part["req"])):
+            part = self.part = None          # ended, cancelled or preempted: its rows are gone
+        if part is not None and req.priority != "reactive":
+            req = part["req"]                # a suspended chunk goes on before newer ones
+        if self.scheduler.slice_s is None or req.priority == "reactive" or not self.runner.meta[1:]:
+            self._prefill_chunk(req)
+            return False
+        return self._prefill_spans(req)
+
+    def _chunk_key(self, req: Request) -> tuple:
+        return req.computed, self.slot.get(req.id), tuple(req.blocks)
+
+    def _start_chunk(self, req: Request, rows_max: int) -> tuple:
         seq = req.prompt + req.tokens     # a preempted request prefills its tokens too
         lo = req.computed
-        hi = min(len(seq), lo + self.opts["prefill_chunk"])
+        hi = min(len(seq), lo + rows_max)
         req.state = "prefilling"
         if req.prefill_start is None:
             req.prefill_start = time.monotonic()
             self.metrics.prefill_started(req)
         s = self.slot[req.id]
-        logits = self.runner.step([(seq[i], i, s) for i in range(lo, hi)], {s: req.blocks},
-                                  all_rows=False)
-        req.computed = hi
-        if hi == len(seq):
+        return [(seq[i], i, s) for i in range(lo, hi)], hi == len(seq)
+
+    def _end_chunk(self, req: Request, rows: list, last: bool, logits, t0: float):
+        req.computed += len(rows)
+        if last:
             self._accept(req, self.streams[req.id][2](logits[0]))
         self.loop_times["prefill_chunks"] += 1
         self.loop_times["prefill_s"] += time.perf_counter() - t0
+
+    def _prefill_chunk(self, req: Request):
+        t0 = time.perf_counter()
+        rows, last = self._start_chunk(req, self.opts["prefill_chunk"])
+        logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False)
+        self._end_chunk(req, rows, last, logits, t0)
+
+    def _prefill_spans(self, req: Request) -> bool:
+        """Agent.xpu §4.4 ②: spans of about slice_s (the per-stage time learned from earlier
+        spans), a check for a reactive arrival after each."""
+        t0 = time.perf_counter()
+        if self.part is None:
+            rows, last = self._start_chunk(req, self.runner.lay.double_rows)
+            self.part = {"req": req, "rows": rows, "last": last, "stage": 0,
+                         "key": self._chunk_key(req)}
+        part, stages = self.part, self.runner.stages
+        rows = part["rows"]
+        while True:
+            lo = part["stage"]
+            k = max(1, int(self.scheduler.slice_s / max(1e-6, self.stage_s * len(rows))))
+            hi = min(stages, lo + k)
+            t = time.perf_counter()
+            logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False, buffer=1,
+                                      span=(lo, hi))
+            per = (time.perf_counter() - t) / ((hi - lo) * len(rows))
+            self.stage_s += 0.3 * (per - self.stage_s)       # seconds per stage and row
+            part["stage"] = hi
+            if hi == stages:
+                break
+            if self.scheduler.preempts_prefill():
+                self.loop_times["prefill_s"] += time.perf_counter() - t0
+                self.loop_times["prefill_stops"] += 1
+                return True
+        self.part = None
+        self._end_chunk(req, rows, part["last"], logits, t0)
+        return False
 
     def _decode(self, batch: list):
         rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]

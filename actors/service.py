@@ -62,8 +62,11 @@ class Service(ServingLoop):
         self.token_times: collections.deque = collections.deque()   # for tokens/s over a minute
         # the loop's time: prefill chunks, decode steps (of which in the step's kernels: the rest
         # is sampling and text), rows decoded
-        self.loop_times = dict.fromkeys(("prefill_chunks", "prefill_s", "decode_steps",
-                                         "decode_rows", "decode_s", "decode_kernels_s"), 0)
+        self.loop_times = dict.fromkeys(("prefill_chunks", "prefill_s", "prefill_stops",
+                                         "decode_steps", "decode_rows", "decode_s",
+                                         "decode_kernels_s"), 0)
+        self.part = None             # a prefill chunk stopped between spans (actors/loop.py)
+        self.stage_s = 1e-4          # its seconds per stage and row, learned
         self.engine, self.error, self.loop = None, None, None
         self.ids = iter(range(1, 1 << 62))
         self.cv = threading.Condition()
@@ -82,7 +85,8 @@ class Service(ServingLoop):
             o = self.opts
             self.engine = e = Engine(model=o["model"], context=o["context"], threads=o["threads"],
                                      max_seqs=o["max_seqs"], kv_mb=o["kv_mb"],
-                                     kv_dtype=KV_DTYPE[o["precision"]])
+                                     kv_dtype=KV_DTYPE[o["precision"]],
+                                     double_rows=o["prefill_chunk"])
             # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
             self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
             self.runner = Runner(e, self.plan, self.precision)

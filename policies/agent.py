@@ -3,10 +3,11 @@
 Two priority classes, each with its own queue for both phases: `reactive` (a person waits) and
 `proactive` (background agents). Through FCFS's three calls (add / schedule / finish):
 
-  prefill   reactive requests first (oldest first), then aged proactive, then proactive. The loop
-            runs one chunk per iteration, so a reactive arrival preempts a proactive prefill at
-            the next chunk boundary; the proactive one resumes where it stopped (its rows' K/V
-            stay in the cache: nothing is recomputed).
+  prefill   reactive requests first (oldest first), then aged proactive, then proactive. A
+            proactive chunk runs in the pool's second activation buffer, a span of layers of
+            about SLICE_S at a time (§4.4 ②); a reactive arrival stops it at the next span's end,
+            its prefill runs in the first buffer, and the proactive chunk then resumes at the
+            layer where it stopped: nothing recomputed, no activation copied (§4.4 ①).
   decode    homogeneous batches take everyone; a batch mixing the classes is capped at B_RF rows:
             every reactive row, then proactive rows that are not evicted (aged ones bypass the
             cap). Evicted first (§4.5 ②): the longest sequences, then the newest arrivals.
@@ -26,6 +27,7 @@ from .scheduler import FCFS, Batch
 
 B_RF = 3          # rows of a batch mixing the classes (Agent.xpu's value; not yet profiled here)
 AGING_S = 30.0    # seconds after which a proactive request is promoted
+SLICE_S = 0.02    # a proactive prefill chunk's span of layers: a reactive arrival waits for one
 
 
 class AgentPolicy(FCFS):
@@ -39,6 +41,12 @@ class AgentPolicy(FCFS):
         self.b_rf, self.aging_s, self.clock = b_rf, aging_s, clock
         self.reactive: deque = deque()        # waiting, per class (FCFS's `waiting` is unused)
         self.proactive: deque = deque()
+
+    slice_s = SLICE_S
+
+    def preempts_prefill(self) -> bool:
+        """A reactive request waits: the proactive chunk stops at its span's end (§4.4 ②)."""
+        return bool(self.reactive)
 
     def urgent(self, req: Request) -> bool:
         """Reactive, or proactive past the aging threshold."""

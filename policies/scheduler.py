@@ -34,6 +34,7 @@ class FCFS:
     hold; kv: the block pool (memory.blocks.BlockPool)."""
 
     name = "fcfs"
+    slice_s = None       # prefill chunks run whole (policies/agent.py runs them in spans)
 
     def __init__(self, max_seqs: int, context: int, kv):
         if max_seqs < 1:
@@ -83,6 +84,10 @@ class FCFS:
         req.computed = 0
         self.waiting.appendleft(req)
         return req
+
+    def preempts_prefill(self) -> bool:
+        """Whether a request waits that should stop a prefill chunk at its next span: none here."""
+        return False
 
     def finish(self, req: Request):
         """A request ended (finished, cancelled or failed): it leaves its queue, its blocks free."""

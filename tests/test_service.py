@@ -118,12 +118,14 @@ def test_mixed_requests_at_once_each_get_their_oracle_text(client, oracle, token
 
 
 def test_a_reactive_request_overtakes_a_long_proactive_prefill(client, oracle, tokenizer):
-    """Agent.xpu §4.4: a reactive request arriving while a 3-chunk proactive prefill runs takes the
-    next chunk and gets its first token first; the proactive prefill resumes where it stopped and
-    its text is still the oracle's (preemption changes no result)."""
+    """Agent.xpu §4.4: a reactive request arriving while a 3-chunk proactive prefill runs stops
+    that chunk between two layers, prefills and gets its first token first; the proactive chunk
+    resumes at the layer where it stopped and its text is still the oracle's (preemption changes
+    no result)."""
     import ray
     long = " ".join(f"item {i}," for i in range(70))            # ~350 tokens: 3 chunks of 128
     assert len(tokenizer.encode(long)) > 256
+    stops = client.status()["loop"]["prefill_stops"]
     p = client.submit(prompt=long, max_tokens=4, priority="proactive")
     time.sleep(0.2)                                               # its first chunk is running
     r = client.submit(prompt=FRANCE, max_tokens=4, priority="reactive")
@@ -135,6 +137,7 @@ def test_a_reactive_request_overtakes_a_long_proactive_prefill(client, oracle, t
     assert info[p]["prefill_start"] < info[r]["prefill_start"] < info[p]["first_token"]
     assert texts[r] == _want(oracle, tokenizer, FRANCE, 4)
     assert texts[p] == _want(oracle, tokenizer, long, 4)
+    assert client.status()["loop"]["prefill_stops"] > stops       # stopped mid-chunk
 
 
 def test_asyncio_stream_and_task_cancellation(client, oracle, tokenizer):
