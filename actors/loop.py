@@ -61,11 +61,15 @@ class ServingLoop:
         at a later iteration (unless its request lost its blocks meanwhile). Returns True if
         the chunk stopped before its end."""
         req, part = ready[0], self.part
-        if part is not None and (part["req"] not in ready or part["key"] != self._chunk_key(part["req"])):
+        if part is not None and (part["req"].ended or part["key"] != self._chunk_key(part["req"])
+                                 or part["req"] not in self.scheduler.running):
             part = self.part = None          # ended, cancelled or preempted: its rows are gone
-        if part is not None and req.priority != "reactive":
+        if part is not None and part["req"] in ready and req.priority != "reactive":
             req = part["req"]                # a suspended chunk goes on before newer ones
-        if self.scheduler.slice_s is None or req.priority == "reactive" or not self.runner.meta[1:]:
+        # reactive chunks run whole in the first buffer, and so does an aged one while the second
+        # holds a chunk the policy defers
+        busy = part is not None and part["req"] is not req
+        if self.scheduler.slice_s is None or req.priority == "reactive" or busy or not self.runner.meta[1:]:
             self._prefill_chunk(req)
             return False
         return self._prefill_spans(req)

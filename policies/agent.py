@@ -8,6 +8,9 @@ Two priority classes, each with its own queue for both phases: `reactive` (a per
             about SLICE_S at a time (§4.4 ②); a reactive arrival stops it at the next span's end,
             its prefill runs in the first buffer, and the proactive chunk then resumes at the
             layer where it stopped: nothing recomputed, no activation copied (§4.4 ①).
+            While a reactive request runs (prefills or decodes), plain proactive prefill is
+            deferred (§4.3 ⑤: lower-priority work waits where the pipelines contend; here both
+            share the same cores, so there is no compute slack to piggyback on).
   decode    homogeneous batches take everyone; a batch mixing the classes is capped at B_RF rows:
             every reactive row, then proactive rows that are not evicted (aged ones bypass the
             cap). Evicted first (§4.5 ②): the longest sequences, then the newest arrivals.
@@ -76,6 +79,10 @@ class AgentPolicy(FCFS):
         batch.decode = self._cap([r for r in batch.decode if r in self.running])
         self._admit(batch)
         prefill = [r for r in self.running if not r.prefilled]
+        if any(r.priority == "reactive" for r in self.running):
+            # §4.3 ⑤: prefill and decode share these cores, so lower-priority prefill waits
+            # while reactive work runs (aged requests excepted, §4.5 ③)
+            prefill = [r for r in prefill if self.urgent(r)]
         batch.prefill = sorted(prefill, key=lambda r: (r.priority != "reactive", not self.urgent(r),
                                                         r.arrival))
         return batch

@@ -15,7 +15,6 @@ import os
 import statistics
 import time
 
-import numpy as np
 import psutil
 
 
@@ -44,7 +43,6 @@ def main(argv=None):
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
     from socllm.actors.engine import Engine
-    rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     eng = Engine(context=2048)
     out = {"engine_start_s": time.perf_counter() - t0, "threads": eng.threads, "plans": {}}

@@ -42,13 +42,19 @@ def admitted(p, reqs, prefilled=True) -> list:
     return reqs
 
 
-def test_reactive_requests_prefill_first_whatever_their_arrival():
+def test_reactive_requests_prefill_first_and_proactive_prefill_waits_for_them():
+    """§4.3 ⑤: proactive prefill is deferred while reactive work runs (these cores are shared),
+    then goes on in arrival order."""
     p, clock = policy()
     early = [req(i, clock) for i in range(3)]
     late = req(3, clock, "reactive")
     for r in early + [late]:
         p.add(r)
-    assert [r.id for r in p.schedule().prefill] == [3, 0, 1, 2]
+    assert [r.id for r in p.schedule().prefill] == [3]
+    prefill(p, [late])
+    assert [r.id for r in p.schedule().prefill] == []       # it decodes: still deferred
+    p.finish(late)
+    assert [r.id for r in p.schedule().prefill] == [0, 1, 2]
 
 
 def test_a_reactive_arrival_takes_the_next_chunk_and_the_proactive_resumes_where_it_stopped():
@@ -58,7 +64,19 @@ def test_a_reactive_arrival_takes_the_next_chunk_and_the_proactive_resumes_where
     assert p.schedule().prefill == [long]
     long.computed = 128                       # one chunk done
     p.add(r := req(1, clock, "reactive"))
-    assert p.schedule().prefill == [r, long] and long.computed == 128
+    assert p.schedule().prefill == [r] and long.computed == 128 and long in p.running
+    p.finish(r)
+    assert p.schedule().prefill == [long] and long.computed == 128
+
+
+def test_an_aged_proactive_prefill_is_not_deferred():
+    p, clock = policy(aging_s=30.0)
+    old = req(0, clock)
+    p.add(old)
+    admitted(p, [req(1, clock, "reactive")])
+    assert old in p.running and p.schedule().prefill == []
+    clock.t += 31
+    assert p.schedule().prefill == [old]
 
 
 def test_homogeneous_batches_take_everyone():
