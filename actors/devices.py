@@ -7,7 +7,7 @@ from socllm.policies.threads import machine_budget
 def describe_devices() -> dict:
     out = {"threads": machine_budget(), "cpu": {"actor": "control (numpy kernels, sampling, step control)"}}
     try:
-        import pyopencl as cl
+        from .opencl import cl
         plats = []
         for p in cl.get_platforms():
             plats.append({"platform": p.name, "devices": [

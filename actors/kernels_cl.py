@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
+from .opencl import cl
 
 from socllm.models.quant import QK
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pyopencl as cl
+from .opencl import cl
 
 from socllm.models.quant import QK
 

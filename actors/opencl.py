@@ -1,0 +1,104 @@
+"""pyopencl, with PoCL able to compile kernels for this CPU.
+
+The PoCL that PyPI's pyopencl wheels carry (pocl-binary-distribution 3.0) has LLVM 14 built in.
+LLVM 14 does not know AMD's family-26 CPUs (Zen 5). It names such a host "generic", and PoCL 3.0
+passes that name on as the target CPU. Clang then refuses every kernel: "unknown target CPU
+'generic'" (pocl issue #1049). Newer PoCL reads POCL_LLVM_CPU_NAME for this case; 3.0 does not,
+and PyPI has no newer PoCL.
+
+On such a CPU, socllm uses a copy of that exact library (checked by size and sha256) in which
+`llvm::sys::getHostCPUName` returns "znver3". Every Zen 5 has the znver3 features (AVX2, FMA,
+F16C, BMI2), and PoCL compiled for znver3 on the Zen 3/4 machines where socllm was measured
+before. The copy is kept under ~/.cache/socllm, beside a link to PoCL's own resources, which
+PoCL finds relative to its library. pyopencl's ICD loader is pointed at it (PYOPENCL_HOME) before
+the first platform query. On any other CPU, or with another PoCL build, nothing changes.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+import pyopencl as cl
+
+# libpocl of pocl-binary-distribution 3.0 in pyopencl 2026.1.4's wheel:
+# sha256 -> (getHostCPUName's offset, offset of a "znver3" string), from its symbol table
+KNOWN = {"d214aece60df73c75d8a678d33e4a51f4e5b594772dc74891b5451f909db6025": (0x42E6BC0, 0x435DFDE)}
+CPU = b"znver3"
+LLVM14_AMD_FAMILY_MAX = 25        # Zen 3 / 4: the newest AMD family LLVM 14 names
+
+
+def _cpu() -> dict:
+    try:
+        text = open("/proc/cpuinfo").read().split("\n\n")[0]
+    except OSError:
+        return {}
+    return dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()))
+
+
+def needs_named_cpu(info: dict | None = None) -> bool:
+    """An AMD CPU that LLVM 14 cannot name but that has znver3's features."""
+    info = _cpu() if info is None else info
+    flags = set(info.get("flags", "").split())
+    try:
+        family = int(info.get("cpu family", "0"))
+    except ValueError:
+        return False
+    return (info.get("vendor_id") == "AuthenticAMD" and family > LLVM14_AMD_FAMILY_MAX
+            and {"avx2", "fma", "f16c", "bmi2"} <= flags)
+
+
+def _patched(lib: str, cache: str) -> str | None:
+    """The copy of `lib` that names the CPU, made once; None for an unknown build."""
+    st = os.stat(lib)
+    stamp = f"{lib} {st.st_size} {st.st_mtime_ns}"
+    home = os.path.join(cache, "pyopencl")
+    out = os.path.join(home, ".libs", "libpocl-" + CPU.decode() + ".so")
+    marker = out + ".source"
+    if os.path.exists(out) and os.path.exists(marker) and open(marker).read() == stamp:
+        return home
+    data = bytearray(open(lib, "rb").read())
+    at = KNOWN.get(hashlib.sha256(data).hexdigest())
+    if at is None:
+        return None
+    fn, name = at
+    if data[name: name + len(CPU) + 1] != CPU + b"\0":
+        return None
+    # lea rax, [rip + name]; mov edx, len; ret: a StringRef (pointer, length) in rax:rdx
+    code = b"\x48\x8d\x05" + struct.pack("<i", name - (fn + 7)) + b"\xba" + struct.pack("<I", len(CPU)) + b"\xc3"
+    data[fn: fn + len(code)] = code
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    link = os.path.join(cache, "pocl_binary_distribution")   # $ORIGIN/../../ in its RPATH
+    real = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(lib))), "pocl_binary_distribution")
+    if os.path.realpath(link) != os.path.realpath(real):
+        tmp = f"{link}.{os.getpid()}"
+        os.symlink(real, tmp)
+        os.replace(tmp, link)
+    for path, content in ((out, bytes(data)), (os.path.join(home, ".libs", "pocl.icd"), (out + "\n").encode()),
+                          (marker, stamp.encode())):
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(content)
+        os.replace(tmp, path)               # several actors may start at once
+    return home
+
+
+def _name_the_cpu():
+    if os.environ.get("SOCLLM_POCL_AS_IS") or not needs_named_cpu():
+        return
+    libs = os.path.join(os.path.dirname(cl.__file__), ".libs")
+    found = [f for f in os.listdir(libs) if f.startswith("libpocl")] if os.path.isdir(libs) else []
+    if len(found) != 1:
+        return
+    lib = os.path.realpath(os.path.join(libs, found[0]))
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                         "socllm", "pocl", hashlib.sha1(lib.encode()).hexdigest()[:12])   # per install
+    try:
+        home = _patched(lib, cache)
+    except OSError:
+        return
+    if home:
+        os.environ["PYOPENCL_HOME"] = home    # read by the loader at its first platform query
+
+
+_name_the_cpu()
