@@ -20,7 +20,7 @@ from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
 from socllm.policies.placement import online_prepare, resolve
 from socllm.policies.sampling import Sampler, SamplingParams
 
-from .processor import ProcessorCore
+from .processor import MAX_RESTARTS, ProcessorCore
 
 PRECISIONS = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q16": 4}
 
@@ -39,7 +39,8 @@ def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos
              precision: str, check_errors, span: tuple | None = None) -> int:
     """One step from any process attached to the pool: the control block's words, the go words
     of the processors the program uses, then their done words (a step's length is learned:
-    predict sleeps most of it, then polls). check_errors(procs) raises a processor's error.
+    predict sleeps most of it, then polls). check_errors(procs, waiting) raises a processor's
+    error; waiting: called because the done words are late (where to look for a dead actor).
     span: (lo, hi), run only the program's stages lo .. hi-1 (graph/program.py stage_of).
     Returns the step's epoch."""
     epoch = next_epoch(ctl, words)
@@ -51,8 +52,8 @@ def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos
         words.store(lay.go(p), epoch)
     for p in procs:
         while not predict.wait(words, (pid, p, span), lay.done(p), base + final[p], timeout_s=0.25):
-            check_errors(procs)
-    check_errors(procs)
+            check_errors(procs, True)
+    check_errors(procs, False)
     return epoch
 
 
@@ -108,7 +109,7 @@ class ControlCore(ProcessorCore):
         self.epoch = run_step(self.lay, self.ctl, self.words, self.step_predict, pid, procs, final,
                               n, pos0, precision, self._check_errors)
 
-    def _check_errors(self, procs):
+    def _check_errors(self, procs, waiting: bool = False):
         if self.ctl["error"]:
             msgs = [self.worker.error] + [ray.get(self.peers[p].last_error.remote())
                                           for p in procs if p != "cpu"]
@@ -179,6 +180,6 @@ class ControlCore(ProcessorCore):
         return np.stack(rows)
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_concurrency=4, max_restarts=MAX_RESTARTS)
 class ControlActor(ControlCore):
     pass

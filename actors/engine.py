@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import time
 
 import numpy as np
 import ray
@@ -156,6 +157,7 @@ class Engine:
         self._actors.append(self.control)
         self.peers = peers
         ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached
+        self.watches = {p: a.watch.remote() for p, a in self.processors().items()}
         self.available = {"cpu", *peers}
         if self.rowcut_profile is not None and "gpu" in peers:
             # a profile measured on another device would mislead the solver: an even cut instead
@@ -272,11 +274,54 @@ class Engine:
         plan, precision = self._check(plan, precision)
         return ray.get(self.control.prepare.remote(plan, precision, tuple(buckets)))
 
+    def processors(self) -> dict:
+        """name -> the processor actor (the control actor is the cpu)."""
+        return {"cpu": self.control, **self.peers}
+
     def info(self) -> list:
-        return ray.get([a.info.remote() for a in [self.control, *self.peers.values()]])
+        """Each processor actor's engine.info(); one that is being restarted says so."""
+        out = []
+        for name, a in self.processors().items():
+            try:
+                out.append(ray.get(a.info.remote(), timeout=10))
+            except (ray.exceptions.RayError, TimeoutError) as e:
+                out.append({"processor": name, "pid": None, "steps": 0, "busy_s": 0.0,
+                            "error": f"unavailable ({type(e).__name__}): restarting"})
+        return out
 
     def pids(self) -> list:
-        return [os.getpid()] + ray.get([a.pid.remote() for a in self._actors])
+        pids = [os.getpid()]
+        for a in self._actors:
+            try:
+                pids.append(ray.get(a.pid.remote(), timeout=10))
+            except (ray.exceptions.RayError, TimeoutError):
+                pass                     # being restarted
+        return pids
+
+    # -- a processor actor that died (Ray restarts it: actors/processor.py MAX_RESTARTS) -----------
+    def lost(self) -> list:
+        """Names of the processor actors whose process died since they were last revived (their
+        pending watch() failed)."""
+        refs = list(self.watches.values())
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return [p for p, r in self.watches.items() if r in done]
+
+    def revive(self, names: list, timeout_s: float = 60.0) -> float:
+        """Waits until Ray has restarted these actors (their constructors attach the pool again)
+        and watches them anew. Returns the seconds waited; raises if one is not back in time."""
+        t0 = time.monotonic()
+        for p in names:
+            actor = self.processors()[p]
+            while True:
+                try:
+                    ray.get(actor.pid.remote(), timeout=max(1.0, t0 + timeout_s - time.monotonic()))
+                    break
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    if time.monotonic() > t0 + timeout_s:
+                        raise RuntimeError(f"the {p} actor did not come back within {timeout_s:.0f} s")
+                    time.sleep(0.2)
+            self.watches[p] = actor.watch.remote()
+        return time.monotonic() - t0
 
     # -- teardown ------------------------------------------------------------------------------
     def close(self):

@@ -16,6 +16,11 @@ from .kernels_cl import CLKernels, _aligned, _out_off, _up
 ACT_BITS = {"q16": 16, "q8": 8}     # other precisions: f32 activations
 
 
+def counter_at(rope_off: int) -> int:
+    """last_group's atomic word (epilogue.cl): the rope area's end."""
+    return rope_off + 4096 - 64
+
+
 class FusedCL:
     def __init__(self, kernels: CLKernels, act_off: int, rope_off: int, precision: str = "f32",
                  att_off: int | None = None, att_bytes: int = 0):
@@ -25,7 +30,7 @@ class FusedCL:
             raise ValueError("the act, rope and att scratch areas must be 64-byte aligned")
         self.k, self.act, self.table = kernels, act_off, rope_off
         self.att, self.att_bytes = att_off, att_bytes
-        self.counter = rope_off + 4096 - 64   # last_group's atomic word (the rope area's end)
+        self.counter = counter_at(rope_off)
         self.bits = ACT_BITS.get(precision, 32)
         self.ks = kernels._kernels(64, self.bits)
         self.lin_r = kernels.lin_r

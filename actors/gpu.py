@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from socllm.graph.program import StepProgram, stage_of
 
 from .worker import Unit, kernel_units
@@ -35,6 +37,10 @@ class GPUBackend:
         # a serving step's rope table (paged.cl rope_rows_table)
         self.kernels.rope_rows = (lay.io["rope_rows"], lay.io["att"] - lay.io["rope_rows"])
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
+        # a process killed inside a fused launch leaves last_group's count half-way: the
+        # restarted actor (actors/processor.py) starts from zero
+        from .fused_cl import counter_at
+        arena_buf[counter_at(self.rope_off):][:4].view(np.int32)[0] = 0
         self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)

@@ -13,6 +13,8 @@ import traceback
 
 from socllm.policies.request import Request
 
+from .runner import ProcessorLost
+
 KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
 
 
@@ -22,6 +24,7 @@ class ServingLoop:
         §4.3: prefill runs singly, in chunks), then one decode step of every prefilled request
         (continuous batching: requests join and leave the batch at every step)."""
         stopped = False         # the last iteration stopped a chunk for a reactive arrival
+        next_check = 0.0        # when to look for dead processor actors next
         while not self.stopping:
             with self.cv:
                 for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
@@ -33,26 +36,62 @@ class ServingLoop:
                         self.slots.append(self.slot.pop(req.id))
                 if not batch:
                     self.cv.wait(0.5)
-                    continue
                 for req in self.scheduler.running:
                     if req.id not in self.slot:
                         self.slot[req.id] = self.slots.pop()
+            if not batch or time.monotonic() >= next_check:    # a death outside the steps
+                next_check = time.monotonic() + 1.0               # (idle, or an unused actor)
+                lost = self.engine.lost()
+                if lost:
+                    self._recover(lost, [])
+                    continue
+            if not batch:
+                continue
             step = [batch.prefill[0]] if batch.prefill else []
             try:
                 if batch.prefill and self._prefill(batch.prefill) and not stopped:
                     stopped = True             # stopped for a reactive arrival: schedule it
+                    self.last_step = time.monotonic()
                     continue                   # now (once: decode runs if it could not start)
                 stopped = False
                 step = batch.decode
                 if batch.decode:
                     self._decode(batch.decode)
+                self.last_step = time.monotonic()
+            except ProcessorLost as ex:     # redone at the next iteration, once it is back
+                self._recover(ex.names, step)
             except Exception as ex:   # one bad step fails its requests, never the service
                 traceback.print_exc()
-                if self.part is not None:
-                    step, self.part = [*step, self.part["req"]], None
-                for req in {r.id: r for r in step}.values():
-                    if not req.ended:
-                        self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
+                self._fail(step, ex)
+
+    def _fail(self, step: list, ex: Exception):
+        if self.part is not None:
+            step, self.part = [*step, self.part["req"]], None
+        for req in {r.id: r for r in step}.values():
+            if not req.ended:
+                self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
+
+    def _recover(self, names: list, step: list):
+        """A processor actor died inside a step (DESIGN.md §5): Ray restarts it and its
+        constructor attaches the pool again; the programs are installed in it again and the loop
+        goes on. Nothing of the lost step was accepted, so the next iteration redoes it: it
+        rewrites the same KV rows with the same values, and the KV of earlier steps is in the pool,
+        which outlived the process. A chunk suspended between layers starts over (a span cut
+        short may have updated its activations in place)."""
+        t0 = time.monotonic()
+        self.part = None
+        try:
+            restart_s = self.engine.revive(names)
+            self.runner.reinstall()
+        except Exception as ex:
+            traceback.print_exc()
+            self._fail(step, ex)
+            return
+        now = time.monotonic()
+        self.recoveries.append({"processors": names, "at": time.time(), "restart_s": round(restart_s, 2),
+                                "recovery_s": round(now - t0, 2),
+                                # from the end of the last step that ran to now: the service's gap
+                                "stalled_s": round(now - self.last_step, 2) if step else None})
 
     def _prefill(self, ready: list) -> bool:
         """One prefill chunk of the first request in `ready` (the policy's order). A policy with

@@ -18,6 +18,11 @@ BACKENDS = {"cpu": ("socllm.actors.cpu", "CPUBackend"), "gpu": ("socllm.actors.g
             "npu": ("socllm.actors.npu", "NPUBackend")}
 
 
+# Ray restarts a processor actor whose process dies (its constructor attaches the same pool
+# again); the service re-installs its programs and redoes the step it lost (actors/loop.py)
+MAX_RESTARTS = 8
+
+
 class ProcessorCore:
     """Everything a processor actor holds; the control actor extends it."""
 
@@ -55,10 +60,17 @@ class ProcessorCore:
     def pid(self) -> int:
         return os.getpid()
 
+    def watch(self) -> bool:
+        """Returns only when the worker stops: a caller keeps this call pending, and Ray fails it
+        (RayActorError) the moment this process dies. That is how a step's driver learns of a
+        death that its done words alone would hide for ever."""
+        self.worker.wait_stopped()
+        return True
+
     def stop(self):
         self.worker.stop()
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_concurrency=4, max_restarts=MAX_RESTARTS)
 class ProcessorActor(ProcessorCore):
     pass

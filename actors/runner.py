@@ -18,6 +18,14 @@ from socllm.memory.ready import SleepPredictor
 from .control import PRECISIONS, run_step
 
 
+class ProcessorLost(RuntimeError):
+    """A processor actor's process died during a step (Engine.lost): the step did not happen."""
+
+    def __init__(self, names: list):
+        super().__init__(f"the {', '.join(names)} actor(s) died")
+        self.names = names
+
+
 class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32"):
         """precision: of a decode step's linears (actors/service.py SERVE_PRECISIONS); prefill
@@ -96,7 +104,15 @@ class Runner:
         run_step(self.lay, self.ctl, self.words, self.predict, pid, procs, final, n, pos0,
                  precision, self._check_errors, span)
 
-    def _check_errors(self, procs):
+    def reinstall(self):
+        """Installs every program again where an actor lost them (a restarted actor; the others
+        keep theirs): the planner still has them."""
+        self.programs = {key: self._install(*key) for key in self.programs}
+
+    def _check_errors(self, procs, waiting: bool = False):
+        lost = self.eng.lost() if waiting else None    # every ~0.25 s of a late step
+        if lost:
+            raise ProcessorLost(lost)
         if self.ctl["error"]:
             eng = self.eng
             actors = {**eng.peers, "cpu": eng.control}

@@ -152,6 +152,10 @@ def status(a) -> int:
     for p in st["processors"]:
         print(f"{p['processor']:<10} {p.get('api') or ''} {p.get('device') or ''}: busy "
               f"{100 * p['busy_share']:.1f} %")
+    if st["recoveries_total"]:
+        last = st["recoveries"][-1]
+        print(f"recovered  {st['recoveries_total']} processor actor death(s); the last: "
+              f"{', '.join(last['processors'])}, back after {last['recovery_s']:.1f} s")
     print(f"memory     {st['memory_pss_mb']:.0f} MB PSS (all socllm processes)")
     print(f"uptime     {st['uptime_s']:.0f} s")
     return 0

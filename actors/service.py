@@ -65,6 +65,8 @@ class Service(ServingLoop):
         self.loop_times = dict.fromkeys(("prefill_chunks", "prefill_s", "prefill_stops",
                                          "decode_steps", "decode_rows", "decode_s",
                                          "decode_kernels_s"), 0)
+        self.recoveries: list = []   # processor actors that died and came back (actors/loop.py)
+        self.last_step = time.monotonic()   # when the loop's last step ended
         self.part = None             # a prefill chunk stopped between spans (actors/loop.py)
         self.stage_s = 1e-4          # its seconds per stage and row, learned
         self.engine, self.error, self.loop = None, None, None
@@ -241,7 +243,7 @@ class Service(ServingLoop):
         info = self.engine.info()
         for d in info:
             procs.append({k: d.get(k) for k in ("processor", "api", "device", "type", "threads", "pid",
-                                                "steps")} | {"busy_share": round(d["busy_s"] / uptime, 4)})
+                                                "steps", "error")} | {"busy_share": round(d["busy_s"] / uptime, 4)})
         return {**self.describe(), "uptime_s": round(uptime, 1), "processors": procs,
                 "requests": {s: sum(r.state == s for r in reqs) for s in STATE_KEYS},
                 "queues": self.scheduler.queues(),
@@ -251,6 +253,7 @@ class Service(ServingLoop):
                        "sequences_used": len(self.scheduler.running)},
                 "tokens_per_s_1min": round(len(self.token_times) / min(60.0, max(uptime, 1e-3)), 2),
                 "loop": {k: round(v, 3) for k, v in self.loop_times.items()},
+                "recoveries": self.recoveries[-10:], "recoveries_total": len(self.recoveries),
                 "memory_pss_mb": round(pss_mb(self.pids()), 1),
                 "memory_pss_mb_by_process": {k: round(pss_mb([p]), 1)
                                              for k, p in self.processes(info).items()}}

@@ -48,6 +48,9 @@ class Worker:
         self._thread = threading.Thread(target=self._loop, name=f"socllm-{name}", daemon=True)
         self._thread.start()
 
+    def wait_stopped(self):
+        self._stop.wait()
+
     def stop(self):
         self._stop.set()
         self._thread.join(timeout=2)

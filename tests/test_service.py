@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -269,6 +270,40 @@ def test_an_http_client_that_disconnects_cancels_its_request(served, client):
     assert 'socllm_requests_ended_total{state="cancelled"}' in metrics
     assert "socllm_time_to_first_token_seconds_bucket" in metrics
     assert 'socllm_pending_seconds_count{priority="proactive"}' in metrics
+
+
+def test_a_killed_gpu_actor_comes_back_and_its_generations_equal_the_oracle(client, oracle, tokenizer):
+    """DESIGN.md §5: Ray restarts a processor actor whose process dies, the service installs its
+    programs in it again and redoes the step it lost; the KV in the pool outlives the process.
+    Nothing is lost and greedy text does not change."""
+    st = client.status()
+    gpu = next(p["pid"] for p in st["processors"] if p["processor"] == "gpu")
+    before, failed = st["recoveries_total"], st["requests"]["failed"]
+    prompts = [COUNT, "Once upon a time, there was a little robot who"]
+    texts, started = {}, threading.Semaphore(0)
+
+    def one(p):
+        texts[p] = ""
+        for k, piece in enumerate(client.generate(p, max_tokens=96, ignore_eos=True, stream=True)):
+            texts[p] += piece
+            if k == 2:
+                started.release()
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for _ in prompts:
+        assert started.acquire(timeout=120)
+    os.kill(gpu, signal.SIGKILL)               # both generations are mid-way
+    for t in threads:
+        t.join(120)
+    for p in prompts:
+        assert texts[p] == _want(oracle, tokenizer, p, 96), p
+    st = client.status()
+    assert st["recoveries_total"] == before + 1 and st["recoveries"][-1]["processors"] == ["gpu"]
+    assert st["recoveries"][-1]["stalled_s"] < 30
+    assert next(p["pid"] for p in st["processors"] if p["processor"] == "gpu") not in (gpu, None)
+    assert st["requests"]["failed"] == failed
+    assert client.generate(FRANCE, max_tokens=4) == _want(oracle, tokenizer, FRANCE, 4)
 
 
 def test_stop_removes_the_service_and_its_pool(served, client):
