@@ -1,7 +1,7 @@
 """Stress: many concurrent clients through the Python API and HTTP at once, for a bounded time.
 
     python -m socllm.scripts.stress [--minutes 10] [--clients 32] [--cancel 0.15]
-                                    [--json FILE] [--plot FILE.png]
+                                    [--kill-actor gpu@120s] [--json FILE] [--plot FILE.png]
 
 Half the clients use `socllm.connect()`, half stream `/v1/completions` over HTTP; each sends
 requests one after another until the time is up, with mixed prompt lengths (5-300 words) and
@@ -12,6 +12,13 @@ processes sampled every few seconds (a plot with --plot). It starts a private se
 Ray instance and checks at the end that no request is left in the table and every KV block is free.
 Exit status 1 if anything was lost or failed, or memory grew (last minute's mean more than 5 %
 above the second minute's, for runs of 3 minutes or more).
+
+--kill-actor NAME@Ts SIGKILLs that processor actor's process (cpu, gpu or npu) T seconds in. The
+service must carry on (Ray restarts the actor, the service redoes the lost step): the report gives
+the gap in the token flow around the kill, the service's own recovery record, and whether the
+requests that were running across the kill (all greedy) return the same text when run again
+after the soak, beside as many undisturbed ones run again the same way (a control: a decode
+batch's arithmetic at q8 depends on its row count, so a rerun may differ without any kill).
 """
 from __future__ import annotations
 
@@ -36,10 +43,14 @@ class Tally:
         self.lock = threading.Lock()
         self.counts = {"completed": 0, "failed": 0, "cancelled": 0, "lost": 0}
         self.ttft, self.latency, self.errors = [], [], []
+        self.done = []              # completed: (kind, prompt, max_tokens, text, start, end)
+        self.pieces = []            # when each piece arrived (time.time())
 
-    def add(self, outcome: str, ttft=None, latency=None, error=None):
+    def add(self, outcome: str, ttft=None, latency=None, error=None, record=None):
         with self.lock:
             self.counts[outcome] += 1
+            if record is not None and outcome == "completed":
+                self.done.append(record)
             if ttft is not None:
                 self.ttft.append(ttft)
             if latency is not None and outcome == "completed":
@@ -54,7 +65,7 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
     cancel_after = rng.randint(1, 8) if rng.random() < cancel_share else None
     t0, first, n = time.perf_counter(), None, 0
     done = threading.Event()
-    result = {}
+    result, parts, start = {}, [], time.time()
 
     def run():
         nonlocal first, n
@@ -68,9 +79,11 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
                     raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
                 pieces = (json.loads(l[6:])["choices"][0].get("text", "") for l in r.iter_lines()
                           if l.startswith(b"data: {"))
-            for _ in pieces:
+            for piece in pieces:
                 first = first or time.perf_counter()
                 n += 1
+                parts.append(piece)
+                tally.pieces.append(time.time())
                 if cancel_after is not None and n >= cancel_after:
                     pieces.close()
                     if kind == "http":
@@ -87,7 +100,62 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
         tally.add("lost", error=f"{kind}: no end after {REQUEST_TIMEOUT_S:.0f} s")
         return
     tally.add(result["outcome"], ttft=(first - t0) if first else None,
-              latency=time.perf_counter() - t0, error=result.get("error"))
+              latency=time.perf_counter() - t0, error=result.get("error"),
+              record=(kind, text, max_tokens, "".join(parts), start, time.time()))
+
+
+def parse_kill(ap, spec):
+    if spec is None:
+        return None
+    name, _, at = spec.partition("@")
+    try:
+        seconds = float(at.rstrip("s"))
+    except ValueError:
+        seconds = -1
+    if name not in ("cpu", "gpu", "npu") or seconds < 0:
+        ap.error(f"--kill-actor takes NAME@SECONDS with NAME cpu, gpu or npu (e.g. gpu@120s), got {spec!r}")
+    return name, seconds
+
+
+def kill_at(svc, t_start, name, seconds, out):
+    import os
+    import signal
+
+    import ray
+    time.sleep(max(0.0, t_start + seconds - time.time()))
+    st = ray.get(svc.svc.status.remote())
+    pid = next(p["pid"] for p in st["processors"] if p["processor"] == name)
+    out.update(actor=name, pid=pid, at=time.time(), at_s=time.time() - t_start,
+               recoveries_before=st["recoveries_total"])
+    os.kill(pid, signal.SIGKILL)
+
+
+def recovery_report(client, tally, killed, final) -> dict:
+    """The kill's effect: the token flow's gap, the service's record, and greedy reruns."""
+    t = killed["at"]
+    after = [p for p in tally.pieces if p > t]
+    across = [r for r in tally.done if r[4] < t < r[5]]
+    rng = random.Random(0)
+    calm = [r for r in tally.done if r[5] < t - 5 or r[4] > t + 60]
+    control = rng.sample(calm, min(len(calm), len(across)))
+
+    def rerun(recs):
+        out = [None] * len(recs)
+
+        def one(i):
+            out[i] = client.generate(recs[i][1], max_tokens=recs[i][2])
+        for lo in range(0, len(recs), 16):                 # batches as large as the soak's
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(lo, min(lo + 16, len(recs)))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(REQUEST_TIMEOUT_S)
+        return sum(o == r[3] for o, r in zip(out, recs))
+    rec = final["recoveries"][-1] if final["recoveries_total"] > killed["recoveries_before"] else None
+    return {"actor": killed["actor"], "pid": killed["pid"], "at_s": killed["at_s"],
+            "gap_s": (after[0] - max([p for p in tally.pieces if p <= t], default=t)) if after else float("inf"),
+            "service": rec, "disturbed": len(across), "disturbed_same": rerun(across),
+            "control": len(control), "control_same": rerun(control)}
 
 
 def main(argv=None) -> int:
@@ -96,14 +164,18 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--cancel", type=float, default=0.15, help="share of streams broken off")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-actor", default=None, metavar="NAME@Ts",
+                    help="SIGKILL a processor actor (cpu, gpu, npu) that many seconds in, e.g. gpu@120s")
+    ap.add_argument("--precision", default=None, help="the service's (default: socllm serve's)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
+    kill = parse_kill(ap, a.kill_actor)
     import ray
 
     import socllm
     from socllm.models.gguf_file import default_model_path
-    svc = Socllm(default_model_path(), max_seqs=16)
+    svc = Socllm(default_model_path(), max_seqs=16, precision=a.precision)
     client = socllm.connect()
     words = open(DATA).read().split()
     tally, memory, by_process = Tally(), [], []
@@ -118,6 +190,9 @@ def main(argv=None) -> int:
             by_process.append(st["memory_pss_mb_by_process"])
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    killed = {}
+    if kill:
+        threading.Thread(target=kill_at, args=(svc, t_start, *kill, killed), daemon=True).start()
 
     def worker(i):
         rng = random.Random(a.seed * 1000 + i)
@@ -133,6 +208,7 @@ def main(argv=None) -> int:
     stop_sampling.set()
     final = ray.get(svc.svc.status.remote())
     left = {k: v for k, v in final["requests"].items() if k in ("waiting", "prefilling", "decoding") and v}
+    fault = recovery_report(client, tally, killed, final) if kill else None
     svc.close()
 
     flat = None
@@ -145,7 +221,7 @@ def main(argv=None) -> int:
               "ttft_ms": {f"p{q}": 1e3 * pct(tally.ttft, q) for q in (50, 90, 99)},
               "latency_s": {f"p{q}": pct(tally.latency, q) for q in (50, 90, 99)},
               "memory": memory, "memory_by_process": by_process[::6], "left_in_table": left, "kv_blocks_used_at_end": final["kv"]["blocks_used"],
-              "memory_flat": flat}
+              "memory_flat": flat, "kill": fault}
     c = tally.counts
     print(f"completed {c['completed']}  failed {c['failed']}  cancelled {c['cancelled']}  lost {c['lost']}"
           f"  | ttft p50/p90/p99 {report['ttft_ms']['p50']:.0f}/{report['ttft_ms']['p90']:.0f}/"
@@ -154,6 +230,11 @@ def main(argv=None) -> int:
           f"in use at the end {final['kv']['blocks_used']}  | memory flat: {flat}")
     for e in tally.errors[:5]:
         print("  error:", e)
+    if fault:
+        print(f"killed {fault['actor']} (pid {fault['pid']}) at {fault['at_s']:.0f} s: token flow back after "
+              f"{fault['gap_s']:.2f} s (service: {fault['service']}); rerun of the {fault['disturbed']} requests "
+              f"running across the kill: {fault['disturbed_same']} identical; of {fault['control']} "
+              f"undisturbed ones: {fault['control_same']} identical")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -167,7 +248,8 @@ def main(argv=None) -> int:
                title=f"stress: {a.clients} clients, {a.minutes:g} min (2-core CPU)")
         fig.tight_layout()
         fig.savefig(a.plot, dpi=90)
-    bad = c["lost"] or c["failed"] or left or final["kv"]["blocks_used"] or flat is False
+    bad = c["lost"] or c["failed"] or left or final["kv"]["blocks_used"] or flat is False \
+        or (fault and (not fault["service"] or fault["gap_s"] > 30))
     return 1 if bad else 0
 
 
