@@ -35,6 +35,7 @@ class ServingLoop:
                     if req.id in self.slot:      # admitted earlier (not in this schedule)
                         self.slots.append(self.slot.pop(req.id))
                 if not batch:
+                    self.doing = "idle"
                     self.cv.wait(0.5)
                 for req in self.scheduler.running:
                     if req.id not in self.slot:
@@ -137,6 +138,7 @@ class ServingLoop:
     def _prefill_chunk(self, req: Request):
         t0 = time.perf_counter()
         rows, last = self._start_chunk(req, self.opts["prefill_chunk"])
+        self.doing = f"chunk {req.priority} {len(rows)}"
         logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False)
         self._end_chunk(req, rows, last, logits, t0)
 
@@ -155,6 +157,7 @@ class ServingLoop:
             k = max(1, int(self.scheduler.slice_s / max(1e-6, self.stage_s * len(rows))))
             hi = min(stages, lo + k)
             t = time.perf_counter()
+            self.doing = f"span {req.priority} {len(rows)} {lo}-{hi}"
             logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False, buffer=1,
                                       span=(lo, hi))
             per = (time.perf_counter() - t) / ((hi - lo) * len(rows))
@@ -172,6 +175,7 @@ class ServingLoop:
 
     def _decode(self, batch: list):
         rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]
+        self.doing = f"decode {len(rows)}"
         t0 = time.perf_counter()
         logits = self.runner.step(rows, {self.slot[r.id]: r.blocks for r in batch}, all_rows=True)
         t1 = time.perf_counter()

@@ -9,6 +9,8 @@ last row's logits) and one for decode batches (every row's logits), installed on
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import ray
 
@@ -98,6 +100,20 @@ class Runner:
                     blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
                     self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False,
                               buffer=buffer)
+
+    def profile_batches(self, max_seqs: int, reps: int = 3) -> dict:
+        """Seconds of a decode step of B rows for B = 1 .. max_seqs (the fastest of `reps`, after
+        warm(), on block 0, where no request holds blocks yet): this device's batching profile,
+        from which the agent policy's cap on mixed batches is chosen (policies/agent.py)."""
+        out = {}
+        for n in range(1, max_seqs + 1):
+            best = float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                self.step([(0, 0, s) for s in range(n)], {}, all_rows=True)
+                best = min(best, time.perf_counter() - t)
+            out[n] = best
+        return out
 
     def _run(self, prog, n: int, pos0: int, precision: str, span=None):
         pid, procs, final = prog

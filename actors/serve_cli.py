@@ -134,7 +134,7 @@ def status(a) -> int:
         return 0
     r, kv = st["requests"], st["kv"]
     print(f"model      {st['model']}  (context {st['context']}, plan {st['plan']}, {st['precision']}, "
-          f"policy {st['policy']})")
+          f"policy {st['policy']}{'' if st.get('b_rf') is None else ', b_rf ' + str(st['b_rf'])})")
     print(f"http       {st['frontends'].get('http', '-')}")
     q = st["queues"]
     classes = (f" (reactive {len(q['waiting_reactive'])}, proactive {len(q['waiting_proactive'])})"

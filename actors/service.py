@@ -21,7 +21,7 @@ import ray
 
 from socllm.policies.request import Request, StopText, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.agent import POLICIES
+from socllm.policies.agent import POLICIES, b_rf_from_profile
 
 from .loop import ServingLoop
 
@@ -67,6 +67,7 @@ class Service(ServingLoop):
                                          "decode_kernels_s"), 0)
         self.recoveries: list = []   # processor actors that died and came back (actors/loop.py)
         self.last_step = time.monotonic()   # when the loop's last step ended
+        self.doing = "idle"          # the loop's step now: what a new request waits behind
         self.part = None             # a prefill chunk stopped between spans (actors/loop.py)
         self.stage_s = 1e-4          # its seconds per stage and row, learned
         self.engine, self.error, self.loop = None, None, None
@@ -93,8 +94,10 @@ class Service(ServingLoop):
             self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
             self.runner = Runner(e, self.plan, self.precision)
             self.runner.warm(o["max_seqs"])
+            self.step_profile = self.runner.profile_batches(o["max_seqs"])
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
-            self.scheduler = POLICIES[o["policy"]](o["max_seqs"], e.context, self.kv)
+            extra = {"b_rf": b_rf_from_profile(self.step_profile)} if o["policy"] == "agent" else {}
+            self.scheduler = POLICIES[o["policy"]](o["max_seqs"], e.context, self.kv, **extra)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -118,6 +121,8 @@ class Service(ServingLoop):
         return {"model": os.path.basename(e.model_path), "model_path": e.model_path,
                 "context": e.context, "plan": self.plan, "precision": self.precision,
                 "policy": self.scheduler.name, "max_seqs": self.scheduler.max_seqs,
+                "b_rf": getattr(self.scheduler, "b_rf", None),
+                "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
                 "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.opts["prefill_chunk"], "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
@@ -138,6 +143,7 @@ class Service(ServingLoop):
                       ignore_eos=bool(ignore_eos))
         self.streams[req.id] = (self.engine.tokenizer.stream(), StopText(req.stop),
                                 Sampler(req.params))
+        req.arrived_during = self.doing
         with self.cv:
             self.scheduler.add(req)              # raises for a request that could never fit
             self.table[req.id] = req
@@ -208,7 +214,7 @@ class Service(ServingLoop):
         req = self.table[rid]
         out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
                                             "finish_reason", "error", "arrival", "prefill_start",
-                                            "first_token")}
+                                            "first_token", "arrived_during")}
         ttft = (req.first_token or req.arrival) - req.arrival
         n_dec = max(0, len(req.tokens) - 1)
         dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)

@@ -11,12 +11,14 @@ Two priority classes, each with its own queue for both phases: `reactive` (a per
             While a reactive request runs (prefills or decodes), plain proactive prefill is
             deferred (§4.3 ⑤: lower-priority work waits where the pipelines contend; here both
             share the same cores, so there is no compute slack to piggyback on).
-  decode    homogeneous batches take everyone; a batch mixing the classes is capped at B_RF rows:
+  decode    homogeneous batches take everyone; a batch mixing the classes is capped at b_rf rows
+            (chosen from this device's decode profile by b_rf_from_profile, else B_RF):
             every reactive row, then proactive rows that are not evicted (aged ones bypass the
             cap). Evicted first (§4.5 ②): the longest sequences, then the newest arrivals.
             Evicted rows keep their KV and wait for the next iteration.
   admission reactive first; a reactive request that finds every sequence slot taken preempts the
-            newest proactive one (its blocks are given back; it prefills again later).
+            newest proactive one, decoding or not (its blocks are given back; it prefills its
+            prompt and tokens again later).
   aging     a proactive request older than AGING_S is promoted (§4.5 ③): it prefills before the
             other proactive ones and joins a decode batch beyond the cap.
 """
@@ -28,9 +30,26 @@ from collections import deque
 from .request import Request
 from .scheduler import FCFS, Batch
 
-B_RF = 3          # rows of a batch mixing the classes (Agent.xpu's value; not yet profiled here)
+B_RF = 3          # rows of a batch mixing the classes: Agent.xpu's value, where there is no profile
+# §4.5 ②: proactive rows join a reactive batch "only when their marginal impact on reactive latency
+# is accepted": here, while the step stays within this share of a one-row step's time
+REACTIVE_SLOWDOWN = 0.25
 AGING_S = 30.0    # seconds after which a proactive request is promoted
 SLICE_S = 0.02    # a proactive prefill chunk's span of layers: a reactive arrival waits for one
+
+
+def b_rf_from_profile(step_s: dict, slowdown: float = REACTIVE_SLOWDOWN) -> int:
+    """The largest batch whose decode step (step_s: rows -> seconds, measured on this device)
+    takes at most (1 + slowdown) times a one-row step: a reactive stream decodes at most that
+    much slower for the proactive rows it carries."""
+    if not step_s or 1 not in step_s:
+        return B_RF
+    limit, b_rf = (1 + slowdown) * step_s[1], 1
+    for b in sorted(step_s):
+        if step_s[b] > limit:
+            break                       # every size up to the cap must stay within the limit
+        b_rf = b
+    return b_rf
 
 
 class AgentPolicy(FCFS):
@@ -91,16 +110,21 @@ class AgentPolicy(FCFS):
         """Waiting requests into the running set: reactive, then aged proactive, then the rest,
         in arrival order within each; the first that does not fit stops admission (nothing
         smaller jumps it). A reactive request that finds every sequence slot taken preempts the
-        newest plain proactive one that is not in this step's decode batch (an aged one waits for
-        a slot: Agent.xpu gives it precedence, not the power to preempt)."""
+        newest plain proactive one, one outside this step's decode batch if there is one, else
+        one taken out of it (a slot is a row of the block tables: a reactive request must not
+        wait seconds for a proactive one to end). An aged one waits for a slot: Agent.xpu gives
+        it precedence, not the power to preempt."""
         aged = [r for r in self.proactive if self.urgent(r)]
         for req in [*self.reactive, *aged, *(r for r in self.proactive if r not in aged)]:
             if req in batch.preempted:
                 break                     # the KV ran dry this step: nobody new starts
             if len(self.running) >= self.max_seqs and req.priority == "reactive":
-                victim = self._newest(lambda r: not self.urgent(r) and r not in batch.decode)
+                victim = self._newest(lambda r: not self.urgent(r) and r not in batch.decode) or \
+                    self._newest(lambda r: not self.urgent(r))
                 if victim is not None:
                     batch.preempted.append(self._preempt(victim))
+                    if victim in batch.decode:
+                        batch.decode.remove(victim)
             if len(self.running) >= self.max_seqs or not self.kv.can_grow(req.blocks, req.rows):
                 break
             self.kv.grow(req.blocks, req.rows)

@@ -52,6 +52,7 @@ class Request:
     computed: int = 0                     # rows of prompt + tokens whose K/V are in the cache
     arrival: float = field(default_factory=time.monotonic)
     prefill_start: float | None = None   # its first prefill chunk began (preemption latency)
+    arrived_during: str = ""              # what the service's loop was running when it arrived
     first_token: float | None = None
     finish: float | None = None
 

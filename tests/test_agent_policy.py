@@ -104,6 +104,15 @@ def test_a_reactive_request_preempts_the_newest_proactive_when_every_slot_is_tak
     assert p.queues()["waiting_proactive"] == [1]
 
 
+def test_a_reactive_request_takes_a_slot_from_the_decode_batch_when_all_decode():
+    p, clock = policy(max_seqs=2)
+    pro = admitted(p, [req(i, clock) for i in range(2)])                  # both decoding
+    p.add(rx := req(5, clock, "reactive"))
+    b = p.schedule()
+    assert b.preempted == [pro[1]] and b.decode == [pro[0]] and rx in p.running
+    assert pro[1].computed == 0 and not pro[1].blocks       # prefills prompt and tokens again
+
+
 def test_aged_proactive_requests_jump_the_proactive_queue_and_bypass_the_cap():
     p, clock = policy(b_rf=1, aging_s=30.0)
     old = req(0, clock)
@@ -131,3 +140,12 @@ def test_finish_frees_blocks_from_either_queue():
     p.schedule()
     p.finish(b)
     assert p.kv.n_used == 0 and not p.running and not p.queues()["waiting"]
+
+
+def test_b_rf_is_the_largest_batch_within_the_reactive_slowdown():
+    from socllm.policies.agent import B_RF, b_rf_from_profile
+    profile = {1: 0.010, 2: 0.011, 3: 0.012, 4: 0.0124, 5: 0.013, 6: 0.0121, 8: 0.020}
+    assert b_rf_from_profile(profile, slowdown=0.25) == 4       # 5 exceeds 12.5 ms: 6 never counts
+    assert b_rf_from_profile(profile, slowdown=1.0) == 8
+    assert b_rf_from_profile({1: 0.01, 2: 0.02}, slowdown=0.25) == 1
+    assert b_rf_from_profile({}) == B_RF
