@@ -158,6 +158,23 @@ def recovery_report(client, tally, killed, final) -> dict:
             "control": len(control), "control_same": rerun(control)}
 
 
+def plot(report: dict, path: str):
+    """PSS over the run (and the kill, if any); also from a saved --json report."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    memory, a, fault = report["memory"], report["settings"], report.get("kill")
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot([t for t, _, _ in memory], [m for _, m, _ in memory], marker=".")
+    title = f"stress: {a['clients']} clients, {a['minutes']:g} min (2-core CPU)"
+    if fault:
+        ax.axvline(fault["at_s"], color="tab:red", linestyle="--")
+        title += f"; {fault['actor']} actor killed at {fault['at_s']:.0f} s"
+    ax.set(xlabel="seconds", ylabel="PSS of socllm's processes (MB)", title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="stress", description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
@@ -239,15 +256,7 @@ def main(argv=None) -> int:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
     if a.plot and memory:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot([t for t, _, _ in memory], [m for _, m, _ in memory], marker=".")
-        ax.set(xlabel="seconds", ylabel="PSS of socllm's processes (MB)",
-               title=f"stress: {a.clients} clients, {a.minutes:g} min (2-core CPU)")
-        fig.tight_layout()
-        fig.savefig(a.plot, dpi=90)
+        plot(report, a.plot)
     bad = c["lost"] or c["failed"] or left or final["kv"]["blocks_used"] or flat is False \
         or (fault and (not fault["service"] or fault["gap_s"] > 30))
     return 1 if bad else 0
