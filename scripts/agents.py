@@ -233,6 +233,23 @@ def summarize(recs: list, t_span: float, busy0: dict, busy1: dict) -> dict:
     return out
 
 
+def preemption(results: list) -> str:
+    """Reactive pending time (arrival -> first prefill kernel) by what the loop ran when the
+    request arrived, and the longest proactive wait (starvation: aging threshold + one batch)."""
+    from socllm.policies.agent import AGING_S
+    lines = []
+    for r in results:
+        by = r["reactive"].get("queue_by_arrival") or {}
+        if not by:
+            continue
+        parts = ", ".join(f"{k} n={v['n']} p50 {1e3 * v['p50']:.0f} / p99 {1e3 * v['p99']:.0f} ms"
+                          for k, v in by.items())
+        q = r["proactive"].get("queue_s") or {}
+        lines.append(f"{r['level']} {r['engine']}: reactive pending behind {parts}; longest proactive "
+                     f"wait {q.get('max', 0):.1f} s (aging {AGING_S:g} s); b_rf {r.get('b_rf')}")
+    return "\n".join(lines)
+
+
 def table(results: list) -> str:
     rows = ["| level R:P /min | engine | reactive e2e mean / P90 s | reactive TTFT P90 s | "
             "reactive queue P50 / P99 ms | proactive e2e mean / P90 s | proactive tok/s | "
@@ -334,6 +351,8 @@ def main(argv=None) -> int:
             finally:
                 eng.stop()
             res = summarize(recs, span, b0, b1) | {"engine": eng.name, "level": level}
+            if isinstance(eng, SocllmPolicy):
+                res |= {k: eng.info.get(k) for k in ("b_rf", "decode_step_ms")}
             results.append(res)
             raw.append({"engine": eng.name, "level": level, "requests": recs})
             print(table([res]).splitlines()[-1], flush=True)
@@ -342,6 +361,7 @@ def main(argv=None) -> int:
               "missing": missing, "settings": vars(a), "lengths": LENGTHS, "results": results,
               "requests": raw}
     print(table(results))
+    print(preemption(results))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
