@@ -1,4 +1,4 @@
-"""`socllm` command line: generate, serve, status, stop, info, bench.
+"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models.
 
 Bad input (a missing model, an empty prompt, a bad option value) gets one line on stderr and
 exit status 2, before any actor or segment exists, or after all of them are torn down.
@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("stop", help="remove the socllm service from the Ray cluster (Ray stays up)")
     sub.add_parser("info", help="list the processors found and which actor uses which")
     sub.add_parser("bench", help="socllm against llama.cpp and OpenVINO GenAI (socllm bench --help)")
+    i = sub.add_parser("inspect", help="what a GGUF holds and whether socllm runs it (exit 0: it runs, 1: not)")
+    i.add_argument("file")
+    i.add_argument("--json", action="store_true")
+    m = sub.add_parser("models", help="the model families and tensor types this build runs, per processor")
+    m.add_argument("--json", action="store_true")
     return p
 
 
@@ -135,6 +140,49 @@ def _info(a) -> int:
     return 0
 
 
+def _inspect(a) -> int:
+    from socllm.models.inspect import inspect
+    if not os.path.isfile(a.file):
+        raise ValueError(f"model file not found: {a.file}")
+    d = inspect(a.file)
+    if a.json:
+        print(json.dumps(d, indent=2))
+        return 0 if d["runs"] else 1
+    c = d["config"]
+    print(f"file        {os.path.basename(d['file'])} ({d['file_mb']} MB)")
+    print(f"name        {d['name'] or '-'}")
+    print(f"arch        {d['architecture']}, {d['parameters'] / 1e6:.1f} M parameters")
+    print(f"config      {c['layers']} layers, dim {c['dim']}, ffn {c['ffn_dim']}, {c['heads']} heads "
+          f"({c['kv_heads']} kv), vocab {c['vocab']}, context {c['context']}, rope base {c['rope_base']}")
+    print("tensors     " + ", ".join(f"{k} {v['tensors']} ({v['mb']} MB)" for k, v in d["tensor_types"].items()))
+    print(f"tokenizer   {d['tokenizer']['model']} (pre: {d['tokenizer']['pre']})")
+    t = d["chat_template"]
+    print(f"chat        {'a template of %d characters' % len(t) if t else 'no template'}")
+    if d["runs"]:
+        print("socllm      runs it")
+        return 0
+    print("socllm      does not run it:")
+    for p in d["problems"]:
+        print(f"              - {p}")
+    return 1
+
+
+def _models(a) -> int:
+    from socllm.models.inspect import supported
+    d = supported()
+    if a.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    for name, f in d["families"].items():
+        print(f"{name:<8} {'runs' if f['runs'] else 'not yet'}: {f['what']}")
+    print()
+    procs = sorted({p for v in d["tensor_types"].values() for p in v})
+    print(f"{'tensor types':<28}" + "".join(f"{p:<10}" for p in procs))
+    for role, per in d["tensor_types"].items():
+        print(f"{role:<28}" + "".join(f"{','.join(per.get(p, ['-'])):<10}" for p in procs))
+    return 0
+
+
 def main(argv=None) -> int:
     # Ctrl-C and SIGTERM unwind through the engine's `finally`: actors killed, segment unlinked.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -150,6 +198,10 @@ def main(argv=None) -> int:
         if a.cmd in ("serve", "status", "stop"):
             from . import serve_cli
             return getattr(serve_cli, a.cmd)(a)
+        if a.cmd == "inspect":
+            return _inspect(a)
+        if a.cmd == "models":
+            return _models(a)
         return _info(a)
     except UsageError as e:
         print(f"socllm: error: {e}", file=sys.stderr)

@@ -37,6 +37,9 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         g.tensor("btab", (paged["max_seqs"], paged["max_blocks"]), "i32", "input")
         rowmeta = {"pos": "pos"}
     g.tensor("token_embd.weight", (cfg.vocab, D), "q8_0", "weight")
+    head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"   # the lm-head's table
+    if not cfg.tied_embeddings:
+        g.tensor(head, (cfg.vocab, D), "q8_0", "weight")
     g.tensor("output_norm.weight", (D,), "f32", "weight")
     for i in range(L):
         for part, shape, dt in [("attn_norm", (D,), "f32"), ("ffn_norm", (D,), "f32"),
@@ -80,6 +83,6 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         g.add("add", {"a": p + "h", "b": p + "down"}, {"out": p + "y"}, i, D=D)
         x = p + "y"
     g.add("rmsnorm", {"x": x, "w": "output_norm.weight"}, {"out": "xf"}, D=D, eps=cfg.eps)
-    g.add("lm_head", {"x": "xf", "table": "token_embd.weight"}, {"out": "logits"}, D=D, V=cfg.vocab,
+    g.add("lm_head", {"x": "xf", "table": head}, {"out": "logits"}, D=D, V=cfg.vocab,
           **({"all_rows": True} if all_rows else {}))
     return g

@@ -73,6 +73,13 @@ class ModelConfig:
 
 def load_config(reader: GGUFReader) -> ModelConfig:
     """Read the config from GGUF metadata, and check every tensor is one socllm can run."""
+    cfg = read_config(reader)
+    _check_tensors(reader, cfg)
+    return cfg
+
+
+def read_config(reader: GGUFReader) -> ModelConfig:
+    """The config from GGUF metadata alone (models/inspect.py lists the tensors' problems)."""
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ModelError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
@@ -96,7 +103,6 @@ def load_config(reader: GGUFReader) -> ModelConfig:
         tied_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
     )
-    _check_tensors(reader, cfg)
     return cfg
 
 
@@ -138,23 +144,29 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[QT, tuple[int, ...]]]:
     return table
 
 
-def _check_tensors(reader: GGUFReader, cfg: ModelConfig) -> None:
+def tensor_problems(reader: GGUFReader, cfg: ModelConfig):
+    """Yields one line per tensor socllm cannot run as it is in the file."""
     want = expected_tensors(cfg)
     have = {t.name: t for t in reader.tensors}
     for name, (qtype, shape) in want.items():
         t = have.get(name)
         if t is None:
-            raise ModelError(f"tensor {name} is missing from the model file")
-        if t.tensor_type != qtype:
-            raise ModelError(f"tensor {name} has unsupported type {t.tensor_type.name} "
-                             f"(socllm runs {qtype.name} here)")
-        if tuple(int(n) for n in reversed(t.shape)) != shape:
-            raise ModelError(f"tensor {name} has shape {list(reversed(t.shape.tolist()))}, "
-                             f"expected {list(shape)}")
+            yield f"tensor {name} is missing from the model file"
+        elif t.tensor_type != qtype:
+            yield (f"tensor {name} has unsupported type {t.tensor_type.name} "
+                   f"(socllm runs {qtype.name} here)")
+        elif tuple(int(n) for n in reversed(t.shape)) != shape:
+            yield (f"tensor {name} has shape {list(reversed(t.shape.tolist()))}, "
+                   f"expected {list(shape)}")
     # A tensor the math would silently ignore (e.g. Llama-3.1's rope_freqs) means wrong output.
     extra = sorted(set(have) - set(want))
     if extra:
-        raise ModelError(f"unsupported tensor {extra[0]} ({len(extra)} unexpected in all)")
+        yield f"unsupported tensor {extra[0]} ({len(extra)} unexpected in all)"
+
+
+def _check_tensors(reader: GGUFReader, cfg: ModelConfig) -> None:
+    for problem in tensor_problems(reader, cfg):
+        raise ModelError(problem)
 
 
 def _field(reader: GGUFReader, key: str, default=None):

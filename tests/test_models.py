@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as QT, GGUFWriter
-from gguf.quants import quantize
+from gguf import GGUFWriter
+
+from tiny_gguf import write, write_tiny
 
 from socllm.models.chat import chat_prompt, render_chat
 from socllm.models.gguf_file import ModelError, open_gguf, verify_default_model
@@ -130,20 +131,20 @@ def test_unsupported_architecture_is_refused(tmp_path):
     path = tmp_path / "gpt2.gguf"
     w = GGUFWriter(str(path), "gpt2")
     w.add_tensor("token_embd.weight", np.zeros((16, 32), np.float32))
-    _write(w)
+    write(w)
     assert "'gpt2'" in _refused(path)
 
 
 def test_unsupported_tensor_type_is_refused(tmp_path):
     path = tmp_path / "f16.gguf"
-    _write_tiny_llama(path, "llama", f16={"blk.0.attn_q.weight"})
+    write_tiny(path, "llama", f16={"blk.0.attn_q.weight"})
     assert "blk.0.attn_q.weight" in _refused(path) and "F16" in _refused(path)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tiny_model_of_each_architecture_loads_and_runs(tmp_path, arch):
     path = tmp_path / f"{arch}.gguf"
-    _write_tiny_llama(path, arch)
+    write_tiny(path, arch)
     reader = open_gguf(str(path))
     cfg = load_config(reader)
     assert cfg.qkv_bias == (arch == "qwen2") and cfg.head_dim == 16
@@ -152,37 +153,17 @@ def test_tiny_model_of_each_architecture_loads_and_runs(tmp_path, arch):
     assert np.isfinite(oracle.logits_for([1, 2, 3])).all()
 
 
-def _write_tiny_llama(path, arch, f16=frozenset()):
-    """A 1-layer model: dim 32, 2 heads of 16 (1 kv head), ffn 64, vocab 16; random weights."""
-    dim, ffn, vocab, kv_dim = 32, 64, 16, 16
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(1), w.add_context_length(64), w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn), w.add_head_count(2), w.add_head_count_kv(1)
-    w.add_rope_freq_base(10000.0), w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab)
-    rng = np.random.default_rng(0)
-    shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,),
-              "blk.0.attn_norm.weight": (dim,), "blk.0.ffn_norm.weight": (dim,),
-              "blk.0.attn_q.weight": (dim, dim), "blk.0.attn_k.weight": (kv_dim, dim),
-              "blk.0.attn_v.weight": (kv_dim, dim), "blk.0.attn_output.weight": (dim, dim),
-              "blk.0.ffn_gate.weight": (ffn, dim), "blk.0.ffn_up.weight": (ffn, dim),
-              "blk.0.ffn_down.weight": (dim, ffn)}
-    if arch == "qwen2":
-        shapes.update({"blk.0.attn_q.bias": (dim,), "blk.0.attn_k.bias": (kv_dim,),
-                       "blk.0.attn_v.bias": (kv_dim,)})
-    for name, shape in shapes.items():
-        x = rng.standard_normal(shape).astype(np.float32) * 0.1
-        if name in f16:
-            w.add_tensor(name, x.astype(np.float16))
-        elif len(shape) == 1:
-            w.add_tensor(name, x + 1 if "norm" in name else x)
-        else:
-            qtype = QT.Q8_0 if name == "token_embd.weight" else QT.Q4_1
-            w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
-    _write(w)
 
 
-def _write(w: GGUFWriter):
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+def test_an_untied_output_weight_is_the_lm_head(model_config):
+    """A GGUF with its own output.weight (most Llama 3 and Qwen files) must not be read through
+    token_embd (the REVIEW's first bug): the graph's lm-head reads output.weight."""
+    import dataclasses
+
+    from socllm.graph.build import build_graph
+    untied = dataclasses.replace(model_config, tied_embeddings=False)
+    for cfg, table in ((model_config, "token_embd.weight"), (untied, "output.weight")):
+        g = build_graph(cfg, n_layers=1)
+        head = [op for op in g.ops if op.kind == "lm_head"]
+        assert len(head) == 1 and head[0].inputs["table"] == table
+        assert ("output.weight" in g.tensors) == (table == "output.weight")

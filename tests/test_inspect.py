@@ -1,0 +1,63 @@
+"""`socllm inspect` and `socllm models`: what a GGUF holds, and every reason socllm does not run
+it, in one listing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gguf import GGMLQuantizationType as QT
+from tiny_gguf import write_tiny
+
+from socllm.models.inspect import inspect
+
+SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+
+
+def _tiny(path, arch="llama", matrix=QT.Q4_1, extra=()):
+    return write_tiny(path, arch, matrix, extra=extra)
+
+
+def _cli(*args):
+    return subprocess.run(SOCLLM + list(args), capture_output=True, text=True, timeout=120)
+
+
+def test_the_default_model_runs_and_says_what_it_holds(model_path):
+    d = inspect(model_path)
+    assert d["runs"] and d["problems"] == [] and d["architecture"] == "llama"
+    assert d["config"]["layers"] == 30 and d["config"]["vocab"] == 49152
+    assert {k: v["tensors"] for k, v in d["tensor_types"].items()} == {"Q4_1": 210, "Q8_0": 1, "F32": 61}
+    assert d["chat_template"].startswith("{%") and d["tokenizer"]["pre"] == "smollm"
+    r = _cli("inspect", model_path)
+    assert r.returncode == 0 and "runs it" in r.stdout
+
+
+def test_every_reason_a_file_does_not_run_is_listed(tmp_path):
+    path = _tiny(tmp_path / "k.gguf", matrix=QT.Q5_0, extra=("rope_freqs.weight",))
+    d = inspect(path)
+    assert not d["runs"]
+    assert "7 tensor(s) of type Q5_0 where socllm runs Q4_1 (e.g. blk.0.attn_q.weight)" in d["problems"]
+    assert any("rope_freqs.weight" in p for p in d["problems"])
+    r = _cli("inspect", path)
+    assert r.returncode == 1 and "does not run it" in r.stdout and "Q5_0" in r.stdout
+    ok = inspect(_tiny(tmp_path / "ok.gguf"))
+    assert ok["runs"], ok["problems"]
+
+
+def test_an_unknown_architecture_and_a_file_that_is_not_gguf(tmp_path):
+    d = inspect(_tiny(tmp_path / "g.gguf", arch="gemma3"))
+    assert d["problems"] == ["architecture 'gemma3' is not supported (socllm runs: llama)"]
+    bad = tmp_path / "bad.gguf"
+    bad.write_text("hello")
+    r = _cli("inspect", str(bad))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a GGUF" in r.stderr
+    r = _cli("inspect", str(tmp_path / "none.gguf"))
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_models_lists_families_and_types_per_processor():
+    r = _cli("models", "--json")
+    assert r.returncode == 0
+    d = json.loads(r.stdout)
+    assert d["families"]["llama"]["runs"] and not d["families"]["qwen2"]["runs"]
+    assert d["tensor_types"]["attention and MLP matrices"]["gpu"] == ["Q4_1"]
