@@ -253,39 +253,58 @@ class CLKernels:
         queue, events, profile = self.queue, self.events, self.profile
         stages = stages or [0] * len(tasks)
         table = rope_rows or self.rope_rows
+        last = max(stages)
 
-        def record(n):
-            self._recording, self.rows_act, self._prepared, self._rope_table = [], rows_act, None, None
-            own, self.rope_rows = self.rope_rows, table
-            starts = {}                                # stage -> index of its first launch
+        class Recording:
+            """The launches for n rows, recorded up to some stage: a span records only as far as
+            it runs (recording every stage of a 128-row chunk took ~200 ms of Python, which a
+            reactive arrival waited for behind the chunk's first span)."""
+
+            def __init__(self):
+                self.bound, self.next = [], 0           # launches; the next task to record
+                self.starts = {}                        # stage -> index of its first launch
+                self.state = (None, None)               # (_prepared, _rope_table) between parts
+
+        def record(rec: Recording, n: int, upto: int):
+            """Records tasks until the first of stage >= upto (the same launches, in the same
+            order, as recording them all at once: the state carries from one part to the next)."""
+            saved = (self._recording, self.rows_act, self._prepared, self._rope_table, self.rope_rows)
+            self._recording, self.rows_act, self.rope_rows = [], rows_act, table
+            self._prepared, self._rope_table = rec.state
+            first = len(rec.bound)
             try:
-                for t, stage in zip(tasks, stages):
-                    starts.setdefault(stage, len(self._recording))
+                while rec.next < len(tasks) and stages[rec.next] < upto:
+                    t, stage = tasks[rec.next], stages[rec.next]
+                    rec.starts.setdefault(stage, first + len(self._recording))
                     self.run(t.op, t.args, n, 0)
                     if self._prepared and t.args.get("out", (None, None))[1] == self._prepared[0]:
                         self._prepared = None          # its input was overwritten
+                    rec.next += 1
+                recs, rec.state = self._recording, (self._prepared, self._rope_table)
             finally:
-                recs, self._recording, self.rows_act, self.rope_rows = self._recording, None, None, own
-            bounds = [starts.get(k, len(recs)) for k in range(max(stages) + 2)]
-            for k in range(len(bounds) - 2, -1, -1):   # a stage without launches: the next one's
-                bounds[k] = min(bounds[k], bounds[k + 1])
-            bound = []
+                (self._recording, self.rows_act, self._prepared, self._rope_table,
+                 self.rope_rows) = saved
             for name, gsize, lsize, args, ks in recs:
                 knl = ks[name].clone()
                 knl.set_scalar_arg_dtypes([None] + _SCALARS[name])
                 knl.set_args(self.buf, *args)
-                bound.append((name, knl, gsize, lsize))
-            return bound, bounds
+                rec.bound.append((name, knl, gsize, lsize))
+
+        def bound_of(rec: Recording, k: int) -> int:
+            """Index of stage k's first launch (a stage without launches: the next one's)."""
+            while k <= last and k not in rec.starts:
+                k += 1
+            return rec.starts[k] if k <= last else len(rec.bound)
 
         def run(n, pos0=0, span=None):
-            launches, bounds = recorded.pop(n, None) or record(n)
-            recorded[n] = launches, bounds         # the most recently used last
+            rec = recorded.pop(n, None) or Recording()
+            recorded[n] = rec                          # the most recently used last
             if keep is not None and len(recorded) > keep:
                 del recorded[next(iter(recorded))]
-            if span is not None:
-                lo, hi = (min(k, len(bounds) - 1) for k in span)
-                launches = launches[bounds[lo]: bounds[hi]]
-            for name, knl, gsize, lsize in launches:
+            lo, hi = (0, last + 1) if span is None else (min(k, last + 1) for k in span)
+            if rec.next < len(tasks) and (rec.next == 0 or stages[rec.next] < hi):
+                record(rec, n, hi)
+            for name, knl, gsize, lsize in rec.bound[bound_of(rec, lo): bound_of(rec, hi)]:
                 ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
                 if profile:
                     events.append((name, ev))

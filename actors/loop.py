@@ -106,10 +106,13 @@ class ServingLoop:
             part = self.part = None          # ended, cancelled or preempted: its rows are gone
         if part is not None and part["req"] in ready and req.priority != "reactive":
             req = part["req"]                # a suspended chunk goes on before newer ones
-        # reactive chunks run whole in the first buffer, and so does an aged one while the second
-        # holds a chunk the policy defers
-        busy = part is not None and part["req"] is not req
-        if self.scheduler.slice_s is None or req.priority == "reactive" or busy or not self.runner.meta[1:]:
+        if part is not None and part["req"] is not req and req.priority != "reactive":
+            # an aged chunk while the second buffer holds one the policy defers: the deferred one
+            # gives up its buffer and starts over later (at most one chunk's work), so that no
+            # proactive chunk ever runs whole where a reactive arrival would wait for all of it
+            part = self.part = None
+        # reactive chunks run whole in the first buffer
+        if self.scheduler.slice_s is None or req.priority == "reactive" or not self.runner.meta[1:]:
             self._prefill_chunk(req)
             return False
         return self._prefill_spans(req)
