@@ -133,7 +133,7 @@ class AgentPolicy(FCFS):
 
     def _cap(self, rows: list) -> list:
         """Reactive-first batching (§4.5 ②): a batch holding both classes keeps its reactive and
-        aged rows and fills up to B_RF rows with proactive ones, evicting the longest first, then
+        aged rows and fills up to b_rf rows with proactive ones, evicting the longest first, then
         the newest; a batch of one class takes everyone."""
         reactive = [r for r in rows if r.priority == "reactive"]
         aged = [r for r in rows if r.priority != "reactive" and self.urgent(r)]
