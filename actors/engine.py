@@ -281,9 +281,10 @@ class Engine:
     def info(self) -> list:
         """Each processor actor's engine.info(); one that is being restarted says so."""
         out = []
-        for name, a in self.processors().items():
+        refs = {name: a.info.remote() for name, a in self.processors().items()}   # asked at once
+        for name, ref in refs.items():
             try:
-                out.append(ray.get(a.info.remote(), timeout=10))
+                out.append(ray.get(ref, timeout=10))
             except (ray.exceptions.RayError, TimeoutError) as e:
                 out.append({"processor": name, "pid": None, "steps": 0, "busy_s": 0.0,
                             "error": f"unavailable ({type(e).__name__}): restarting"})
@@ -291,9 +292,9 @@ class Engine:
 
     def pids(self) -> list:
         pids = [os.getpid()]
-        for a in self._actors:
+        for ref in [a.pid.remote() for a in self._actors]:           # asked at once
             try:
-                pids.append(ray.get(a.pid.remote(), timeout=10))
+                pids.append(ray.get(ref, timeout=10))
             except (ray.exceptions.RayError, TimeoutError):
                 pass                     # being restarted
         return pids

@@ -307,9 +307,10 @@ class CLKernels:
             if keep is not None and len(recorded) > keep:
                 del recorded[next(iter(recorded))]
             lo, hi = (0, last + 1) if span is None else (min(k, last + 1) for k in span)
-            if rec.next < len(tasks) and (rec.next == 0 or stages[rec.next] < hi):
+            if rec.next < len(tasks) and stages[rec.next] < hi:
                 record(rec, n, hi)
-            for name, knl, gsize, lsize in rec.bound[bound_of(rec, lo): bound_of(rec, hi)]:
+            launches = rec.bound if span is None else rec.bound[bound_of(rec, lo): bound_of(rec, hi)]
+            for name, knl, gsize, lsize in launches:
                 ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
                 if profile:
                     events.append((name, ev))

@@ -56,7 +56,7 @@ class Runner:
     def _install(self, all_rows: bool, buffer: int = 0):
         eng = self.eng
         pid, blob, procs = ray.get(eng.planner.paged_program.remote(self.plan, all_rows, buffer))
-        actors = {**eng.peers, "cpu": eng.control}
+        actors = eng.processors()
         prec = self.precision if all_rows else self.chunk_precision
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
@@ -131,7 +131,7 @@ class Runner:
             raise ProcessorLost(lost)
         if self.ctl["error"]:
             eng = self.eng
-            actors = {**eng.peers, "cpu": eng.control}
+            actors = eng.processors()
             msgs = ray.get([actors[p].last_error.remote() for p in procs])
             self.ctl["error"] = 0
             raise RuntimeError("; ".join(m for m in msgs if m))

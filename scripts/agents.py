@@ -216,9 +216,12 @@ def summarize(recs: list, t_span: float, busy0: dict, busy1: dict) -> dict:
             m[key] = {"mean": statistics.fmean(xs), "p50": pct(xs, 50), "p90": pct(xs, 90),
                       "p99": pct(xs, 99), "max": max(xs)} if xs else None
         # what the loop ran when they arrived: a decode step, a chunk, a span of one, idle
-        kinds = sorted({r["arrived_during"].split()[0] for r in ok if r.get("arrived_during")})
-        m["queue_by_arrival"] = {k: (lambda xs: {"n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99)})(
-            [r["queue_s"] for r in ok if (r.get("arrived_during") or " ").split()[0] == k]) for k in kinds}
+        by: dict = {}
+        for r in ok:
+            if r.get("arrived_during") and r.get("queue_s") is not None:
+                by.setdefault(r["arrived_during"].split()[0], []).append(r["queue_s"])
+        m["queue_by_arrival"] = {k: {"n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99)}
+                                 for k, xs in sorted(by.items())}
         norm = [r["e2e_s"] / (r["prompt_tokens"] + r["max_tokens"]) for r in ok if r.get("prompt_tokens")]
         m["normalized_s_per_token"] = statistics.fmean(norm) if norm else None
         if ok:
