@@ -160,6 +160,8 @@ def _inspect(a) -> int:
     print(f"chat        {'a template of %d characters' % len(t) if t else 'no template'}")
     if d["runs"]:
         print("socllm      runs it")
+        for p, how in d["processors"].items():
+            print(f"  {p:<10}{how}")
         return 0
     print("socllm      does not run it:")
     for p in d["problems"]:

@@ -25,10 +25,10 @@ from socllm.memory.layout import KV_DTYPES, W_TOKENS, Control, plan_layout, writ
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
 from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model
-from socllm.models.llama import load_config, load_weights
+from socllm.models.llama import load_config, load_weights, matrix_types
 from socllm.models.tokenizer import Tokenizer
 from socllm.policies.buckets import MAX_CHUNK
-from socllm.policies.placement import PLANS, default_plan, processors
+from socllm.policies.placement import PLANS, default_plan, processors, weight_problem
 from socllm.policies.request import StopText, check_stop
 from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import SamplingParams
@@ -106,6 +106,11 @@ class Engine:
         self._started_ray = ensure_ray(self.threads)
         self._actors, self.arena, self.running = [], None, None
         self._closed = False
+        # a processor whose kernels cannot read every weight of this model is not started
+        types = matrix_types(reader)
+        self.skipped = {p: why for p in processors_ if p != "cpu"
+                        for why in [weight_problem(p, types)] if why}
+        processors_ = tuple(p for p in processors_ if p not in self.skipped)
         try:
             # the repacked weights live only until they are in the pool (no reference kept here)
             self._start(load_weights(reader, self.cfg), processors_, n_layers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from socllm.models.quant import QK, dequant_q8_0
+from socllm.models.quant import FLOAT_TYPES, FORMATS, QK, dequant, dequant_float, dequant_q8_0
 
 
 # byte -> (low nibble, high nibble) as float32: [256, 2]
@@ -73,16 +73,43 @@ class NumpyKernels:
         _, qs, d = ref
         return self._arr(qs, (V, D), np.int8), self._arr(d, (V, D // QK), np.float16)
 
+    def matrix(self, ref, M, K, rows=None) -> np.ndarray:
+        """Weight ref of any matrix kind -> f32 [M, K], or only its rows `rows` (an index
+        array): dequantized per call, one matrix at a time, never the model."""
+        kind = ref[0]
+        if kind == "w8":
+            qs, d = self.w8(ref, M, K)
+            return dequant_q8_0(qs, d) if rows is None else dequant_q8_0(qs[rows], d[rows])
+        if kind == "wt":
+            w = self._arr(ref[2], (M, K), FLOAT_TYPES[ref[1]])
+            return dequant_float(ref[1], w if rows is None else w[rows])
+        if kind == "w4":
+            qs, d, m = self.w4(ref, M, K)
+            if rows is None:    # the hot path of the CPU actor: a byte -> two floats table lookup
+                q = _NIBBLES[qs].reshape(M, K // QK, QK)
+                w = q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]
+                return w.reshape(M, K)
+            fmt = "Q4_1"
+        else:
+            fmt = ref[1]
+            f = FORMATS[fmt]
+            sdt = np.float16 if f.scale == "f16" else np.float32
+            qs = self._arr(ref[2], (M, K // QK * f.qb), np.uint8)
+            d = self._arr(ref[3], (M, K // f.group), sdt)
+            m = self._arr(ref[4], (M, K // f.group), sdt)
+        if rows is not None:
+            qs, d, m = qs[rows], d[rows], m[rows]
+        return dequant(fmt, qs, d, m)
+
     # -- dispatch ------------------------------------------------------------------------------
     def run(self, op: str, a: dict, N: int, pos0: int):
         getattr(self, op)(a, N, pos0)
 
     # -- ops -----------------------------------------------------------------------------------
     def embed(self, a, N, pos0):
-        """ids int32 [N], table Q8_0 [V, D] -> out [N, D]"""
+        """ids int32 [N], table [V, D] (any matrix kind) -> out [N, D]"""
         ids = self._arr(a["ids"][1], (N,), np.int32)
-        qs, d = self.w8(a["table"], a["V"], a["D"])
-        self.f32(a["out"][1], N, a["D"])[:] = dequant_q8_0(qs[ids], d[ids])
+        self.f32(a["out"][1], N, a["D"])[:] = self.matrix(a["table"], a["V"], a["D"], ids)
 
     def rmsnorm(self, a, N, pos0):
         """x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w"""
@@ -93,15 +120,10 @@ class NumpyKernels:
         self.f32(a["out"][1], N, D)[:] = x * r * w
 
     def linear(self, a, N, pos0):
-        """x [N, K], W Q4_1 [M, K] -> out [N, M] = x @ W.T (out may be a KV ref)."""
+        """x [N, K], W [M, K] (any matrix kind) -> out [N, M] = x @ W.T (out may be a KV ref)."""
         K, M = a["K"], a["M"]
-        qs, d, m = self.w4(a["w"], M, K)
         x = self.f32(a["x"][1], N, K)
-        # dequantize one matrix at a time (never the model): a byte -> two floats table lookup,
-        # then scale and shift per 32-block
-        q = _NIBBLES[qs].reshape(M, K // QK, QK)
-        w = (q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]).reshape(M, K)
-        self.out_rows(a, N, pos0, M)[:] = x @ w.T
+        self.out_rows(a, N, pos0, M)[:] = x @ self.matrix(a["w"], M, K).T
 
     def rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref): rotate pairs (2i, 2i+1) by pos * theta^(-2i/hd)
@@ -169,9 +191,8 @@ class NumpyKernels:
         self.f32(a["out"][1], N, D)[:] = self.f32(a["a"][1], N, D) + self.f32(a["b"][1], N, D)
 
     def lm_head(self, a, N, pos0):
-        """x [N, D] (last row used), table Q8_0 [V, D] -> out [V] logits of row N-1"""
+        """x [N, D] (last row used), table [V, D] -> out [V] logits of row N-1"""
         D, V = a["D"], a["V"]
-        qs, d = self.w8(a["table"], V, D)
         if a.get("all_rows"):           # a batch: every row's logits [N, V]
             out = self.f32(a["out"][1], N, V)
             for n in range(N):
@@ -179,9 +200,14 @@ class NumpyKernels:
                               "out": ("a", a["out"][1] + n * V * 4)}, 1, pos0)
             return out
         x = self.f32(a["x"][1], N, D)[N - 1]
-        # per block: sum_j x_j q_j scaled by d, in row chunks: never a [V, D] f32 copy of the table
-        xb = x.reshape(D // QK, QK)
         out = self.f32(a["out"][1], 1, V)[0]
+        if a["table"][0] != "w8":       # another format: dequantized 4096 rows at a time
+            for lo in range(0, V, 4096):
+                out[lo:lo + 4096] = self.matrix(a["table"], V, D, np.arange(lo, min(V, lo + 4096))) @ x
+            return
+        # per block: sum_j x_j q_j scaled by d, in row chunks: never a [V, D] f32 copy of the table
+        qs, d = self.w8(a["table"], V, D)
+        xb = x.reshape(D // QK, QK)
         for lo in range(0, V, 4096):
             hi = min(V, lo + 4096)
             dots = np.einsum("vbj,bj->vb", qs[lo:hi].reshape(hi - lo, D // QK, QK).astype(np.float32), xb)

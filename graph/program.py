@@ -6,8 +6,10 @@ names a kernel and where its tensors live in the pool, as byte offsets into the 
   ("a", off)              activation / io rows, contiguous, row-major, f32 (ids: int32)
   ("kv", off)             base of one layer's K or V cache [L_cap, kv_heads*head_dim] f32; as an
                           output, the kernel writes rows pos0 .. pos0+N (in place, no concatenation)
-  ("w4", qs, d, m)        a Q4_1 weight [M, K] in the planar layout of models/quant.py
-  ("w8", qs, d)           a Q8_0 weight [V, D]
+  ("w4", qs, d, m)        a Q4_1 / Q4_0 weight [M, K] in the planar layout of models/quant.py
+  ("wq", fmt, qs, d, m)   a weight [M, K] of another block format fmt (models/quant.py FORMATS)
+  ("wt", fmt, off)        an F32 / F16 / BF16 weight [M, K] as in the file
+  ("w8", qs, d)           a Q8_0 table [V, D] in natural order (the token embedding)
   ("wf", off)             an f32 vector weight
 
 Static sizes (D, K, M, heads, eps, theta, ...) are task attributes; the two runtime values every
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-WEIGHT_REFS = ("w4", "w8", "wf")
+WEIGHT_REFS = ("w4", "wq", "wt", "w8", "wf")
 OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "silu_mul", "add", "lm_head")
 
 

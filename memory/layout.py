@@ -2,7 +2,7 @@
 
   [ weights (read-only, written once) | KV cache | activation slots | io | control | ready words ]
 
-  weights   planar Q4_1 / Q8_0 arrays and f32 vectors (models/quant.py)     read by every actor
+  weights   planar quantized matrices, float matrices and f32 vectors (models/quant.py)
   kv        [n_layers, 2, kv_rows, kv_cols] f32 (or f16: kv_dtype), kv_rows = context + largest bucket (a padded
             NPU chunk writes up to a bucket of rows past the real ones) or, paged, kv_blocks
             blocks of block_rows rows (memory/blocks.py), whichever is more
@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from socllm.models.quant import W4_FORMATS
 
 from .arena import ALIGN, align
 
@@ -112,12 +114,7 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
         return start
 
     for name, w in weights.items():
-        if isinstance(w, dict) and "m" in w:
-            lay.weights[name] = ("w4", take(w["qs"].nbytes), take(w["d"].nbytes), take(w["m"].nbytes))
-        elif isinstance(w, dict):
-            lay.weights[name] = ("w8", take(w["qs"].nbytes), take(w["d"].nbytes))
-        else:
-            lay.weights[name] = ("wf", take(w.nbytes))
+        lay.weights[name] = weight_ref(w, [take(a.nbytes) for a in weight_arrays(w)])
     lay.readonly_bytes = align(off, ALIGN)
     off = lay.readonly_bytes
     lay.kv_rows = max(context + max_rows, kv_blocks * block_rows)
@@ -163,12 +160,32 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     return lay
 
 
+def weight_arrays(w) -> list:
+    """The arrays of one weight (models/llama.py load_weights), in the order its ref lists them."""
+    if isinstance(w, np.ndarray):
+        return [w]
+    if "w" in w:
+        return [w["w"]]
+    return [w["qs"], w["d"], w["m"]] if "m" in w else [w["qs"], w["d"]]
+
+
+def weight_ref(w, offs: list) -> tuple:
+    """A weight's ref (graph/program.py) from its arrays' offsets."""
+    if isinstance(w, np.ndarray):
+        return ("wf", *offs)
+    fmt = w.get("fmt")
+    if fmt in W4_FORMATS or (fmt is None and "m" in w):
+        return ("w4", *offs)
+    if fmt is None:
+        return ("w8", *offs)
+    return ("wt" if "w" in w else "wq", fmt, *offs)
+
+
 def write_weights(buf: np.ndarray, lay: PoolLayout, weights: dict):
     """Copy the weights into the arena once (the creator does this before any actor attaches)."""
     for name, ref in lay.weights.items():
-        w = weights[name]
-        arrays = [w["qs"], w["d"], w["m"]] if ref[0] == "w4" else [w["qs"], w["d"]] if ref[0] == "w8" else [w]
-        for off, arr in zip(ref[1:], arrays):
+        offs = [v for v in ref[1:] if not isinstance(v, str)]
+        for off, arr in zip(offs, weight_arrays(weights[name])):
             raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
             buf[off: off + raw.size] = raw
 

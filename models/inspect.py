@@ -7,7 +7,7 @@ import re
 from collections import Counter
 
 from .gguf_file import ModelError, open_gguf
-from .llama import read_config, tensor_problems
+from .llama import matrix_types, read_config, tensor_problems
 
 # families the processors' kernels run, and those only the numpy oracle reads so far
 FAMILIES = {
@@ -16,17 +16,27 @@ FAMILIES = {
     "qwen2": {"runs": False, "what": "read by the numpy oracle; the processors' kernels lack its "
               "Q/K/V biases and NEOX rope"},
 }
-# tensor types per role, as they must be in the file, and where each runs
-TENSOR_TYPES = {
-    "attention and MLP matrices": {"cpu": ["Q4_1"], "gpu": ["Q4_1"], "npu": ["Q4_1"]},
-    "token embedding, output": {"cpu": ["Q8_0"], "gpu": ["Q8_0"], "npu": ["Q8_0"]},
-    "norms, biases": {"cpu": ["F32"], "gpu": ["F32"], "npu": ["F32"]},
-}
+
+
+
+def tensor_types() -> dict:
+    """Tensor types per role, as they are in the file, and the processors that read each."""
+    from socllm.policies.placement import MATRIX_FORMATS, TABLE_FORMATS
+    return {"attention and MLP matrices": {p: list(v) for p, v in MATRIX_FORMATS.items()},
+            "token embedding, output": {p: list(v) for p, v in TABLE_FORMATS.items()},
+            "norms, biases": {p: ["F32"] for p in MATRIX_FORMATS}}
 _TYPE_PROBLEM = re.compile(r"tensor (\S+) has unsupported type (\S+) \(socllm runs (\S+) here\)")
 
 
 def supported() -> dict:
-    return {"families": FAMILIES, "tensor_types": TENSOR_TYPES}
+    return {"families": FAMILIES, "tensor_types": tensor_types()}
+
+
+def processors(reader) -> dict:
+    """processor -> None if its kernels read every weight of the file, else why not."""
+    from socllm.policies.placement import MATRIX_FORMATS, weight_problem
+    types = matrix_types(reader)
+    return {p: weight_problem(p, types) for p in MATRIX_FORMATS}
 
 
 def problems(reader) -> list:
@@ -84,7 +94,9 @@ def inspect(path: str) -> dict:
             "tokenizer": {"model": _get(reader, "tokenizer.ggml.model"),
                           "pre": _get(reader, "tokenizer.ggml.pre")},
             "chat_template": template,
-            "runs": not why, "problems": why}
+            "runs": not why, "problems": why,
+            "processors": {p: why_not or "runs" for p, why_not in processors(reader).items()}
+            if not why else {}}
 
 
 def _get(reader, key: str):

@@ -3,18 +3,18 @@
 Llama (SmolLM2, Llama-3) and Qwen2 are one network: RMSNorm, GQA attention with RoPE, SwiGLU
 MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX rope — so both load here.
 
-Weights keep GGUF's tensor names. A matrix W [out, in] (y = x @ W.T) stays quantized in the planar
-layout of models/quant.py; only norms and biases are float32.
+Weights keep GGUF's tensor names. A matrix W [out, in] (y = x @ W.T) stays in its file's format, in
+the planar layout of models/quant.py; only norms and biases are float32.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT, GGUFReader
+from gguf import GGUFReader
 
 from .gguf_file import ModelError
-from .quant import QK, repack_q4_1, repack_q8_0
+from .quant import FLOAT_TYPES, MATRIX_TYPES, QK, float_matrix, planar, repack_q8_0
 
 SUPPORTED_ARCHS = ("llama", "qwen2")
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -106,39 +106,52 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     return cfg
 
 
+TABLES = ("token_embd.weight", "output.weight")   # read by rows (embedding) and by the lm-head
+
+
 def load_weights(reader: GGUFReader, cfg: ModelConfig) -> dict[str, dict | np.ndarray]:
-    """GGUF name -> planar quant dict (Q4_1/Q8_0 matrices) or float32 array (norms, biases)."""
+    """GGUF name -> float32 array (norms, biases) or a matrix: the token embedding table in Q8_0
+    as {"qs", "d"} (natural order), any other matrix as models/quant.py's planar dict."""
     weights: dict[str, dict | np.ndarray] = {}
     for t in reader.tensors:
-        if t.tensor_type == QT.F32:
+        if len(t.shape) == 1:
             weights[t.name] = np.array(t.data, np.float32).reshape(-1)  # copy: off the mmap
+            continue
+        cols, rows = (int(n) for n in t.shape)  # GGUF lists ne0 (the input width) first
+        kind = t.tensor_type.name
+        if t.name in TABLES and kind == "Q8_0":
+            weights[t.name] = repack_q8_0(t.data, rows, cols)
+        elif kind in FLOAT_TYPES:
+            weights[t.name] = float_matrix(kind, t.data, rows, cols)
         else:
-            cols, rows = (int(n) for n in t.shape)  # GGUF lists ne0 (the input width) first
-            repack = repack_q4_1 if t.tensor_type == QT.Q4_1 else repack_q8_0
-            weights[t.name] = repack(t.data, rows, cols)
+            weights[t.name] = planar(kind, t.data, rows, cols)
     return weights
 
 
-def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[QT, tuple[int, ...]]]:
-    """Every tensor the network reads: name -> (type, shape [out, in] or [n])."""
+VECTOR = ("F32",)
+MATRIX = MATRIX_TYPES      # any weight format of models/quant.py
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Every tensor the network reads: name -> (the types it may have, shape [out, in] or [n])."""
     c = cfg
-    table = {"token_embd.weight": (QT.Q8_0, (c.vocab, c.dim)),
-             "output_norm.weight": (QT.F32, (c.dim,))}
+    table = {"token_embd.weight": (MATRIX, (c.vocab, c.dim)),
+             "output_norm.weight": (VECTOR, (c.dim,))}
     if not c.tied_embeddings:
-        table["output.weight"] = (QT.Q8_0, (c.vocab, c.dim))
-    block = {"attn_norm.weight": (QT.F32, (c.dim,)),
-             "attn_q.weight": (QT.Q4_1, (c.q_dim, c.dim)),
-             "attn_k.weight": (QT.Q4_1, (c.kv_dim, c.dim)),
-             "attn_v.weight": (QT.Q4_1, (c.kv_dim, c.dim)),
-             "attn_output.weight": (QT.Q4_1, (c.dim, c.q_dim)),
-             "ffn_norm.weight": (QT.F32, (c.dim,)),
-             "ffn_gate.weight": (QT.Q4_1, (c.ffn_dim, c.dim)),
-             "ffn_up.weight": (QT.Q4_1, (c.ffn_dim, c.dim)),
-             "ffn_down.weight": (QT.Q4_1, (c.dim, c.ffn_dim))}
+        table["output.weight"] = (MATRIX, (c.vocab, c.dim))
+    block = {"attn_norm.weight": (VECTOR, (c.dim,)),
+             "attn_q.weight": (MATRIX, (c.q_dim, c.dim)),
+             "attn_k.weight": (MATRIX, (c.kv_dim, c.dim)),
+             "attn_v.weight": (MATRIX, (c.kv_dim, c.dim)),
+             "attn_output.weight": (MATRIX, (c.dim, c.q_dim)),
+             "ffn_norm.weight": (VECTOR, (c.dim,)),
+             "ffn_gate.weight": (MATRIX, (c.ffn_dim, c.dim)),
+             "ffn_up.weight": (MATRIX, (c.ffn_dim, c.dim)),
+             "ffn_down.weight": (MATRIX, (c.dim, c.ffn_dim))}
     if c.qkv_bias:
-        block.update({"attn_q.bias": (QT.F32, (c.q_dim,)),
-                      "attn_k.bias": (QT.F32, (c.kv_dim,)),
-                      "attn_v.bias": (QT.F32, (c.kv_dim,))})
+        block.update({"attn_q.bias": (VECTOR, (c.q_dim,)),
+                      "attn_k.bias": (VECTOR, (c.kv_dim,)),
+                      "attn_v.bias": (VECTOR, (c.kv_dim,))})
     for i in range(c.n_layers):
         table.update({f"blk.{i}.{k}": v for k, v in block.items()})
     return table
@@ -148,13 +161,13 @@ def tensor_problems(reader: GGUFReader, cfg: ModelConfig):
     """Yields one line per tensor socllm cannot run as it is in the file."""
     want = expected_tensors(cfg)
     have = {t.name: t for t in reader.tensors}
-    for name, (qtype, shape) in want.items():
+    for name, (types, shape) in want.items():
         t = have.get(name)
         if t is None:
             yield f"tensor {name} is missing from the model file"
-        elif t.tensor_type != qtype:
+        elif t.tensor_type.name not in types:
             yield (f"tensor {name} has unsupported type {t.tensor_type.name} "
-                   f"(socllm runs {qtype.name} here)")
+                   f"(socllm runs {'/'.join(types)} here)")
         elif tuple(int(n) for n in reversed(t.shape)) != shape:
             yield (f"tensor {name} has shape {list(reversed(t.shape.tolist()))}, "
                    f"expected {list(shape)}")
@@ -176,3 +189,8 @@ def _field(reader: GGUFReader, key: str, default=None):
             raise ModelError(f"model metadata lacks {key}")
         return default
     return field.contents()
+
+
+def matrix_types(reader: GGUFReader) -> dict:
+    """Matrix name -> its GGUF type name (what policies/placement.weight_problem checks)."""
+    return {t.name: t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .llama import ModelConfig
-from .quant import dequant_q4_1, dequant_q8_0
+from .quant import dequant, dequant_float, dequant_q4_1, dequant_q8_0
 
 F32 = np.float32
 
@@ -120,4 +120,8 @@ def _silu(x: np.ndarray) -> np.ndarray:
 def _dequant(t: dict | np.ndarray) -> np.ndarray:
     if isinstance(t, np.ndarray):
         return t.astype(F32)
+    if "w" in t:
+        return dequant_float(t["fmt"], t["w"])
+    if "fmt" in t:
+        return dequant(t["fmt"], t["qs"], t["d"], t["m"])
     return dequant_q4_1(t["qs"], t["d"], t["m"]) if "m" in t else dequant_q8_0(t["qs"], t["d"])

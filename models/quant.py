@@ -1,36 +1,170 @@
 """Quantized weight formats: GGUF blocks -> socllm's planar layout, and their dequantization.
 
-socllm keeps weights 4-bit in memory (W4A16). GGUF stores Q4_1 as 20-byte blocks of 32 weights
-(f16 d, f16 m, 16 bytes of nibbles: low nibbles are elements 0..15, high nibbles 16..31). Every
-backend reads one planar repacking of it instead, so that each array is a plain typed array:
+socllm keeps every matrix in the bits its file gives it. GGUF's block formats all dequantize as
+an affine map per group of weights, w = d * q + m with an unsigned integer code q, so every
+backend reads one planar repacking of them, whose arrays are plain typed arrays:
 
-  Q4_1 weight W [M, K]  ->  qs uint8 [M, K/2]  byte i = q[2i] | q[2i+1] << 4  (sequential nibbles,
-                                                  OpenVINO's u4 order, so it wraps the pool as is)
-                            d  f16   [M, K/32]   block scale
-                            m  f16   [M, K/32]   block minimum      w = f32(d) * q + f32(m)
-  Q8_0 weight W [V, D]  ->  qs int8  [V, D]
-                            d  f16   [V, D/32]                      w = f32(d) * q
+  matrix W [M, K] ->  qs u8 [M, K/32 * QB]  per 32-weight block: 16 bytes of the codes' low
+                                            nibbles, byte i = q[2i] & 15 | (q[2i+1] & 15) << 4
+                                            (sequential nibbles, OpenVINO's u4 order), then, for
+                                            codes wider than 4 bits, 16 bytes of their high
+                                            nibbles in the same order (QB = 16 or 32)
+                      d  [M, K/g]  f16 or f32   group scale
+                      m  [M, K/g]  f16 or f32   group minimum          w = f32(d) * q + f32(m)
+
+FORMATS gives each GGUF type's code width, group g and scale type. Every map is exact: for the
+given GGUF block, f32(d) * q + f32(m) equals what gguf's reference dequantizer computes (the
+tests compare them on random blocks), because d * q is exact in f32 and the sum rounds once:
+
+  Q4_0  q = nibble,          d,  m = -8 d      (f16: -8 d is exact)
+  Q4_1  q = nibble,          d,  m
+  Q5_0  q = 5 bits,          d,  m = -16 d
+  Q5_1  q = 5 bits,          d,  m
+  Q8_0  q = int8 + 128,      d,  m = -128 d
+  Q4_K  q = nibble,          d = d_super * sc6,  m = -dmin * mn6       (f32: the products are
+  Q5_K  q = 5 bits,          d = d_super * sc6,  m = -dmin * mn6        not f16 numbers)
+  Q6_K  q = 6 bits, g = 16,  d = d_super * sc8,  m = -32 d
+
+Q4_0 and Q4_1 share the 4-bit layout the kernels were written for ("w4" refs); the others are
+"wq" refs that name their format. F32, F16 and BF16 matrices stay as they are ("wt" refs).
+
+The token embedding keeps Q8_0 in its natural order (qs int8 [V, D], d f16 [V, D/32]): the
+embedding gathers rows of it and the lm-head reads it with activations in natural order.
 """
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
 
-QK = 32  # weights per block in both formats
+import numpy as np
+from gguf.quants import Q4_K as _GGUF_Q4_K
+
+QK = 32  # weights per block of the planar layout (and of the 32-weight GGUF formats)
+QK_K = 256
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    bits: int       # width of the code q
+    group: int      # weights per (d, m) pair
+    scale: str      # "f16" | "f32": d's and m's type
+    block: int      # weights per GGUF block
+    block_bytes: int
+
+    @property
+    def qb(self) -> int:
+        """Bytes of qs per 32-weight block: one nibble plane, or two."""
+        return 16 if self.bits <= 4 else 32
+
+    def bits_per_weight(self) -> float:
+        scale_bytes = 2 if self.scale == "f16" else 4
+        return 8 * (self.qb / QK + 2 * scale_bytes / self.group)
+
+
+FORMATS = {f.name: f for f in (
+    Format("Q4_0", 4, 32, "f16", 32, 18),
+    Format("Q4_1", 4, 32, "f16", 32, 20),
+    Format("Q5_0", 5, 32, "f16", 32, 22),
+    Format("Q5_1", 5, 32, "f16", 32, 24),
+    Format("Q8_0", 8, 32, "f16", 32, 34),
+    Format("Q4_K", 4, 32, "f32", 256, 144),
+    Format("Q5_K", 5, 32, "f32", 256, 176),
+    Format("Q6_K", 6, 16, "f32", 256, 210),
+)}
+FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}   # BF16 kept as its bits
+W4_FORMATS = ("Q4_0", "Q4_1")     # the 4-bit, f16, 32-group layout: "w4" refs
+MATRIX_TYPES = tuple(FLOAT_TYPES) + tuple(FORMATS)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return b.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """GGUF's 16 bytes of a 32-block [n, 16] -> codes [n, 32]: low nibbles 0..15, high 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _high_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1's 4 bytes [n, 4] -> bit 4 of each of the 32 codes [n, 32]."""
+    h = qh.copy().view("<u4")[:, :1]
+    return ((h >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+
+
+def _decode(fmt: Format, blocks: np.ndarray):
+    """GGUF blocks [n, block_bytes] -> codes q u8 [n, block], d, m f32 [n, block / group]."""
+    n = blocks.shape[0]
+    b = blocks
+    if fmt.name == "Q4_0":
+        d = _f16(b[:, 0:2])
+        return _nibbles(b[:, 2:18]), d[:, None], -8 * d[:, None]
+    if fmt.name == "Q4_1":
+        return _nibbles(b[:, 4:20]), _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
+    if fmt.name == "Q5_0":
+        d = _f16(b[:, 0:2])
+        return _nibbles(b[:, 6:22]) | _high_bits(b[:, 2:6]), d[:, None], -16 * d[:, None]
+    if fmt.name == "Q5_1":
+        return (_nibbles(b[:, 8:24]) | _high_bits(b[:, 4:8]),
+                _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None])
+    if fmt.name == "Q8_0":
+        d = _f16(b[:, 0:2])
+        q = (b[:, 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return q, d[:, None], -128 * d[:, None]
+    if fmt.name in ("Q4_K", "Q5_K"):
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+        sc, mn = _GGUF_Q4_K.get_scale_min(b[:, 4:16])                   # [n, 8] each
+        qs = b[:, 16:144] if fmt.name == "Q4_K" else b[:, 48:176]
+        # 4 chunks of 32 bytes: low nibbles are sub-block 2j, high nibbles sub-block 2j+1
+        q = np.stack([qs.reshape(n, 4, 32) & 0x0F, qs.reshape(n, 4, 32) >> 4], axis=2).reshape(n, 8, 32)
+        if fmt.name == "Q5_K":                 # bit i of byte l: high bit of sub-block i, weight l
+            qh = b[:, 16:48]
+            q = q | (((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4)
+        return (q.reshape(n, QK_K), d[:, None] * sc.astype(np.float32),
+                -(dmin[:, None] * mn.astype(np.float32)))
+    if fmt.name == "Q6_K":
+        ql, qh = b[:, 0:128], b[:, 128:192]
+        sc = b[:, 192:208].view(np.int8).astype(np.float32)
+        d = _f16(b[:, 208:210])
+        lo = ((ql.reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
+        hi = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(n, 8, 32)
+        s = d[:, None] * sc
+        return (lo | (hi << 4)).reshape(n, QK_K), s, -32 * s
+    raise ValueError(f"no planar layout for {fmt.name}")
+
+
+def planar(fmt_name: str, raw: np.ndarray, rows: int, cols: int) -> dict:
+    """GGUF bytes of a [rows, cols] matrix -> {"fmt", "qs", "d", "m"} (module doc)."""
+    fmt = FORMATS[fmt_name]
+    if cols % fmt.block:
+        raise ValueError(f"{fmt.name} rows of {cols} weights are not whole {fmt.block}-weight blocks")
+    blocks = np.ascontiguousarray(raw).reshape(rows * cols // fmt.block, fmt.block_bytes)
+    q, d, m = _decode(fmt, blocks)
+    q = q.reshape(rows, cols // QK, QK)
+    planes = [_pack(q & 0x0F)] + ([_pack(q >> 4)] if fmt.bits > 4 else [])
+    dtype = np.float16 if fmt.scale == "f16" else np.float32
+    d, m = d.reshape(rows, cols // fmt.group), m.reshape(rows, cols // fmt.group)
+    dd, mm = d.astype(dtype), m.astype(dtype)
+    if dtype is np.float16 and not (np.array_equal(dd.astype(np.float32), d, equal_nan=True)
+                                    and np.array_equal(mm.astype(np.float32), m, equal_nan=True)):
+        raise ValueError(f"{fmt.name} scales outside f16's range")   # |d| > 65504 / 128
+    return {"fmt": fmt.name, "qs": np.concatenate(planes, axis=2).reshape(rows, -1),
+            "d": np.ascontiguousarray(dd), "m": np.ascontiguousarray(mm)}
+
+
+def _pack(nib: np.ndarray) -> np.ndarray:
+    """codes' nibbles [rows, nb, 32] -> bytes [rows, nb, 16], sequential order."""
+    return (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
 
 
 def repack_q4_1(raw: np.ndarray, rows: int, cols: int) -> dict[str, np.ndarray]:
     """GGUF Q4_1 bytes [rows, cols/32*20] -> {"qs": [rows, cols/2] u8, "d", "m": [rows, cols/32] f16}."""
-    blocks = np.ascontiguousarray(raw).reshape(rows, cols // QK, 20)
-    d = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0]
-    m = blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0]
-    nib = blocks[:, :, 4:20]
-    q = np.concatenate([nib & 0x0F, nib >> 4], axis=2)  # [rows, blocks, 32] in element order
-    qs = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8).reshape(rows, cols // 2)
-    return {"qs": qs, "d": np.ascontiguousarray(d), "m": np.ascontiguousarray(m)}
+    p = planar("Q4_1", raw, rows, cols)
+    return {"qs": p["qs"], "d": p["d"], "m": p["m"]}
 
 
 def repack_q8_0(raw: np.ndarray, rows: int, cols: int) -> dict[str, np.ndarray]:
-    """GGUF Q8_0 bytes [rows, cols/32*34] -> {"qs": [rows, cols] i8, "d": [rows, cols/32] f16}."""
+    """GGUF Q8_0 bytes [rows, cols/32*34] -> {"qs": [rows, cols] i8, "d": [rows, cols/32] f16}
+    (the natural-order table layout of the token embedding)."""
     blocks = np.ascontiguousarray(raw).reshape(rows, cols // QK, 34)
     d = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0]
     qs = blocks[:, :, 2:34].copy().view(np.int8).reshape(rows, cols)
@@ -45,16 +179,48 @@ def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     return out
 
 
-def dequant_q4_1(qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Planar Q4_1 -> f32 [M, K]."""
+def codes(fmt_name: str, qs: np.ndarray) -> np.ndarray:
+    """Planar qs [rows, K/32 * QB] -> the codes q u8 [rows, K]."""
+    fmt = FORMATS[fmt_name]
     rows = qs.shape[0]
-    q = unpack_nibbles(qs).reshape(rows, -1, QK).astype(np.float32)
-    w = q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]
+    b = qs.reshape(rows, -1, fmt.qb)
+    q = unpack_nibbles(b[:, :, :16])
+    if fmt.bits > 4:
+        q |= unpack_nibbles(b[:, :, 16:]) << 4
+    return q.reshape(rows, -1)
+
+
+def dequant(fmt_name: str, qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Planar matrix of any FORMATS type -> f32 [rows, K] (works on any subset of rows)."""
+    g = FORMATS[fmt_name].group
+    q = codes(fmt_name, qs)
+    rows = q.shape[0]
+    w = q.reshape(rows, -1, g).astype(np.float32) * d.astype(np.float32)[:, :, None] \
+        + m.astype(np.float32)[:, :, None]
     return w.reshape(rows, -1)
+
+
+def dequant_q4_1(qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Planar Q4_1 (or Q4_0) -> f32 [M, K]."""
+    return dequant("Q4_1", qs, d, m)
 
 
 def dequant_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Planar Q8_0 -> f32 [V, D] (works on any subset of rows)."""
+    """Natural-order Q8_0 table -> f32 [V, D] (works on any subset of rows)."""
     rows = qs.shape[0]
     w = qs.reshape(rows, -1, QK).astype(np.float32) * d.astype(np.float32)[:, :, None]
     return w.reshape(rows, -1)
+
+
+def float_matrix(type_name: str, raw: np.ndarray, rows: int, cols: int) -> dict:
+    """An F32 / F16 / BF16 matrix as it is in the file: {"fmt", "w": [rows, cols]}."""
+    raw = np.ascontiguousarray(raw)
+    dtype = FLOAT_TYPES[type_name]
+    w = raw.view(dtype) if raw.dtype == np.uint8 else raw.astype(dtype)   # gguf gives BF16 as bytes
+    return {"fmt": type_name, "w": w.reshape(rows, cols).copy()}          # a copy: off the mmap
+
+
+def dequant_float(type_name: str, w: np.ndarray) -> np.ndarray:
+    if type_name == "BF16":
+        return (w.astype(np.uint32) << 16).view(np.float32)
+    return w.astype(np.float32)

@@ -20,7 +20,31 @@
 """
 from __future__ import annotations
 
+from socllm.models.quant import MATRIX_TYPES
+
 PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "auto")
+
+# The weight formats each processor's kernels read (models/quant.py): the layers' matrices, and
+# the token embedding / output table. A processor that cannot read every weight of a model is not
+# started for it; the CPU actor (numpy, dequantizing one matrix per op) reads them all.
+MATRIX_FORMATS = {"cpu": MATRIX_TYPES, "gpu": ("Q4_0", "Q4_1"), "npu": ("Q4_0", "Q4_1")}
+TABLE_FORMATS = {"cpu": MATRIX_TYPES, "gpu": ("Q8_0",), "npu": ("Q8_0",)}
+TABLES = ("token_embd.weight", "output.weight")
+
+
+def weight_problem(proc: str, types: dict) -> str | None:
+    """types: matrix name -> GGUF type name (f32 vectors: every processor reads them). -> why
+    `proc` cannot run these matrices, or None."""
+    bad: dict = {}
+    for name, kind in types.items():
+        allowed = TABLE_FORMATS[proc] if name in TABLES else MATRIX_FORMATS[proc]
+        if kind not in allowed:
+            bad.setdefault(kind, name)
+    if not bad:
+        return None
+    kind, name = next(iter(bad.items()))
+    more = f" and {', '.join(list(bad)[1:])}" if len(bad) > 1 else ""
+    return f"the {proc} kernels do not read {kind}{more} weights yet (e.g. {name})"
 CONCRETE = PLANS[:-1]
 LAYER_LEVEL = ("cpu", "gpu", "npu", "hetero")   # a placement per op; `tensor` is a graph pass
 

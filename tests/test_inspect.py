@@ -33,15 +33,24 @@ def test_the_default_model_runs_and_says_what_it_holds(model_path):
 
 
 def test_every_reason_a_file_does_not_run_is_listed(tmp_path):
-    path = _tiny(tmp_path / "k.gguf", matrix=QT.Q5_0, extra=("rope_freqs.weight",))
+    path = write_tiny(tmp_path / "k.gguf", matrix="Q2_K", dim=256, ffn=512, extra=("rope_freqs.weight",))
     d = inspect(path)
     assert not d["runs"]
-    assert "7 tensor(s) of type Q5_0 where socllm runs Q4_1 (e.g. blk.0.attn_q.weight)" in d["problems"]
+    assert any(p.startswith("7 tensor(s) of type Q2_K where socllm runs F32/F16/BF16/Q4_0")
+               and "(e.g. blk.0.attn_q.weight)" in p for p in d["problems"]), d["problems"]
     assert any("rope_freqs.weight" in p for p in d["problems"])
     r = _cli("inspect", path)
-    assert r.returncode == 1 and "does not run it" in r.stdout and "Q5_0" in r.stdout
+    assert r.returncode == 1 and "does not run it" in r.stdout and "Q2_K" in r.stdout
     ok = inspect(_tiny(tmp_path / "ok.gguf"))
     assert ok["runs"], ok["problems"]
+
+
+def test_a_file_says_which_processors_read_its_weights(tmp_path):
+    d = inspect(write_tiny(tmp_path / "q0.gguf", matrix="Q4_0"))
+    assert d["runs"] and d["processors"] == {"cpu": "runs", "gpu": "runs", "npu": "runs"}
+    d = inspect(write_tiny(tmp_path / "k.gguf", matrix="Q6_K", dim=256, ffn=512))
+    assert d["runs"] and d["processors"]["cpu"] == "runs"
+    assert d["processors"]["gpu"].startswith("the gpu kernels do not read Q6_K weights yet")
 
 
 def test_an_unknown_architecture_and_a_file_that_is_not_gguf(tmp_path):
@@ -60,4 +69,5 @@ def test_models_lists_families_and_types_per_processor():
     assert r.returncode == 0
     d = json.loads(r.stdout)
     assert d["families"]["llama"]["runs"] and not d["families"]["qwen2"]["runs"]
-    assert d["tensor_types"]["attention and MLP matrices"]["gpu"] == ["Q4_1"]
+    matrices = d["tensor_types"]["attention and MLP matrices"]
+    assert "Q4_1" in matrices["gpu"] and "Q6_K" in matrices["cpu"]

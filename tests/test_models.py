@@ -136,9 +136,9 @@ def test_unsupported_architecture_is_refused(tmp_path):
 
 
 def test_unsupported_tensor_type_is_refused(tmp_path):
-    path = tmp_path / "f16.gguf"
-    write_tiny(path, "llama", f16={"blk.0.attn_q.weight"})
-    assert "blk.0.attn_q.weight" in _refused(path) and "F16" in _refused(path)
+    path = tmp_path / "q2k.gguf"
+    write_tiny(path, "llama", dim=256, ffn=512, types={"blk.0.attn_q.weight": "Q2_K"})
+    assert "blk.0.attn_q.weight" in _refused(path) and "Q2_K" in _refused(path)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

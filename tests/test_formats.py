@@ -1,0 +1,125 @@
+"""Weight formats (models/quant.py): every GGUF type socllm reads dequantizes exactly as gguf's
+reference dequantizer does, and a model in each runs on the processors whose kernels read it,
+with the oracle's greedy tokens."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize
+from tiny_gguf import blocks, write_tiny
+
+from socllm.models.gguf_file import open_gguf
+from socllm.models.llama import load_config, load_weights
+from socllm.models.oracle import Oracle
+from socllm.models.quant import FORMATS, codes, dequant, dequant_float, float_matrix, planar, repack_q4_1
+
+TYPES = list(FORMATS) + ["F16", "BF16"]
+
+
+def _random_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """Any bytes at all, except f16 scales kept finite: every code and sub-scale pattern."""
+    f = FORMATS[name]
+    n = rows * cols // f.block
+    raw = rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
+    scales = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q6_K": (208,)}.get(name, (0, 2))
+    for col in scales:
+        v = (rng.standard_normal(n) * 10.0 ** rng.integers(-4, 1, n)).astype(np.float16)
+        v[::7] = 0                                    # zero scales too
+        raw[:, col:col + 2] = v.view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_dequantization_equals_gguf_on_random_blocks(name):
+    rng = np.random.default_rng(7)
+    for rows, cols in ((1, 256), (5, 512), (3, 1536)):
+        raw = _random_blocks(name, rows, cols, rng)
+        want = dequantize(raw, QT[name]).reshape(rows, cols)
+        p = planar(name, raw, rows, cols)
+        assert p["qs"].shape == (rows, cols // 32 * FORMATS[name].qb)
+        got = dequant(name, p["qs"], p["d"], p["m"])
+        assert np.array_equal(got, want), f"{name}: max diff {np.abs(got - want).max()}"
+        # any subset of rows dequantizes alone (embedding gathers, lm-head chunks)
+        idx = np.array([rows - 1, 0])
+        assert np.array_equal(dequant(name, p["qs"][idx], p["d"][idx], p["m"][idx]), want[idx])
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_dequantization_equals_gguf_on_quantized_weights(name):
+    """Blocks as a quantizer makes them (the K-quants: tiny_gguf's valid random blocks)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 512)).astype(np.float32) * 0.05
+    raw = blocks(name, x, rng)
+    p = planar(name, raw, 4, 512)
+    assert np.array_equal(dequant(name, p["qs"], p["d"], p["m"]), dequantize(raw, QT[name]).reshape(4, 512))
+
+
+def test_codes_keep_every_bit_and_q4_1_keeps_its_layout():
+    rng = np.random.default_rng(1)
+    raw = _random_blocks("Q6_K", 2, 256, rng)
+    q = codes("Q6_K", planar("Q6_K", raw, 2, 256)["qs"])
+    assert q.max() == 63 and q.min() == 0                       # six bits, all of them
+    raw = _random_blocks("Q4_1", 3, 64, rng)
+    p, old = planar("Q4_1", raw, 3, 64), repack_q4_1(raw, 3, 64)
+    assert all(np.array_equal(p[k], old[k]) for k in ("qs", "d", "m"))
+    assert p["d"].dtype == np.float16 and FORMATS["Q4_1"].bits_per_weight() == 5.0
+
+
+@pytest.mark.parametrize("name", ["F16", "BF16"])
+def test_float_matrices_stay_as_they_are_in_the_file(name):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    raw = blocks(name, x, rng)
+    w = float_matrix(name, raw, 3, 64)
+    assert w["w"].itemsize == 2
+    assert np.array_equal(dequant_float(name, w["w"]), dequantize(raw, QT[name]).reshape(3, 64))
+
+
+# -- models in each format, through the engine ---------------------------------------------------
+# A Q4_K_M-like mix: what llama.cpp's quantizer writes for SmolLM2 (576-wide rows fall back from
+# the K-quants to Q5_0 / Q8_0) and for models whose rows are whole 256-weight blocks.
+MIXED = {"blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_1", "blk.0.attn_v.weight": "Q6_K",
+         "blk.0.attn_output.weight": "Q4_K", "blk.0.ffn_gate.weight": "Q5_K",
+         "blk.0.ffn_up.weight": "Q8_0", "blk.0.ffn_down.weight": "F16",
+         "blk.1.attn_q.weight": "BF16", "blk.1.attn_v.weight": "Q4_0", "output.weight": "Q6_K"}
+
+
+def _engine_greedy(path, plan, n=8):
+    from socllm.actors.engine import Engine
+    reader = open_gguf(path)
+    cfg = load_config(reader)
+    oracle = Oracle(cfg, load_weights(reader, cfg))
+    eng = Engine(model=path, context=64, threads=2)
+    try:
+        ids = eng.encode_prompt("Hello, world! 123")
+        got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=n, ignore_eos=True)["tokens"]
+        return eng.available, eng.skipped, got, oracle.greedy(ids, n)
+    finally:
+        eng.close()
+
+
+def test_a_mixed_k_quant_model_runs_on_the_cpu_with_the_oracle_tokens(tmp_path):
+    path = write_tiny(tmp_path / "mixed.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
+                      table="Q6_K", types={**MIXED, "output.weight": "Q6_K"})
+    available, skipped, got, want = _engine_greedy(path, None)
+    assert available == {"cpu"} and "Q6_K" in skipped["gpu"]     # not started: cannot read it
+    assert got == want
+
+
+def test_a_q4_0_model_runs_on_every_processor(tmp_path):
+    path = write_tiny(tmp_path / "q40.gguf", matrix="Q4_0", layers=2, dim=64, ffn=128, head_dim=32)
+    from socllm.actors.engine import Engine
+    reader = open_gguf(path)
+    cfg = load_config(reader)
+    oracle = Oracle(cfg, load_weights(reader, cfg))
+    eng = Engine(model=path, context=64, threads=2)
+    try:
+        assert eng.available == {"cpu", "gpu", "npu"} and eng.skipped == {}
+        ids = eng.encode_prompt("Hello, world! 123")
+        want = oracle.greedy(ids, 8)
+        for plan in ("cpu", "gpu", "npu"):
+            got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=8, ignore_eos=True)
+            assert got["tokens"] == want, plan
+    finally:
+        eng.close()
