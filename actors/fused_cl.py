@@ -10,7 +10,7 @@ from __future__ import annotations
 from socllm.memory.layout import ATT_SPLITS
 from socllm.models.quant import QK
 
-from .kernels_cl import CLKernels, _aligned, _out_off, _up
+from .kernels_cl import CLKernels, _aligned, _out_off, _up, weight_build
 
 
 ACT_BITS = {"q16": 16, "q8": 8}     # other precisions: f32 activations
@@ -40,8 +40,14 @@ class FusedCL:
             raise ValueError(f"{f.op}: fused decode kernels take one row, got N={N}")
         getattr(self, "_" + f.op)(f.args, pos0)
 
-    def _go(self, name, gsize, lsize, *args):
-        self.k._go(name, gsize, lsize, *args, ks=self.ks)
+    def _go(self, name, gsize, lsize, *args, w=None):
+        """w: a weight ref of the launch: the program built for its format (graph/fuse.py joins
+        the weights of one launch only when they share a format)."""
+        ks = self.ks
+        if w is not None:
+            _, wopts = weight_build(w)
+            ks = self.k._kernels(64, self.bits, None, wopts) if wopts else self.ks
+        self.k._go(name, gsize, lsize, *args, ks=ks)
 
     def _rows(self, m: int):
         """global and local size for kernels where a work-item takes 2 rows of m"""
@@ -71,31 +77,31 @@ class FusedCL:
 
     def _linear_act(self, a, pos0):
         """act [K], W [M, K] -> out [M] (+ res [M])"""
-        M, (_, qs, d, m) = a["M"], a["w"]
+        M, ((qs, d, m), _) = a["M"], weight_build(a["w"])
         out = _out_off(a["out"], pos0, a.get("ld", M), self.k.kv_half)
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
-                 int(a["res"] is not None))
+                 int(a["res"] is not None), w=a["w"])
 
     def _qkv_rope(self, a, pos0):
         """act [K] -> q [Mq] roped, K cache row pos0 roped, V cache row pos0"""
         Mq, Mk, hd = a["Mq"], a["Mk"], a["head_dim"]
         if Mq % 2 or Mk % 2 or hd % 2:
             raise ValueError(f"qkv_rope: Mq={Mq}, Mk={Mk}, head_dim={hd} must be even")
-        ws = [x for w in ("wq", "wk", "wv") for x in a[w][1:]]
+        ws = [x for w in ("wq", "wk", "wv") for x in weight_build(a[w])[0]]
         if "rows" in a:         # paged KV: the kernel reads the row from the pool
             outs = [a["q_out"][1], a["k_out"][1], a["v_out"][1]]
         else:
             outs = [_out_off(a[o], pos0, m, self.k.kv_half)
                     for o, m in (("q_out", Mq), ("k_out", Mk), ("v_out", Mk))]
         self._go("qkv_rope", *self._rows(Mq + 2 * Mk), self.act, *ws, *outs, self.table,
-                 a["K"], Mq, Mk, hd, a["rows"][1] if "rows" in a else 0)
+                 a["K"], Mq, Mk, hd, a["rows"][1] if "rows" in a else 0, w=a["wq"])
 
     def _gate_up_silu(self, a, pos0):
         """act [K] -> out [M] = silu(W_gate act) * (W_up act)"""
         M = a["M"]
-        self._go("gate_up_silu", *self._rows(M), self.act, *a["wg"][1:], *a["wu"][1:],
-                 a["out"][1], a["K"], M)
+        self._go("gate_up_silu", *self._rows(M), self.act, *weight_build(a["wg"])[0],
+                 *weight_build(a["wu"])[0], a["out"][1], a["K"], M, w=a["wg"])
 
     def _lm_head_act(self, a, pos0):
         """act [D] (natural order), table Q8_0 [V, D] -> logits [V]"""
@@ -129,14 +135,14 @@ class FusedCL:
     # -- with an epilogue in the launch's last work-group (decode.cl, last_group) ---------------
     def _linear_act_norm(self, a, pos0):
         """linear_act, then norm_prep of its output [M] -> act (and norm_out if a["store"])"""
-        M, (_, qs, d, m) = a["M"], a["w"]
+        M, ((qs, d, m), _) = a["M"], weight_build(a["w"])
         if M % QK or a["out"][0] != "a":
             raise ValueError(f"linear_act_norm: M={M} must be a multiple of {QK}, out a slot")
         _aligned("linear_act_norm", a["out"][1], a["norm_w"][1], a["norm_out"][1])
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act_norm", *self._rows(M), self.act, qs, d, m, a["out"][1], res, a["K"], M,
                  int(a["res"] is not None), a["norm_w"][1], a["norm_out"][1], a["eps"],
-                 int(a["store"]), int(a["natural"]), self.counter)
+                 int(a["store"]), int(a["natural"]), self.counter, w=a["w"])
 
     def _gate_up_silu_prep(self, a, pos0):
         """gate_up_silu, then prep of its output [M] -> act"""
@@ -144,8 +150,8 @@ class FusedCL:
         if M % QK:
             raise ValueError(f"gate_up_silu_prep: M={M} is not a multiple of {QK}")
         _aligned("gate_up_silu_prep", a["out"][1])
-        self._go("gate_up_silu_prep", *self._rows(M), self.act, *a["wg"][1:], *a["wu"][1:],
-                 a["out"][1], a["K"], M, self.counter)
+        self._go("gate_up_silu_prep", *self._rows(M), self.act, *weight_build(a["wg"])[0],
+                 *weight_build(a["wu"])[0], a["out"][1], a["K"], M, self.counter, w=a["wg"])
 
     def _attention_merge(self, a, pos0):
         """attention_split, then merge_prep -> act (and out if a["store"])"""

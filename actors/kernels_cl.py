@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from .opencl import cl
 
-from socllm.models.quant import QK
+from socllm.models.quant import FORMATS, QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
@@ -44,6 +44,7 @@ TILE_ROWS = (4, 8, 16)      # activation rows a linear_tile work-item may take (
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "embed": [u64] * 4 + [i32],
+    "embed_w": [u64] * 5 + [i32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
     "linear_gemv": [u64] * 5 + [i32, i32, u64],
     "linear_gemm": [u64] * 5 + [i32, i32, i32, i32, u64],
@@ -128,6 +129,18 @@ def _up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+def weight_build(ref) -> tuple:
+    """A matrix ref (graph/program.py) -> ((qs, d, m) offsets, the -D options of the program that
+    reads its format: kernels.cl's WQV, W_F32, W_G16; "" for Q4_1 / Q4_0)."""
+    if ref[0] == "w4":
+        return tuple(ref[1:]), ""
+    if ref[0] != "wq":
+        raise ValueError(f"the OpenCL kernels do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
+    f = FORMATS[ref[1]]
+    opts = [f"-DWQV={f.qb // 16}"] + ["-DW_F32"] * (f.scale == "f32") + ["-DW_G16"] * (f.group == 16)
+    return tuple(ref[2:]), " ".join(opts)
+
+
 def _out_off(ref, pos0: int, cols: int, kv_half: bool = False) -> int:
     """Byte offset of an output ref's first row: KV refs start at row pos0 (written in place, in
     f32: an f16 cache is written through row maps only, by paged programs)."""
@@ -188,11 +201,14 @@ class CLKernels:
             self._by_head_dim[key] = ks
         return self._by_head_dim[key]
 
-    def _tn(self, n: int) -> tuple:
+    def _tn(self, n: int, wopts: str = "") -> tuple:
         """(rows a GEMM work-item takes, its kernels) for a launch of n rows: the device's
-        GEMM_TN, or the smallest power of two >= n below it (small decode batches)."""
+        GEMM_TN, or the smallest power of two >= n below it (small decode batches). wopts: the
+        weight format's build options (weight_build)."""
         tn = min(self.gemm_tn, 1 << max(0, n - 1).bit_length())
-        return tn, (self.k if tn == self.gemm_tn else self._kernels(64, 32, tn))
+        if tn == self.gemm_tn and not wopts:
+            return tn, self.k
+        return tn, self._kernels(64, 32, None if tn == self.gemm_tn else tn, wopts)
 
     def _go(self, name, gsize, lsize, *args, ks=None):
         if self._recording is not None:
@@ -334,9 +350,14 @@ class CLKernels:
 
     # -- ops (shapes as in kernels_numpy) ------------------------------------------------------
     def _embed(self, a, N, pos0):
-        """ids int32 [N], table Q8_0 [V, D] -> out [N, D]"""
-        _, qs, d = a["table"]
+        """ids int32 [N], table [V, D] (Q8_0 in natural order, or a block format) -> out [N, D]"""
         D = a["D"]
+        if a["table"][0] != "w8":
+            (qs, d, m), wopts = weight_build(a["table"])
+            self._go("embed_w", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, m,
+                     a["out"][1], D, ks=self._kernels(64, 32, None, wopts))
+            return
+        _, qs, d = a["table"]
         self._go("embed", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, a["out"][1], D)
 
     def _rmsnorm(self, a, N, pos0):
@@ -353,33 +374,34 @@ class CLKernels:
         K, M = a["K"], a["M"]
         if K % QK:
             raise ValueError(f"linear: K={K} is not a multiple of {QK}")
-        _, qs, d, m = a["w"]
+        (qs, d, m), wopts = weight_build(a["w"])
         _aligned("linear", a["x"][1])
         _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
         out = a["out"][1] if rows else _out_off(a["out"], pos0, ld, self.kv_half)
         if N > 1 and self.rows_act is not None:
-            if self.rows_act[2] == 8 and M % 8 == 0:
+            if self.rows_act[2] == 8 and M % 8 == 0 and not wopts:
                 return self._linear_tile(a, N, out, ld, rows)
-            if N <= INT_ROWS_MAX:
+            if N <= INT_ROWS_MAX or wopts:
                 return self._linear_rows(a, N, out, ld, rows)
         if N == 1:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
-                     a["x"][1], qs, d, m, out, K, M, rows)
+                     a["x"][1], qs, d, m, out, K, M, rows, ks=self._kernels(64, 32, None, wopts))
         else:
-            tn, ks = self._tn(N)
+            tn, ks = self._tn(N, wopts)
             self._go("linear_gemm", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                      a["x"][1], qs, d, m, out, K, M, N, ld, rows, ks=ks)
 
     def _linear_rows(self, a, N, out, ld, rows):
         """A decode batch's linear in integers: its N input rows prepared once (prep_rows; the
         linears after it that read the same rows reuse them), then linear_rows_act."""
-        K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
+        K, M = a["K"], a["M"]
+        (qs, d, m), wopts = weight_build(a["w"])
         off, _, bits = self.rows_act
         row_bytes = _up(bits // 8 * K + 8 * (K // QK), 64)
         tn, _ = self._tn(N)
-        ks = self._kernels(64, bits, tn)
+        ks = self._kernels(64, bits, tn, wopts)
         self._prep_rows(a["x"][1], K, N, N, row_bytes, ks)
         self._go("linear_rows_act", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1), off, qs, d,
                  m, out, K, M, N, ld, rows, row_bytes, ks=ks)
@@ -459,9 +481,15 @@ class CLKernels:
         self._go("add", (_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
 
     def _lm_head(self, a, N, pos0):
-        """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V]"""
-        _, qs, d = a["table"]
+        """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V] (a table in a block format: the
+        linear kernels, over row N-1 or, all_rows, every row)"""
         D, V = a["D"], a["V"]
+        if a["table"][0] != "w8":
+            rows = N if a.get("all_rows") else 1
+            x = a["x"][1] + (N - rows) * D * 4
+            self._linear({"x": ("a", x), "w": a["table"], "out": a["out"], "K": D, "M": V}, rows, 0)
+            return
+        _, qs, d = a["table"]
         if D % QK:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
         _aligned("lm_head", a["x"][1])

@@ -59,6 +59,11 @@ def _linears(tasks: list, i: int, x) -> int:
     return i
 
 
+def _one_format(linears: list) -> bool:
+    """One launch reads weights of one format (a program is built per format)."""
+    return len({t.args["w"][:2] if t.args["w"][0] == "wq" else t.args["w"][0] for t in linears}) == 1
+
+
 def _only_read_by(readers, t: Task, u: Task) -> bool:
     return readers[t.seq] == {u.seq}
 
@@ -75,7 +80,7 @@ def _qkv_rope(group, rest, readers):
     lv = next(t for t in group if t is not lq and t is not lk)
     if not (_only_read_by(readers, lq, rq) and _only_read_by(readers, lk, rk)):
         return None
-    if lk.args["M"] != lv.args["M"] or not _joinable(group + ropes):
+    if lk.args["M"] != lv.args["M"] or not _joinable(group + ropes) or not _one_format(group):
         return None
     return Fused("qkv_rope", {"x": lq.args["x"], "wq": lq.args["w"], "wk": lk.args["w"],
                               "wv": lv.args["w"], "q_out": rq.args["out"], "k_out": rk.args["out"],
@@ -92,7 +97,7 @@ def _gate_up(group, rest, readers):
     s = rest[0]
     by_out = {t.args["out"]: t for t in group}
     g, u = by_out.get(s.args["g"]), by_out.get(s.args["u"])
-    if g is None or u is None or g is u or not _joinable(group + [s]):
+    if g is None or u is None or g is u or not _joinable(group + [s]) or not _one_format([g, u]):
         return None
     if not (_only_read_by(readers, g, s) and _only_read_by(readers, u, s)):
         return None
@@ -159,6 +164,7 @@ def _fuse(prog: StepProgram, proc: str) -> list:
             continue
         nxt = tasks[i + 1] if i + 1 < len(tasks) else None
         if t.op == "rmsnorm" and nxt is not None and nxt.op == "lm_head" \
+                and nxt.args["table"][0] == "w8" \
                 and nxt.args["x"] == t.args["out"] and _joinable([t, nxt]):
             store = bool(readers[t.seq] - {nxt.seq})
             out.append(Fused("norm_prep", {**t.args, "store": store, "natural": True}, t.waits, [],

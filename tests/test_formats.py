@@ -99,11 +99,22 @@ def _engine_greedy(path, plan, n=8):
         eng.close()
 
 
-def test_a_mixed_k_quant_model_runs_on_the_cpu_with_the_oracle_tokens(tmp_path):
+def test_a_model_with_float_matrices_runs_on_the_cpu_with_the_oracle_tokens(tmp_path):
     path = write_tiny(tmp_path / "mixed.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
-                      table="Q6_K", types={**MIXED, "output.weight": "Q6_K"})
+                      table="Q6_K", types=MIXED)
     available, skipped, got, want = _engine_greedy(path, None)
-    assert available == {"cpu"} and "Q6_K" in skipped["gpu"]     # not started: cannot read it
+    assert available == {"cpu"} and "F16" in skipped["gpu"]      # not started: cannot read it
+    assert got == want
+
+
+def test_a_mixed_k_quant_model_runs_on_the_gpu_with_the_oracle_tokens(tmp_path):
+    """Every block format in one model (Q4_K_M's mix and more), its tables in Q6_K: the GPU's
+    fused decode joins only the linears that share a format."""
+    blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
+    path = write_tiny(tmp_path / "kmix.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
+                      table="Q6_K", head_dim=32, types=blocks_only)
+    available, skipped, got, want = _engine_greedy(path, "gpu")
+    assert "gpu" in available and "npu" in skipped
     assert got == want
 
 

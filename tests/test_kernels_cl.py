@@ -21,7 +21,7 @@ cl = pytest.importorskip("pyopencl")
 from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
 from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
-from socllm.models.quant import QK, repack_q4_1
+from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
 
 RTOL = 1e-5
 D, F, H, KVH, HD, V = 576, 1536, 9, 3, 64, 49152   # SmolLM2-135M
@@ -52,6 +52,18 @@ class Layout:
         m = rng.uniform(-0.1, 0.1, (M, K // QK)).astype(np.float16)
         d.flat[::7], m.flat[::5], m.flat[1::5] = 3e-5, 0.0, -2e-6   # f16 subnormals and zeros
         return ("w4", self.put(qs), self.put(d), self.put(m))
+
+    def wq(self, fmt, M, K, rng) -> tuple:
+        """A matrix in a block format (models/quant.py), from random GGUF blocks whose scales are
+        finite: every code pattern."""
+        f = FORMATS[fmt]
+        n = M * K // f.block
+        raw = rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
+        for col in {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q6_K": (208,)}.get(fmt, (0, 2)):
+            v = rng.uniform(-1, 1, n) * {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.02)
+            raw[:, col:col + 2] = v.astype(np.float16).view(np.uint8).reshape(n, 2)
+        p = planar(fmt, raw.reshape(M, -1), M, K)
+        return ("wq", fmt, self.put(p["qs"]), self.put(p["d"]), self.put(p["m"]))
 
     def w8(self, V, D, rng) -> tuple:
         qs = rng.integers(-128, 128, (V, D), dtype=np.int8)
@@ -601,3 +613,62 @@ def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, 
     np.testing.assert_allclose(got[kv_rows].astype(np.float32), want, rtol=1e-3 if kv == "f16" else 0,
                                atol=1e-5 * np.abs(want).max())
     assert not got[np.setdiff1d(np.arange(40), kv_rows)].any()
+
+
+# -- weights in the other block formats (models/quant.py): one program per format ---------------
+WQ = [f for f in FORMATS if f not in ("Q4_0", "Q4_1")]      # the two 4-bit f16 ones are "w4"
+
+
+@pytest.mark.parametrize("fmt", WQ)
+@pytest.mark.parametrize("N", [1, 33])
+def test_linear_in_every_format_matches_numpy(dev, lay, rng, fmt, N):
+    K, M = 512, 40
+    x, w, out = rows(lay, rng, N, K), lay.wq(fmt, M, K, rng), lay.zeros((N, M))
+    check(dev, lay, "linear", {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M},
+          N, 0, [(out, N * M * 4)])
+
+
+@pytest.mark.parametrize("fmt", WQ)
+@pytest.mark.parametrize("precision,tol", [("f32", RTOL), ("q16", 1e-4), ("q8", 2e-2)])
+def test_fused_decode_linear_in_every_format_is_as_close_as_its_bits(dev, lay, rng, fmt, precision, tol):
+    K, M = 512, 38
+    x, w, out, out32 = rows(lay, rng, 1, K), lay.wq(fmt, M, K, rng), lay.zeros(M), lay.zeros(M)
+    dev[1].run("linear", {"x": ("a", x), "w": w, "out": ("a", out32), "K": K, "M": M}, 1, 0)
+    linear_act(dev[1], precision, ("a", x), w, ("a", out), K, M)
+    got, want = (dev[0][o: o + 4 * M].view(np.float32) for o in (out, out32))
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("fmt", WQ)
+@pytest.mark.parametrize("bits,tol", [(16, 2e-4), (8, 3e-2)])
+def test_batch_linear_in_every_format_matches_numpy(dev, lay, rng, fmt, bits, tol):
+    """A decode batch's linear in integers (linear_rows_act; tiles are Q4_1's only)."""
+    arena, clk = dev
+    N, K, M = 5, 512, 40
+    x, w = rows(lay, rng, N, K), lay.wq(fmt, M, K, rng)
+    out, scratch = lay.zeros((N, M)), lay.zeros(N * 4 * K)
+    args = {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M}
+    ref = arena[:lay.top].copy()
+    NumpyKernels(ref).run("linear", args, N, 0)
+    clk.rows_act, clk._prepared = (scratch, N * 4 * K, bits), None
+    try:
+        clk.run("linear", args, N, 0)
+        clk.finish()
+    finally:
+        clk.rows_act = None
+    got, want = (a[out: out + N * M * 4].view(np.float32) for a in (arena, ref))
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("fmt", ["Q6_K", "Q5_0"])
+def test_embedding_and_lm_head_tables_in_a_block_format_match_numpy(dev, lay, rng, fmt):
+    Vs, Dm, N = 300, 256, 3
+    table = lay.wq(fmt, Vs, Dm, rng)
+    ids, out = lay.put(np.array([299, 0, 17], np.int32)), lay.zeros((N, Dm))
+    check(dev, lay, "embed", {"ids": ("a", ids), "table": table, "out": ("a", out), "V": Vs, "D": Dm},
+          N, 0, [(out, N * Dm * 4)])
+    x, logits = rows(lay, rng, N, Dm), lay.zeros((N, Vs))
+    for all_rows in (False, True):
+        check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", logits), "D": Dm,
+                                    "V": Vs, "all_rows": all_rows}, N, 0,
+              [(logits, (N if all_rows else 1) * Vs * 4)])

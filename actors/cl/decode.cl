@@ -141,6 +141,62 @@ inline float8 block_dot(uchar16 w, const __global uchar* act, int b)
 #endif
 }
 
+#if !W_Q4_1
+// sum_j w_j x_j of block b of a weight row in the build's format (weights.cl's macros) against the
+// prepared activation, as float8 partial sums; the minimum's term as well (its scalar in *mt).
+// 16-weight groups take each half's codes masked apart, and their minimum's term as a dot of
+// ones, since the prepared activation sums whole 32-blocks only.
+inline float8 w_block_dot(const __global uchar16* q, const __global wsc_t* d, const __global wsc_t* m,
+                          int b, const __global uchar* xv, const __global float* dx,
+                          const __global float* sx, float* mt)
+{
+#if WGB == 1
+    float8 s = block_dot(q[WQV * b], xv, b);
+#if WQV == 2
+    s += 16.0f * block_dot(q[2 * b + 1], xv, b);
+#endif
+    *mt += WS(m, b) * sx[b];
+    return s * (WS(d, b) * dx[b]);
+#else
+    float8 acc = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {       // bytes 0-7 hold weights 0-15, bytes 8-15 weights 16-31
+        const uchar16 mask = h ? (uchar16)(0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255)
+                               : (uchar16)(255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0);
+        float8 s = block_dot(q[WQV * b] & mask, xv, b);
+#if WQV == 2
+        s += 16.0f * block_dot(q[2 * b + 1] & mask, xv, b);
+#endif
+        const float8 ones = block_dot((uchar16)0x11 & mask, xv, b);
+        acc += (s * WS(d, 2 * b + h) + ones * WS(m, 2 * b + h)) * dx[b];
+    }
+    return acc;
+#endif
+}
+
+// rows ra and rb of a weight [., K] in the build's format times the prepared activation
+inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int ra, int rb,
+                   int K, ulong s_o)
+{
+    const int nb = K / QK;
+    const __global uchar16* qa = AT(const uchar16, qs_o) + (size_t)ra * nb * WQV;
+    const __global uchar16* qb = AT(const uchar16, qs_o) + (size_t)rb * nb * WQV;
+    const __global wsc_t* da = AT(const wsc_t, d_o) + (size_t)ra * nb * WGB;
+    const __global wsc_t* db = AT(const wsc_t, d_o) + (size_t)rb * nb * WGB;
+    const __global wsc_t* ma = AT(const wsc_t, m_o) + (size_t)ra * nb * WGB;
+    const __global wsc_t* mb = AT(const wsc_t, m_o) + (size_t)rb * nb * WGB;
+    const __global uchar* xv = AT(const uchar, s_o);
+    const __global float* dx = AT(const float, s_o + (ulong)ACT_BYTES * K);
+    const __global float* sx = dx + nb;
+    float8 aa = 0.0f, ab = 0.0f;
+    float sa = 0.0f, sb = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        aa += w_block_dot(qa, da, ma, b, xv, dx, sx, &sa);
+        ab += w_block_dot(qb, db, mb, b, xv, dx, sx, &sb);
+    }
+    return (float2)(hsum8(aa) + sa, hsum8(ab) + sb);
+}
+#else
 // rows ra and rb of a Q4_1 weight [., K] times the prepared activation: two rows share its loads
 inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int ra, int rb,
                    int K, ulong s_o)
@@ -179,6 +235,7 @@ inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int 
     }
     return (float2)(hsum8(aa + ma8) + sa, hsum8(ab + mb8) + sb);
 }
+#endif
 
 // prep: x [K] -> act.  global (K/32 rounded up)
 __kernel void prep(__global uchar* arena, ulong x_o, ulong s_o, int K)

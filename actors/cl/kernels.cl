@@ -97,6 +97,33 @@ inline float exp_f32(float x)
     return (p * r * r + r + 1.0f) * as_float(((int)n + 127) << 23);
 }
 
+// ---- weight formats (models/quant.py): w = d * q + m per group, q an unsigned code -------------
+// CLKernels builds one program per format a model holds; the defaults are Q4_1's (and Q4_0's):
+//   WQV     uchar16 vectors of codes per 32-block: 1 (4-bit codes), 2 (a high-nibble plane after
+//           the low one: codes of 5 to 8 bits, q = lo + 16 hi)
+//   W_F32   d and m are f32 (the K-quants' products of two scales), else f16
+//   W_G16   groups of 16 weights (Q6_K): a block's first and second halves scale apart
+#ifndef WQV
+#define WQV 1
+#endif
+#ifdef W_F32
+typedef float wsc_t;
+#define WS(p, i) ((p)[i])
+#else
+typedef ushort wsc_t;
+#define WS(p, i) HALF(p, i)
+#endif
+#ifdef W_G16
+#define WGB 2               // groups per 32-block
+#else
+#define WGB 1
+#endif
+#if WQV == 1 && WGB == 1 && !defined(W_F32)
+#define W_Q4_1 1            // the layout the fast paths read
+#else
+#define W_Q4_1 0
+#endif
+
 // One Q4_1 block: 16 bytes of sequential nibbles (byte i = q[2i] | q[2i+1] << 4) -> its 32
 // weights w = d * q + m as four float8 (elements 0-7, 8-15, 16-23, 24-31).
 inline void q4_block(uchar16 v, float d, float m, float8* w0, float8* w1, float8* w2, float8* w3)
@@ -110,6 +137,51 @@ inline void q4_block(uchar16 v, float d, float m, float8* w0, float8* w1, float8
     *w1 = convert_float8(a.hi) * d + m;
     *w2 = convert_float8(b.lo) * d + m;
     *w3 = convert_float8(b.hi) * d + m;
+}
+
+// Block b of a weight row in any format (q: the row's uchar16 vectors, d / m: its groups' scale
+// and minimum) -> its 32 weights as four float8 in order, computed as the numpy spec does.
+inline void w_block(const __global uchar16* q, const __global wsc_t* d, const __global wsc_t* m,
+                    int b, float8* w0, float8* w1, float8* w2, float8* w3)
+{
+    const float d0 = WS(d, WGB * b), m0 = WS(m, WGB * b);
+#if WGB == 2
+    const float d1 = WS(d, 2 * b + 1), m1 = WS(m, 2 * b + 1);
+#else
+    const float d1 = d0, m1 = m0;
+#endif
+#if WQV == 2
+    float8 h0, h1, h2, h3;                 // the codes' high nibbles, times 16
+    q4_block(q[2 * b + 1], 16.0f, 0.0f, &h0, &h1, &h2, &h3);
+    q4_block(q[2 * b], 1.0f, 0.0f, w0, w1, w2, w3);
+    *w0 = (*w0 + h0) * d0 + m0;
+    *w1 = (*w1 + h1) * d0 + m0;
+    *w2 = (*w2 + h2) * d1 + m1;
+    *w3 = (*w3 + h3) * d1 + m1;
+#else
+    q4_block(q[b], 1.0f, 0.0f, w0, w1, w2, w3);
+    *w0 = *w0 * d0 + m0;
+    *w1 = *w1 * d0 + m0;
+    *w2 = *w2 * d1 + m1;
+    *w3 = *w3 * d1 + m1;
+#endif
+}
+
+// embed_w: ids int32 [N], table [V, D] in the build's format -> out [N, D].  global (D rounded up, N)
+__kernel void embed_w(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong m_o,
+                      ulong out_o, int D)
+{
+    const int j = get_global_id(0), n = get_global_id(1);
+    if (j >= D) return;
+    const size_t row = (size_t)AT(const int, ids_o)[n];
+    const __global uchar* q = AT(const uchar, qs_o) + row * (D / QK) * 16 * WQV + (j / QK) * 16 * WQV;
+    const int e = j % QK;
+    int code = (q[e / 2] >> (4 * (e & 1))) & 15;
+#if WQV == 2
+    code += 16 * ((q[16 + e / 2] >> (4 * (e & 1))) & 15);
+#endif
+    const size_t g = row * (D / QK) * WGB + (j / QK) * WGB + (WGB == 2 && e >= 16);
+    AT(float, out_o)[(size_t)n * D + j] = (float)code * WS(AT(const wsc_t, d_o), g) + WS(AT(const wsc_t, m_o), g);
 }
 
 // embed: ids int32 [N], table Q8_0 [V, D] -> out [N, D].  global (D rounded up, N)
@@ -158,14 +230,18 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
 {
     const int t = get_local_id(0), r = get_global_id(1);
     const int nb = K / QK, rr = r < M ? r : M - 1;   // clamped: all work-items reach the barrier
-    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)rr * nb;
-    const __global ushort* d = AT(const ushort, d_o) + (size_t)rr * nb;
-    const __global ushort* m = AT(const ushort, m_o) + (size_t)rr * nb;
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)rr * nb * WQV;
+    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)rr * nb * WGB;
+    const __global wsc_t* m = AT(const wsc_t, m_o) + (size_t)rr * nb * WGB;
     const __global float8* x = AT(const float8, x_o);
     float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;   // four chains hide the FMA latency
     for (int b = t; b < nb; b += LIN_T) {
         float8 w0, w1, w2, w3;
+#if W_Q4_1
         q4_block(q[b], HALF(d, b), HALF(m, b), &w0, &w1, &w2, &w3);
+#else
+        w_block(q, d, m, b, &w0, &w1, &w2, &w3);
+#endif
         a0 += w0 * x[4 * b];
         a1 += w1 * x[4 * b + 1];
         a2 += w2 * x[4 * b + 2];
@@ -192,9 +268,9 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
     const int nb = K / QK;
-    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb;
-    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
-    const __global ushort* m = AT(const ushort, m_o) + (size_t)r * nb;
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb * WQV;
+    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)r * nb * WGB;
+    const __global wsc_t* m = AT(const wsc_t, m_o) + (size_t)r * nb * WGB;
     const __global float8* x[GEMM_TN];
     float8 acc[GEMM_TN];
 #pragma unroll
@@ -204,7 +280,11 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     }
     for (int b = 0; b < nb; b++) {
         float8 w0, w1, w2, w3;
+#if W_Q4_1
         q4_block(q[b], HALF(d, b), HALF(m, b), &w0, &w1, &w2, &w3);
+#else
+        w_block(q, d, m, b, &w0, &w1, &w2, &w3);
+#endif
 #pragma unroll
         for (int i = 0; i < GEMM_TN; i++) {
             const __global float8* xb = x[i] + 4 * b;   // 4 FMAs a token: GEMM_TN chains

@@ -188,9 +188,9 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
     const int nb = K / QK;
-    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb;
-    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
-    const __global ushort* m = AT(const ushort, m_o) + (size_t)r * nb;
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb * WQV;
+    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)r * nb * WGB;
+    const __global wsc_t* m = AT(const wsc_t, m_o) + (size_t)r * nb * WGB;
     const __global uchar* xv[GEMM_TN];
     const __global float* dx[GEMM_TN];
     float8 acc[GEMM_TN];
@@ -203,6 +203,7 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
         macc[i] = 0.0f;
     }
     for (int b = 0; b < nb; b++) {
+#if W_Q4_1
         const uchar16 w = q[b];
         const float dw = HALF(d, b), mw = HALF(m, b);
 #pragma unroll
@@ -210,6 +211,11 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
             acc[i] += block_dot(w, xv[i], b) * (dw * dx[i][b]);
             macc[i] += mw * dx[i][nb + b];          // m * (block sum of x)
         }
+#else
+#pragma unroll
+        for (int i = 0; i < GEMM_TN; i++)
+            acc[i] += w_block_dot(q, d, m, b, xv[i], dx[i], dx[i] + nb, &macc[i]);
+#endif
     }
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
