@@ -8,7 +8,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from socllm.models.quant import QK
+from socllm.models.quant import FORMATS, QK
 
 from .kernels_numpy import strided_rows
 
@@ -148,6 +148,56 @@ class Graph:
         w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
         return ops.reshape(w, np.array([M, K], np.int64), False)
 
+    def matrix(self, ref, M: int, K: int) -> ov.Node:
+        """A weight [M, K] of any block format: Q4_1 / Q4_0 as w4; the others (models/quant.py)
+        with their codes as u4 planes (low, then high nibbles), w = d * (lo + 16 hi) + m per
+        group, as graph inputs over the arena, or, const_weights, as Constants in the
+        compressed-FullyConnected pattern: u8 codes -> Convert -> Subtract(zp) -> Multiply(d)."""
+        if ref[0] == "w4":
+            return self.w4(ref, M, K)
+        if ref[0] != "wq":
+            raise ValueError(f"the NPU graphs do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
+        _, fmt, qs, d, m = ref
+        f = FORMATS[fmt]
+        nb, g, planes = K // QK, f.group, f.qb // 16
+        sdt = np.float16 if f.scale == "f16" else F32
+        if self.const_weights:
+            raw = self.view(qs, (M, nb, planes, 16), np.uint8)
+            codes = np.empty((M, nb, QK), np.uint8)     # the plugin copies its weights anyway
+            codes[..., 0::2], codes[..., 1::2] = raw[:, :, 0] & 15, raw[:, :, 0] >> 4
+            if planes == 2:
+                codes[..., 0::2] |= (raw[:, :, 1] & 15) << 4
+                codes[..., 1::2] |= raw[:, :, 1] & 0xF0
+            d32 = self.view(d, (M, K // g, 1), sdt).astype(F32)
+            m32 = self.view(m, (M, K // g, 1), sdt).astype(F32)
+            scale = np.where(d32 != 0, d32, np.abs(m32) * F32(2.0 ** -15))   # as w4_const
+            zp = np.divide(-m32, scale, out=np.zeros_like(m32), where=scale != 0)
+            q = ops.constant(codes.reshape(M, K // g, g))
+            w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
+            return ops.reshape(w, np.array([M, K], np.int64), False)
+        return self.wq_rows(ref, M, K, None)
+
+    def wq_rows(self, ref, M: int, K: int, ids) -> ov.Node:
+        """A block-format weight [M, K] as graph inputs, dequantized in the graph; ids [B]: only
+        those rows (an embedding's gather before the dequantization) -> [B, K]."""
+        _, fmt, qs, d, m = ref
+        f = FORMATS[fmt]
+        nb, g, planes = K // QK, f.group, f.qb // 16
+        sdt = np.float16 if f.scale == "f16" else F32
+        parts = [self.weight(f"q{qs}", self.view(qs, (M * nb * planes * 16,), np.uint8),
+                             ov.Type.u4, [M, nb, planes, QK]),
+                 self.weight(f"d{d}", self.view(d, (M, K // g, 1), sdt)),
+                 self.weight(f"m{m}", self.view(m, (M, K // g, 1), sdt))]
+        rows = M
+        if ids is not None:
+            parts, rows = [ops.gather(p, ids, 0) for p in parts], self.B
+        q, dd, mm = (ops.convert(p, F32) for p in parts)
+        if planes == 2:
+            q = ops.add(ops.gather(q, np.int64(0), 2),
+                        ops.multiply(ops.gather(q, np.int64(1), 2), f32(16.0)))
+        q = ops.reshape(q, np.array([rows, K // g, g], np.int64), False)
+        return ops.reshape(ops.add(ops.multiply(q, dd), mm), np.array([rows, K], np.int64), False)
+
     def w8_rows(self, ref, V: int, D: int):
         """Q8_0 [V, D] as inputs (qs i8 [V, D/32, 32], d f16 [V, D/32, 1]), for row gathers."""
         _, qs, d = ref
@@ -167,6 +217,9 @@ class Graph:
 # -- ops: one builder per op, (graph, task args) -> writes its output -----------------------------
 def _embed(g: Graph, a):
     ids = g.read(a["ids"], None, np.int32)                                  # [B]
+    if a["table"][0] != "w8":          # a block format: the B rows' blocks, dequantized
+        g.write(a["out"], g.wq_rows(a["table"], a["V"], a["D"], ids))
+        return
     q, d = g.w8_rows(a["table"], a["V"], a["D"])
     rows = ops.multiply(ops.convert(ops.gather(q, ids, 0), F32),
                         ops.convert(ops.gather(d, ids, 0), F32))           # only the B rows
@@ -186,7 +239,7 @@ def _linear(g: Graph, a):
         if a["out"][0] != "a":
             raise ValueError("a row-cut linear writes an activation slot, not the KV cache")
         g.ld[a["out"][1]] = a["ld"]
-    g.write(a["out"], ops.matmul(x, g.w4(a["w"], a["M"], a["K"]), False, True))
+    g.write(a["out"], ops.matmul(x, g.matrix(a["w"], a["M"], a["K"]), False, True))
 
 
 def _rope(g: Graph, a):
@@ -307,6 +360,9 @@ def _add(g: Graph, a):
 def _lm_head(g: Graph, a):
     D, V = a["D"], a["V"]
     last = ops.gather(g.read(a["x"], D), ops.subtract(g.n, np.int64(1)), 0)  # [1, D] row N-1
+    if a["table"][0] != "w8":
+        g.write(a["out"], ops.matmul(last, g.matrix(a["table"], V, D), False, True))
+        return
     q, d = g.w8_const(a["table"], V, D)
     w = ops.multiply(ops.convert(q, F32), ops.convert(d, F32))   # compressed-FC pattern, i8
     w = ops.reshape(w, np.array([V, D], np.int64), False)

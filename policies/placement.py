@@ -27,8 +27,8 @@ PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "auto")
 # The weight formats each processor's kernels read (models/quant.py): the layers' matrices, and
 # the token embedding / output table. A processor that cannot read every weight of a model is not
 # started for it; the CPU actor (numpy, dequantizing one matrix per op) reads them all.
-MATRIX_FORMATS = {"cpu": MATRIX_TYPES, "gpu": tuple(FORMATS), "npu": ("Q4_0", "Q4_1")}
-TABLE_FORMATS = {"cpu": MATRIX_TYPES, "gpu": tuple(FORMATS), "npu": ("Q8_0",)}
+MATRIX_FORMATS = {"cpu": MATRIX_TYPES, "gpu": tuple(FORMATS), "npu": tuple(FORMATS)}
+TABLE_FORMATS = {"cpu": MATRIX_TYPES, "gpu": tuple(FORMATS), "npu": tuple(FORMATS)}
 TABLES = ("token_embd.weight", "output.weight")
 
 

@@ -85,7 +85,8 @@ MIXED = {"blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_1", "blk.0.at
          "blk.1.attn_q.weight": "BF16", "blk.1.attn_v.weight": "Q4_0", "output.weight": "Q6_K"}
 
 
-def _engine_greedy(path, plan, n=8):
+def _engine_greedy(path, plans, n=8):
+    """-> (processors started, those skipped, {plan: greedy tokens at f32}, the oracle's)."""
     from socllm.actors.engine import Engine
     reader = open_gguf(path)
     cfg = load_config(reader)
@@ -93,7 +94,8 @@ def _engine_greedy(path, plan, n=8):
     eng = Engine(model=path, context=64, threads=2)
     try:
         ids = eng.encode_prompt("Hello, world! 123")
-        got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=n, ignore_eos=True)["tokens"]
+        got = {p: eng.generate_ids(ids, plan=p, precision="f32", max_tokens=n, ignore_eos=True)["tokens"]
+               for p in plans}
         return eng.available, eng.skipped, got, oracle.greedy(ids, n)
     finally:
         eng.close()
@@ -102,20 +104,20 @@ def _engine_greedy(path, plan, n=8):
 def test_a_model_with_float_matrices_runs_on_the_cpu_with_the_oracle_tokens(tmp_path):
     path = write_tiny(tmp_path / "mixed.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
                       table="Q6_K", types=MIXED)
-    available, skipped, got, want = _engine_greedy(path, None)
+    available, skipped, got, want = _engine_greedy(path, [None])
     assert available == {"cpu"} and "F16" in skipped["gpu"]      # not started: cannot read it
-    assert got == want
+    assert got[None] == want
 
 
-def test_a_mixed_k_quant_model_runs_on_the_gpu_with_the_oracle_tokens(tmp_path):
+def test_a_mixed_k_quant_model_runs_on_the_gpu_and_the_npu_with_the_oracle_tokens(tmp_path):
     """Every block format in one model (Q4_K_M's mix and more), its tables in Q6_K: the GPU's
-    fused decode joins only the linears that share a format."""
+    fused decode joins only the linears that share a format; the NPU's graphs dequantize each."""
     blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
     path = write_tiny(tmp_path / "kmix.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
                       table="Q6_K", head_dim=32, types=blocks_only)
-    available, skipped, got, want = _engine_greedy(path, "gpu")
-    assert "gpu" in available and "npu" in skipped
-    assert got == want
+    available, skipped, got, want = _engine_greedy(path, ["gpu", "npu", "hetero"])
+    assert available == {"cpu", "gpu", "npu"} and not skipped
+    assert got == {"gpu": want, "npu": want, "hetero": want}
 
 
 def test_a_q4_0_model_runs_on_every_processor(tmp_path):

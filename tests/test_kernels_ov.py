@@ -39,6 +39,18 @@ class Layout:
         m = (-8 * d.astype(np.float32) * r.uniform(0.9, 1.1, d.shape)).astype(np.float16)
         return ("w4", self.put(r.integers(0, 256, (M, K // 2), dtype=np.uint8)), self.put(d), self.put(m))
 
+    def wq(self, fmt, M, K):
+        """A block-format weight (models/quant.py) from random GGUF blocks, finite scales."""
+        from socllm.models.quant import FORMATS, planar
+        f = FORMATS[fmt]
+        n = M * K // f.block
+        raw = self.rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
+        for col in {"Q5_0": (0,), "Q8_0": (0,), "Q6_K": (208,)}.get(fmt, (0, 2)):
+            v = self.rng.uniform(-1, 1, n) * {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.01)
+            raw[:, col:col + 2] = v.astype(np.float16).view(np.uint8).reshape(n, 2)
+        p = planar(fmt, raw.reshape(M, -1), M, K)
+        return ("wq", fmt, self.put(p["qs"]), self.put(p["d"]), self.put(p["m"]))
+
     def w8(self, rows, cols):
         d = self.rng.uniform(0.001, 0.005, (rows, cols // 32)).astype(np.float16)
         return ("w8", self.put(self.rng.integers(-127, 128, (rows, cols), dtype=np.int8)), self.put(d))
@@ -366,3 +378,27 @@ def test_constant_weight_graph_matches_numpy(bucket, N, pos0):
     fc = [n.get_rt_info()["runtimePrecision"].astype(str) for n in seg.compiled.get_runtime_model().get_ordered_ops()
           if n.get_rt_info()["layerType"].astype(str) == "FullyConnected"]
     assert fc == ["u4"] * 7
+
+
+@pytest.mark.parametrize("fmt", ["Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("const_weights", [False, True])
+def test_block_format_weights_match_numpy(fmt, const_weights):
+    """A linear, an embedding and an lm-head over weights of the other block formats, as graph
+    inputs over the pool (prefill) and as Constants (decode)."""
+    L = Layout()
+    s = slots(L)
+    Vs, Dk = 512, 256
+    table, w = L.wq(fmt, Vs, Dk), L.wq(fmt, 96, Dk)
+    s["e"], s["o"], s["l"] = L.slot(512, Dk), L.slot(512, 96), L.slot(1, Vs)
+    tasks = [("embed", dict(ids=("a", s["ids"]), table=table, out=("a", s["e"]), V=Vs, D=Dk)),
+             ("linear", dict(x=("a", s["e"]), w=w, out=("a", s["o"]), K=Dk, M=96)),
+             ("lm_head", dict(x=("a", s["e"]), table=table, out=("a", s["l"]), D=Dk, V=Vs))]
+    arena, rng = L.arena(), np.random.default_rng(4)
+    arena[s["ids"]: s["ids"] + 512 * 4].view(np.int32)[:] = rng.integers(0, Vs, 512)
+    ref = arena.copy()
+    for op, args in tasks:
+        NumpyKernels(ref).run(op, args, 20, 0)
+    OVSegment(ov.Core(), tasks, arena, 32, {s["o"], s["l"]}, CAP, config=CONFIG,
+              const_weights=const_weights).run(20, 0)
+    close(f32(arena, s["o"], 20, 96), f32(ref, s["o"], 20, 96))
+    close(f32(arena, s["l"], 1, Vs), f32(ref, s["l"], 1, Vs))
