@@ -3,8 +3,8 @@ GGUF, the same prompt ids and the same thread budget, alternating so that machin
 all alike. Reports min/median/max over repetitions, TTFT, tokens/s, memory, and whether each
 engine's first greedy tokens equal the numpy oracle's.
 
-    socllm bench [--prompts 32,128,512,1024] [--decode 128] [--reps 3] [--plans auto]
-                 [--peers llama.cpp,openvino-genai] [--json FILE] [--plot FILE.png]
+    socllm bench [--model F.gguf] [--prompts 32,128,512,1024] [--decode 128] [--reps 3]
+                 [--plans auto] [--peers llama.cpp,openvino-genai] [--json FILE] [--plot FILE.png]
 """
 from __future__ import annotations
 
@@ -99,7 +99,8 @@ def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=pr
                 "placement": runs[0].get("placement")}
     mem["socllm"] = max(mem["socllm"], pss_mb(engine.pids()))
     info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
-    return {"device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,
+    return {"model": os.path.basename(engine.model_path),
+            "device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,
             "reps": reps, "prompts": list(prompts), "results": results, "missing_peers": missing,
             "memory_pss_mb": mem,
             "versions": {r.name: getattr(r, "version", None) for r in runners if not r.name.startswith("socllm")}}
@@ -113,7 +114,8 @@ def _device(info) -> str:
 
 
 def table(report) -> str:
-    lines = [f"device: {report['device']}; threads {report['threads']}; decode {report['decode_tokens']} "
+    lines = [f"model: {report.get('model')}",
+             f"device: {report['device']}; threads {report['threads']}; decode {report['decode_tokens']} "
              f"tokens; median of {report['reps']} [min-max]",
              f"{'engine':18s} {'prompt':>6s} {'ttft ms':>9s} {'prefill tok/s':>24s} {'decode tok/s':>22s}  oracle"]
     for name, per in report["results"].items():
@@ -153,6 +155,7 @@ def plot(report, path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="socllm bench")
+    ap.add_argument("--model", help="a GGUF (default: the default model)")
     ap.add_argument("--prompts", default="32,128,512,1024")
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
         print(f"socllm bench: error: bad arguments (unknown peers {unknown}?)", file=sys.stderr)
         return 2
     from socllm.actors.engine import Engine
-    eng = Engine(context=max(2048, max(prompts) + a.decode + 8))
+    eng = Engine(model=a.model, context=max(2048, max(prompts) + a.decode + 8))
     try:
         oracle = None
         if not a.no_oracle:

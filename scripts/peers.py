@@ -7,6 +7,8 @@ A runner whose package is missing raises `PeerMissing` with the install hint.
 """
 from __future__ import annotations
 
+import os
+
 import time
 
 import numpy as np
@@ -61,7 +63,12 @@ class OpenVINOGenAI:
         except ImportError as e:
             raise PeerMissing(f"openvino-genai is not installed (pip install -e '.[bench]'): {e}")
         self.ov, self.genai = ov, ov_genai
-        self.pipe = ov_genai.LLMPipeline(model_path, "CPU", INFERENCE_NUM_THREADS=threads)
+        try:
+            self.pipe = ov_genai.LLMPipeline(model_path, "CPU", INFERENCE_NUM_THREADS=threads)
+        except RuntimeError as e:     # its GGUF reader takes Q4_0, Q4_1, Q8_0, Q4_K and Q6_K only
+            lines = [s for s in str(e).splitlines() if s.strip()]
+            raise PeerMissing(f"openvino-genai cannot load {os.path.basename(model_path)}: "
+                              f"{lines[-1] if lines else type(e).__name__}") from None
         self.version = ov_genai.__version__
 
     def run(self, ids: list, n_decode: int) -> dict:

@@ -49,8 +49,10 @@ def test_a_file_says_which_processors_read_its_weights(tmp_path):
     d = inspect(write_tiny(tmp_path / "q0.gguf", matrix="Q4_0"))
     assert d["runs"] and d["processors"] == {"cpu": "runs", "gpu": "runs", "npu": "runs"}
     d = inspect(write_tiny(tmp_path / "k.gguf", matrix="Q6_K", dim=256, ffn=512))
+    assert d["runs"] and set(d["processors"].values()) == {"runs"}
+    d = inspect(write_tiny(tmp_path / "h.gguf", matrix="F16"))
     assert d["runs"] and d["processors"]["cpu"] == "runs"
-    assert d["processors"]["gpu"].startswith("the gpu kernels do not read Q6_K weights yet")
+    assert d["processors"]["gpu"].startswith("the gpu kernels do not read F16 weights yet")
 
 
 def test_an_unknown_architecture_and_a_file_that_is_not_gguf(tmp_path):

@@ -51,7 +51,8 @@ def _program(model_config, plan, phase, n_layers=2, cut=None):
     refs, words, off = {}, {}, 0
     for name, t in g.tensors.items():
         off += 4096
-        refs[name] = ("kv", off) if t.kind == "kv" else ("w4", off, off + 1, off + 2) if t.kind == "weight" \
+        weight = ("w8", off, off + 1) if t.dtype == "q8_0" else ("w4", off, off + 1, off + 2)
+        refs[name] = ("kv", off) if t.kind == "kv" else weight if t.kind == "weight" \
             else ("a", 10**7 + 4096 * slots.assign[name]) if t.kind == "act" else ("a", off)
     locs = [f"slot.{i}" for i in range(len(slots.sizes))] + [n for n, t in g.tensors.items()
                                                              if t.kind in ("kv", "input", "output")]

@@ -128,7 +128,11 @@ def test_a_reactive_request_overtakes_a_long_proactive_prefill(client, oracle, t
     assert len(tokenizer.encode(long)) > 256
     stops = client.status()["loop"]["prefill_stops"]
     p = client.submit(prompt=long, max_tokens=4, priority="proactive")
-    time.sleep(0.2)                                               # its first chunk is running
+    deadline = time.monotonic() + 30
+    while ray.get(client.service.request.remote(p)).get("prefill_start") is None:
+        assert time.monotonic() < deadline, "the proactive prefill never started"
+        time.sleep(0.01)
+    time.sleep(0.05)                                              # its first chunk is running
     r = client.submit(prompt=FRANCE, max_tokens=4, priority="reactive")
     texts = {rid: "".join(client.pieces(rid)) for rid in (r, p)}
     info = {rid: ray.get(client.service.request.remote(rid)) for rid in (r, p)}
