@@ -73,15 +73,17 @@ class FusedCL:
     def _rope_table(self, a, pos0):
         """cos, sin [head_dim / 2] of position pos0 -> the rope scratch"""
         hd = a["head_dim"]
-        self._go("rope_table", (hd // 2,), None, self.table, hd, a["theta"], pos0)
+        self._go("rope_table", (hd // 2,), None, self.table, hd, a["theta"], pos0,
+                 a["f"][1] if "f" in a else 0)
 
     def _linear_act(self, a, pos0):
         """act [K], W [M, K] -> out [M] (+ res [M])"""
         M, ((qs, d, m), _) = a["M"], weight_build(a["w"])
-        out = _out_off(a["out"], pos0, a.get("ld", M), self.k.kv_half)
+        rows = a["rows"][1] if "rows" in a else 0          # paged KV: KV row rows[0]
+        out = a["out"][1] if rows else _out_off(a["out"], pos0, a.get("ld", M), self.k.kv_half)
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
-                 int(a["res"] is not None), w=a["w"])
+                 int(a["res"] is not None), rows, w=a["w"])
 
     def _qkv_rope(self, a, pos0):
         """act [K] -> q [Mq] roped, K cache row pos0 roped, V cache row pos0"""

@@ -46,9 +46,9 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "embed": [u64] * 4 + [i32],
     "embed_w": [u64] * 5 + [i32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
-    "linear_gemv": [u64] * 5 + [i32, i32, u64],
-    "linear_gemm": [u64] * 5 + [i32, i32, i32, i32, u64],
-    "rope": [u64] * 2 + [i32, i32, f32, i32],
+    "linear_gemv": [u64] * 5 + [i32, i32, u64, u64],
+    "linear_gemm": [u64] * 5 + [i32, i32, i32, i32, u64, u64],
+    "rope": [u64] * 2 + [i32, i32, f32, i32, i32, u64],
     "attention": [u64] * 4 + [i32, i32, i32],
     "silu_mul": [u64] * 3 + [i32],
     "add": [u64] * 3 + [i32],
@@ -62,17 +62,17 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "linear_act_norm": [u64] * 6 + [i32, i32, i32] + [u64, u64, f32, i32, i32, u64],
     "gate_up_silu_prep": [u64] * 8 + [i32, i32, u64],
     "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64] + [u64, u64, i32, i32],
-    "rope_table": [u64] + [i32, f32, i32],
-    "linear_act": [u64] * 6 + [i32, i32, i32],
+    "rope_table": [u64] + [i32, f32, i32, u64],
+    "linear_act": [u64] * 6 + [i32, i32, i32, u64],
     "qkv_rope": [u64] * 14 + [i32] * 4 + [u64],
     "gate_up_silu": [u64] * 8 + [i32, i32],
     # paged.cl
-    "rope_rows": [u64] * 4 + [i32, i32, f32, u64],
-    "rope_rows_table": [u64] * 2 + [i32, f32],
+    "rope_rows": [u64] * 4 + [i32, i32, f32, u64, i32, u64],
+    "rope_rows_table": [u64] * 2 + [i32, f32, u64],
     "attention_paged": [u64] * 7 + [i32] * 4,
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
     "prep_rows": [u64] * 2 + [i32, i32, i32],
-    "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
+    "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
     # batch.cl (ACT_BITS 8 builds only)
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
 }
@@ -380,18 +380,19 @@ class CLKernels:
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
         out = a["out"][1] if rows else _out_off(a["out"], pos0, ld, self.kv_half)
+        b = a["b"][1] if "b" in a else 0                   # a bias [M] (Qwen2's q, k, v)
         if N > 1 and self.rows_act is not None:
-            if self.rows_act[2] == 8 and M % 8 == 0 and not wopts:
+            if self.rows_act[2] == 8 and M % 8 == 0 and not wopts and not b:
                 return self._linear_tile(a, N, out, ld, rows)
-            if N <= INT_ROWS_MAX or wopts:
+            if N <= INT_ROWS_MAX or wopts or b:
                 return self._linear_rows(a, N, out, ld, rows)
         if N == 1:
             self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
-                     a["x"][1], qs, d, m, out, K, M, rows, ks=self._kernels(64, 32, None, wopts))
+                     a["x"][1], qs, d, m, out, K, M, rows, b, ks=self._kernels(64, 32, None, wopts))
         else:
             tn, ks = self._tn(N, wopts)
             self._go("linear_gemm", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1),
-                     a["x"][1], qs, d, m, out, K, M, N, ld, rows, ks=ks)
+                     a["x"][1], qs, d, m, out, K, M, N, ld, rows, b, ks=ks)
 
     def _linear_rows(self, a, N, out, ld, rows):
         """A decode batch's linear in integers: its N input rows prepared once (prep_rows; the
@@ -404,7 +405,7 @@ class CLKernels:
         ks = self._kernels(64, bits, tn, wopts)
         self._prep_rows(a["x"][1], K, N, N, row_bytes, ks)
         self._go("linear_rows_act", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1), off, qs, d,
-                 m, out, K, M, N, ld, rows, row_bytes, ks=ks)
+                 m, out, K, M, N, ld, rows, row_bytes, a["b"][1] if "b" in a else 0, ks=ks)
 
     def _prep_rows(self, x, K, N, rows, row_bytes, ks):
         """x [N, K] prepared into `rows` rows of the scratch (rows past N repeat row N-1), unless
@@ -434,11 +435,13 @@ class CLKernels:
         if "pos" in a:          # rows at their own positions (paged.cl), KV rows from `rows`
             _aligned("rope", a["x"][1], a["out"][1], to=8)
             self._go("rope_rows", (hd // 2, N), (hd // 2, 1), a["x"][1], a["out"][1], a["pos"][1],
-                     a["rows"][1] if "rows" in a else 0, H, hd, a["theta"], self._rope_rows(a, N))
+                     a["rows"][1] if "rows" in a else 0, H, hd, a["theta"], self._rope_rows(a, N),
+                     int(a.get("neox", 0)), a["f"][1] if "f" in a else 0)
             return
         out = _out_off(a["out"], pos0, H * hd, self.kv_half)
         _aligned("rope", a["x"][1], out, to=8)
-        self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0)
+        self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0,
+                 int(a.get("neox", 0)), a["f"][1] if "f" in a else 0)
 
     def _rope_rows(self, a, N) -> int:
         """Offset of this step's cos / sin table for rows at positions a["pos"], computed by the
@@ -447,10 +450,11 @@ class CLKernels:
         hd = a["head_dim"]
         if self._recording is None or self.rope_rows is None or N * hd * 4 > self.rope_rows[1]:
             return 0
-        key = (a["pos"][1], N, hd, a["theta"])
+        f = a["f"][1] if "f" in a else 0
+        key = (a["pos"][1], N, hd, a["theta"], f)
         if self._rope_table != key:
             self._go("rope_rows_table", (hd // 2, N), (hd // 2, 1), a["pos"][1], self.rope_rows[0],
-                     hd, a["theta"])
+                     hd, a["theta"], f)
             self._rope_table = key
         return self.rope_rows[0]
 

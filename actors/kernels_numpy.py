@@ -120,23 +120,33 @@ class NumpyKernels:
         self.f32(a["out"][1], N, D)[:] = x * r * w
 
     def linear(self, a, N, pos0):
-        """x [N, K], W [M, K] (any matrix kind) -> out [N, M] = x @ W.T (out may be a KV ref)."""
+        """x [N, K], W [M, K] (any matrix kind) -> out [N, M] = x @ W.T (+ b [M] if given; out
+        may be a KV ref)."""
         K, M = a["K"], a["M"]
         x = self.f32(a["x"][1], N, K)
-        self.out_rows(a, N, pos0, M)[:] = x @ self.matrix(a["w"], M, K).T
+        y = x @ self.matrix(a["w"], M, K).T
+        if "b" in a:
+            y += self.f32(a["b"][1], 1, M)[0]
+        self.out_rows(a, N, pos0, M)[:] = y
 
     def rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref): rotate pairs (2i, 2i+1) by pos * theta^(-2i/hd)
-        (GGML's NORM rope, which the GGUF's permuted Q/K weights expect)."""
+        (GGML's NORM rope, which the GGUF's permuted Q/K weights expect), or with neox pairs
+        (i, i + hd/2) (Qwen2); f [hd/2]: each pair's frequency divided by f[i] (Llama 3.1)."""
         H, hd = a["heads"], a["head_dim"]
         x = self.f32(a["x"][1], N, H * hd).reshape(N, H, hd // 2, 2)
+        if a.get("neox"):
+            x = self.f32(a["x"][1], N, H * hd).reshape(N, H, 2, hd // 2).transpose(0, 1, 3, 2)
         inv = np.float32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=np.float32) / hd)
+        if "f" in a:
+            inv = inv / self.f32(a["f"][1], 1, hd // 2)[0]
         pos = self.i32(a["pos"], N).astype(np.float32) if "pos" in a else \
             np.arange(pos0, pos0 + N, dtype=np.float32)           # paged: rows at own positions
         ang = pos[:, None] * inv[None, :]                                            # [N, hd/2]
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         x0, x1 = x[..., 0], x[..., 1]
-        y = np.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1).reshape(N, H * hd)
+        y = np.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        y = (y.transpose(0, 1, 3, 2) if a.get("neox") else y).reshape(N, H * hd)
         self.out_rows(a, N, pos0, H * hd)[:] = y
 
     def attention(self, a, N, pos0):

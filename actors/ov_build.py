@@ -239,7 +239,10 @@ def _linear(g: Graph, a):
         if a["out"][0] != "a":
             raise ValueError("a row-cut linear writes an activation slot, not the KV cache")
         g.ld[a["out"][1]] = a["ld"]
-    g.write(a["out"], ops.matmul(x, g.matrix(a["w"], a["M"], a["K"]), False, True))
+    y = ops.matmul(x, g.matrix(a["w"], a["M"], a["K"]), False, True)
+    if "b" in a:                           # a bias [M] (Qwen2's q, k, v)
+        y = ops.add(y, g.wf(a["b"], a["M"]))
+    g.write(a["out"], y)
 
 
 def _rope(g: Graph, a):
@@ -247,13 +250,19 @@ def _rope(g: Graph, a):
     the swap is a Gather on the pair axis, so no [B, H*hd] Concat runs (the CPU plugin's Concat
     here is a reference kernel: measured 3-5 ms of a 10 ms layer head at 512 rows)."""
     H, hd, B = a["heads"], a["head_dim"], g.B
-    x = ops.reshape(g.read(a["x"], H * hd), np.array([B, H, hd // 2, 2], np.int64), False)
+    # NORM pairs (2i, 2i+1) on the last axis of [B, H, hd/2, 2]; NEOX pairs (i, i + hd/2) on
+    # axis 2 of [B, H, 2, hd/2]
+    pair, shape = (2, [B, H, 2, hd // 2]) if a.get("neox") else (3, [B, H, hd // 2, 2])
+    x = ops.reshape(g.read(a["x"], H * hd), np.array(shape, np.int64), False)
     inv = F32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=F32) / F32(hd))         # [hd/2]
+    if "f" in a:                        # Llama 3.1's divisors: read-only weights, so constants
+        inv = inv / g.view(a["f"][1], (hd // 2,), F32)
     pos = ops.convert(ops.add(g.rows, g.pos0), F32)                              # [B]
-    ang = ops.unsqueeze(ops.multiply(ops.unsqueeze(pos, 1), f32(inv[None])), np.array([1, 3], np.int64))
-    c, s = ops.cos(ang), ops.sin(ang)                                           # [B, 1, hd/2, 1]
-    cc, ss = ops.concat([c, c], 3), ops.concat([ops.negative(s), s], 3)         # [B, 1, hd/2, 2]
-    swap = ops.gather(x, np.array([1, 0], np.int64), 3)                         # (x1, x0)
+    ang = ops.unsqueeze(ops.multiply(ops.unsqueeze(pos, 1), f32(inv[None])),
+                        np.array([1, pair], np.int64))                            # [B, 1, ., .]
+    c, s = ops.cos(ang), ops.sin(ang)
+    cc, ss = ops.concat([c, c], pair), ops.concat([ops.negative(s), s], pair)
+    swap = ops.gather(x, np.array([1, 0], np.int64), pair)                      # (x1, x0)
     y = ops.add(ops.multiply(x, cc), ops.multiply(swap, ss))
     g.write(a["out"], ops.reshape(y, np.array([B, H * hd], np.int64), False))
 

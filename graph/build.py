@@ -21,8 +21,6 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
     take each row's position and KV row from the step's row metadata (pos, rows), attention reads
     each row's sequence (seq) through its block table (btab), and with all_rows (a decode batch)
     the lm-head gives every row's logits [N, V], else the last row's."""
-    if getattr(cfg, "qkv_bias", False):
-        raise NotImplementedError("Q/K/V biases (Qwen2) are not supported by the kernels yet")
     L = cfg.n_layers if n_layers is None else n_layers
     D, F, H, KVH, hd = cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     kv_cols = KVH * hd
@@ -48,11 +46,21 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
                                 ("ffn_gate", (F, D), "q4_1"), ("ffn_up", (F, D), "q4_1"),
                                 ("ffn_down", (D, F), "q4_1")]:
             g.tensor(weight_name(i, part), shape, dt, "weight")
+        if cfg.qkv_bias:                             # Qwen2: y = x W.T + b
+            for part, n in (("attn_q", H * hd), ("attn_k", kv_cols), ("attn_v", kv_cols)):
+                g.tensor(f"blk.{i}.{part}.bias", (n,), "f32", "weight")
         g.tensor(f"kcache.{i}", ("L_cap", kv_cols), "f32", "kv")
         g.tensor(f"vcache.{i}", ("L_cap", kv_cols), "f32", "kv")
 
+    def bias(i, part):
+        return {"b": f"blk.{i}.{part}.bias"} if cfg.qkv_bias and part in ("attn_q", "attn_k", "attn_v") else {}
+
     def lin(i, part, x, out, K, M):
-        g.add("linear", {"x": x, "w": weight_name(i, part)}, {"out": out}, i, K=K, M=M)
+        g.add("linear", {"x": x, "w": weight_name(i, part), **bias(i, part)}, {"out": out}, i, K=K, M=M)
+
+    if getattr(cfg, "rope_freqs", False):       # Llama 3.1: per-pair frequency divisors
+        g.tensor("rope_freqs.weight", (hd // 2,), "f32", "weight")
+    freqs = {"f": "rope_freqs.weight"} if getattr(cfg, "rope_freqs", False) else {}
 
     g.add("embed", {"ids": "ids", "table": "token_embd.weight"}, {"out": "x0"}, D=D, V=cfg.vocab)
     x = "x0"
@@ -62,11 +70,13 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         lin(i, "attn_q", p + "xn", p + "q", D, H * hd)
         lin(i, "attn_k", p + "xn", p + "k", D, kv_cols)
         kv_rows = {"rows": "rows"} if paged else {}
-        g.add("linear", {"x": p + "xn", "w": weight_name(i, "attn_v"), **kv_rows}, {"out": f"vcache.{i}"},
-              i, K=D, M=kv_cols)
-        rope = dict(head_dim=hd, theta=cfg.rope_theta)
-        g.add("rope", {"x": p + "q", **rowmeta}, {"out": p + "qr"}, i, heads=H, **rope)
-        g.add("rope", {"x": p + "k", **rowmeta, **kv_rows}, {"out": f"kcache.{i}"}, i, heads=KVH, **rope)
+        g.add("linear", {"x": p + "xn", "w": weight_name(i, "attn_v"), **bias(i, "attn_v"), **kv_rows},
+              {"out": f"vcache.{i}"}, i, K=D, M=kv_cols)
+        # NEOX rope (Qwen2) rotates pairs (j, j + hd/2), GGML's NORM rope pairs (2j, 2j+1)
+        rope = dict(head_dim=hd, theta=cfg.rope_theta, **({"neox": 1} if cfg.neox_rope else {}))
+        g.add("rope", {"x": p + "q", **rowmeta, **freqs}, {"out": p + "qr"}, i, heads=H, **rope)
+        g.add("rope", {"x": p + "k", **rowmeta, **kv_rows, **freqs}, {"out": f"kcache.{i}"}, i,
+              heads=KVH, **rope)
         att = {"q": p + "qr", "k": f"kcache.{i}", "v": f"vcache.{i}"}
         pages = {}
         if paged:

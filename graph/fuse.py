@@ -53,8 +53,10 @@ def _joinable(run: list) -> bool:
 
 
 def _linears(tasks: list, i: int, x) -> int:
-    """End of the run of consecutive linears from i that all read x."""
-    while i < len(tasks) and tasks[i].op == "linear" and tasks[i].args["x"] == x:
+    """End of the run of consecutive linears from i that all read x (a linear with a bias is
+    never fused: it runs op by op, reading x from its slot)."""
+    while i < len(tasks) and tasks[i].op == "linear" and tasks[i].args["x"] == x \
+            and "b" not in tasks[i].args:
         i += 1
     return i
 
@@ -71,6 +73,8 @@ def _only_read_by(readers, t: Task, u: Task) -> bool:
 def _qkv_rope(group, rest, readers):
     if any(t.rows for t in group) or len(group) != 3 or len(rest) < 2 or any(r.op != "rope" for r in rest[:2]):
         return None
+    if any(r.args.get("neox") for r in rest[:2]):       # qkv_rope rotates NORM pairs only
+        return None
     by_out = {t.args["out"]: t for t in group}
     ropes = rest[:2]
     if {r.args["x"] for r in ropes} - set(by_out):
@@ -86,7 +90,7 @@ def _qkv_rope(group, rest, readers):
                               "wv": lv.args["w"], "q_out": rq.args["out"], "k_out": rk.args["out"],
                               "v_out": lv.args["out"], "K": lq.args["K"], "Mq": lq.args["M"],
                               "Mk": lk.args["M"], "head_dim": rq.args["head_dim"],
-                              "theta": rq.args["theta"],
+                              "theta": rq.args["theta"], **({"f": rq.args["f"]} if "f" in rq.args else {}),
                               **({"rows": lv.args["rows"]} if "rows" in lv.args else {})},
                  [], ropes[-1].signals, tuple(t.seq for t in group + ropes), lq.layer)
 
@@ -108,7 +112,8 @@ def _gate_up(group, rest, readers):
 
 def _linear(t, rest, readers):
     a = {"x": t.args["x"], "w": t.args["w"], "out": t.args["out"], "res": None,
-         "K": t.args["K"], "M": t.args["M"], **({"ld": t.args["ld"]} if t.rows else {})}
+         "K": t.args["K"], "M": t.args["M"], **({"ld": t.args["ld"]} if t.rows else {}),
+         **({"rows": t.args["rows"]} if "rows" in t.args else {})}
     nxt = rest[0] if rest else None
     if (nxt is not None and not t.rows and nxt.op == "add" and _only_read_by(readers, t, nxt)
             and _joinable([t, nxt]) and t.args["out"][0] == "a"):
@@ -180,7 +185,7 @@ def _fuse(prog: StepProgram, proc: str) -> list:
                              [], [], (), t.layer))
             prepared, i = t.args["out"], i + 1
             continue
-        if t.op == "linear":
+        if t.op == "linear" and "b" not in t.args:
             if prepared != t.args["x"] or t.waits:   # a prep carries the linear's waits
                 out.append(Fused("prep", {"x": t.args["x"], "K": t.args["K"]}, t.waits, [], (), t.layer))
                 prepared = t.args["x"]
@@ -189,7 +194,8 @@ def _fuse(prog: StepProgram, proc: str) -> list:
             if f is not None:
                 if not table:          # one cos/sin table per step serves every layer's RoPE
                     out.append(Fused("rope_table", {"head_dim": f.args["head_dim"],
-                                                    "theta": f.args["theta"]}))
+                                                    "theta": f.args["theta"],
+                                                    **({"f": f.args["f"]} if "f" in f.args else {})}))
                     table = True
                 out.append(f)
                 i = j + 2

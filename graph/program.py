@@ -91,18 +91,28 @@ def stage_of(tasks: list) -> list:
 
 
 def cut_rows(args: dict, lo: int, hi: int) -> dict:
-    """A linear's args -> those of its rows [lo, hi): the weight refs move to row lo (planar Q4_1:
-    K/2 bytes of nibbles, K/32 f16 d and m a row), the output to column lo of rows ld wide."""
+    """A linear's args -> those of its rows [lo, hi): the weight refs (and a bias) move to row lo
+    (models/quant.py's planar rows: K/32 blocks of codes, K/group scales and minimums), the
+    output to column lo of rows ld wide."""
+    from socllm.models.quant import FORMATS
     K, M = args["K"], args["M"]
     if not 0 <= lo < hi <= M:
         raise ValueError(f"rows [{lo}, {hi}) are not inside the {M} rows of the weight")
-    kind, qs, d, m = args["w"]
-    if kind != "w4":
-        raise ValueError(f"row-cut takes Q4_1 weights, not {kind!r}")
-    blocks = K // 32 * 2
+    w = args["w"]
+    if w[0] == "w4":
+        head, (qs, d, m), qb, groups, sb = w[:1], w[1:], 16, K // 32, 2
+    elif w[0] == "wq":
+        f = FORMATS[w[1]]
+        head, (qs, d, m), qb, groups, sb = w[:2], w[2:], f.qb, K // f.group, 2 if f.scale == "f16" else 4
+    else:
+        raise ValueError(f"row-cut takes block-format weights, not {w[0]!r}")
     out = args["out"]
-    return {**args, "M": hi - lo, "ld": M, "w": (kind, qs + lo * K // 2, d + lo * blocks, m + lo * blocks),
-            "out": (out[0], out[1] + lo * 4) + tuple(out[2:])}
+    cut = {**args, "M": hi - lo, "ld": M,
+           "w": (*head, qs + lo * K // 32 * qb, d + lo * groups * sb, m + lo * groups * sb),
+           "out": (out[0], out[1] + lo * 4) + tuple(out[2:])}
+    if "b" in args:
+        cut["b"] = (args["b"][0], args["b"][1] + lo * 4)
+    return cut
 
 
 def reads(t: Task) -> list:

@@ -36,6 +36,7 @@ class ModelConfig:
     context_length: int
     tied_embeddings: bool  # no output.weight: the lm_head is token_embd
     qkv_bias: bool         # attn_q/k/v carry a bias (Qwen2)
+    rope_freqs: bool = False   # rope_freqs.weight divides each pair's frequency (Llama 3.1)
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
@@ -102,6 +103,7 @@ def read_config(reader: GGUFReader) -> ModelConfig:
         context_length=int(_field(reader, f"{arch}.context_length")),
         tied_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
+        rope_freqs="rope_freqs.weight" in names,
     )
     return cfg
 
@@ -148,6 +150,8 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple
              "ffn_gate.weight": (MATRIX, (c.ffn_dim, c.dim)),
              "ffn_up.weight": (MATRIX, (c.ffn_dim, c.dim)),
              "ffn_down.weight": (MATRIX, (c.dim, c.ffn_dim))}
+    if c.rope_freqs:
+        table["rope_freqs.weight"] = (VECTOR, (c.head_dim // 2,))
     if c.qkv_bias:
         block.update({"attn_q.bias": (VECTOR, (c.q_dim,)),
                       "attn_k.bias": (VECTOR, (c.kv_dim,)),
@@ -171,7 +175,7 @@ def tensor_problems(reader: GGUFReader, cfg: ModelConfig):
         elif tuple(int(n) for n in reversed(t.shape)) != shape:
             yield (f"tensor {name} has shape {list(reversed(t.shape.tolist()))}, "
                    f"expected {list(shape)}")
-    # A tensor the math would silently ignore (e.g. Llama-3.1's rope_freqs) means wrong output.
+    # A tensor the math would silently ignore means wrong output.
     extra = sorted(set(have) - set(want))
     if extra:
         yield f"unsupported tensor {extra[0]} ({len(extra)} unexpected in all)"

@@ -34,6 +34,8 @@ class Oracle:
         half = cfg.head_dim // 2
         # theta_i = base^(-2i/head_dim); computed in f64 so the angles at large pos stay exact.
         self.inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2 / cfg.head_dim)
+        if cfg.rope_freqs:                                  # Llama 3.1's per-pair divisors
+            self.inv_freq = self.inv_freq / w["rope_freqs.weight"].astype(np.float64)
 
     def new_cache(self, ctx: int) -> KVCache:
         return KVCache(self.cfg, ctx)

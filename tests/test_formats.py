@@ -136,3 +136,57 @@ def test_a_q4_0_model_runs_on_every_processor(tmp_path):
             assert got["tokens"] == want, plan
     finally:
         eng.close()
+
+
+# -- families beyond Llama's plain layout ---------------------------------------------------------
+@pytest.mark.parametrize("arch,extra", [("qwen2", ()), ("llama", ("rope_freqs.weight",))],
+                         ids=["qwen2-bias-neox", "llama3-rope-freqs"])
+def test_qwen2_and_llama3_models_give_the_oracle_tokens_on_every_processor(tmp_path, arch, extra):
+    path = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, extra=extra, dim=64, ffn=128,
+                      head_dim=32, layers=2, matrix="Q5_0")
+    available, skipped, got, want = _engine_greedy(path, ["cpu", "gpu", "npu"])
+    assert available == {"cpu", "gpu", "npu"}
+    assert got == {"cpu": want, "gpu": want, "npu": want}
+
+
+@pytest.mark.parametrize("kind", ["kmix", "qwen2"])
+@pytest.mark.parametrize("precision,tol", [("f32", 5e-3), ("q8", 0.25)])   # f16 K/V: ~1e-3
+def test_the_service_runner_batches_other_formats_and_families(tmp_path, ray_session, kind, precision, tol):
+    """The service's path: an f16 paged KV cache, prompts prefilled in chunks, then decoded as one
+    batch (batched linears in integers at q8), teacher-forced; logits against the oracle."""
+    from socllm.actors.engine import Engine
+    from socllm.actors.runner import Runner
+    blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
+    path = (write_tiny(tmp_path / "k.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K", table="Q6_K",
+                       head_dim=32, types=blocks_only) if kind == "kmix" else
+            write_tiny(tmp_path / "q.gguf", arch="qwen2", dim=64, ffn=128, head_dim=32, layers=2,
+                       matrix="Q8_0"))
+    reader = open_gguf(path)
+    cfg = load_config(reader)
+    oracle = Oracle(cfg, load_weights(reader, cfg))
+    eng = Engine(model=path, context=64, processors_=("cpu", "gpu"), max_seqs=4, kv_mb=1,
+                 kv_dtype="f16", double_rows=8)
+    try:
+        runner = Runner(eng, "gpu", precision)
+        br = runner.lay.block_rows
+        prompts = [[int(t) for t in np.random.default_rng(s).integers(1, 250, n)] for s, n in enumerate((9, 3, 14))]
+        free = list(np.random.default_rng(0).permutation(runner.lay.kv_blocks))
+        tables, got, forced = {}, [[] for _ in prompts], [oracle.greedy(p, 8) for p in prompts]
+        for s, ids in enumerate(prompts):
+            tables[s] = [int(free.pop()) for _ in range(-(-(len(ids) + 8) // br))]
+            for lo in range(0, len(ids), 5):
+                chunk = ids[lo: lo + 5]
+                logits = runner.step([(t, lo + i, s) for i, t in enumerate(chunk)], {s: tables[s]},
+                                     all_rows=False)
+            got[s].append(logits[0].copy())
+        for i in range(7):
+            rows = [(forced[s][i], len(ids) + i, s) for s, ids in enumerate(prompts)]
+            logits = runner.step(rows, tables, all_rows=True)
+            for s in range(len(prompts)):
+                got[s].append(logits[s].copy())
+    finally:
+        eng.close()
+    for s, ids in enumerate(prompts):
+        ref = oracle.logits_for(ids + forced[s])[len(ids) - 1: len(ids) + 7]
+        err = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(got[s], ref))
+        assert err <= tol, (kind, precision, s, err)

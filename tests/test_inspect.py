@@ -33,12 +33,12 @@ def test_the_default_model_runs_and_says_what_it_holds(model_path):
 
 
 def test_every_reason_a_file_does_not_run_is_listed(tmp_path):
-    path = write_tiny(tmp_path / "k.gguf", matrix="Q2_K", dim=256, ffn=512, extra=("rope_freqs.weight",))
+    path = write_tiny(tmp_path / "k.gguf", matrix="Q2_K", dim=256, ffn=512, extra=("blk.0.attn_q_norm.weight",))
     d = inspect(path)
     assert not d["runs"]
     assert any(p.startswith("7 tensor(s) of type Q2_K where socllm runs F32/F16/BF16/Q4_0")
                and "(e.g. blk.0.attn_q.weight)" in p for p in d["problems"]), d["problems"]
-    assert any("rope_freqs.weight" in p for p in d["problems"])
+    assert any("blk.0.attn_q_norm.weight" in p for p in d["problems"])
     r = _cli("inspect", path)
     assert r.returncode == 1 and "does not run it" in r.stdout and "Q2_K" in r.stdout
     ok = inspect(_tiny(tmp_path / "ok.gguf"))

@@ -672,3 +672,24 @@ def test_embedding_and_lm_head_tables_in_a_block_format_match_numpy(dev, lay, rn
         check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", logits), "D": Dm,
                                     "V": Vs, "all_rows": all_rows}, N, 0,
               [(logits, (N if all_rows else 1) * Vs * 4)])
+
+
+# -- model families (graph/build.py): Qwen2's biases and NEOX rope, Llama 3.1's rope_freqs ------
+@pytest.mark.parametrize("N", [1, 33])
+def test_linear_with_a_bias_matches_numpy(dev, lay, rng, N):
+    K, M = D, KVH * HD
+    x, w, out = rows(lay, rng, N, K), lay.w4(M, K, rng), lay.zeros((N, M))
+    b = lay.put(rng.standard_normal(M).astype(np.float32))
+    check(dev, lay, "linear", {"x": ("a", x), "w": w, "b": ("wf", b), "out": ("a", out), "K": K, "M": M},
+          N, 0, [(out, N * M * 4)])
+
+
+@pytest.mark.parametrize("neox,freqs", [(1, False), (0, True), (1, True)])
+def test_rope_variants_match_numpy(dev, lay, rng, neox, freqs):
+    N, pos0 = 7, 29
+    x, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
+    extra = {"neox": neox} if neox else {}
+    if freqs:
+        extra["f"] = ("wf", lay.put(np.linspace(1, 8, HD // 2).astype(np.float32)))
+    check(dev, lay, "rope", {"x": ("a", x), "out": ("a", out), "heads": H, "head_dim": HD,
+                             "theta": 10000.0, **extra}, N, pos0, [(out, N * H * HD * 4)], atol=40 * 1.2e-7)

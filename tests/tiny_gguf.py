@@ -40,7 +40,8 @@ def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
 def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, ffn=64,
                layers=1, vocab=257, table="Q8_0", head_dim=16) -> str:
     """matrix: the type of the layers' matrices; table: the token embedding's; types: {name:
-    type} for single tensors; extra: [8] f32 tensors beside the Llama ones (rope_freqs.weight)."""
+    type} for single tensors; extra: f32 vectors beside the Llama ones (rope_freqs.weight: [hd/2];
+    a name with "norm": [hd]; others [8])."""
     matrix, table = getattr(matrix, "name", matrix), getattr(table, "name", table)
     types = {k: getattr(v, "name", v) for k, v in (types or {}).items()}
     hd = head_dim
@@ -56,7 +57,8 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     w.add_token_merges(["Ġ Ġ"]), w.add_eos_token_id(0), w.add_bos_token_id(0)
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,),
-              **{name: (8,) for name in extra}}
+              **{name: (hd // 2,) if name == "rope_freqs.weight" else (hd,) if "norm" in name else (8,)
+                 for name in extra}}
     for i in range(layers):
         b = f"blk.{i}."
         shapes.update({b + "attn_norm.weight": (dim,), b + "ffn_norm.weight": (dim,),
@@ -69,6 +71,9 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
                            b + "attn_v.bias": (kv_dim,)})
     for name, shape in shapes.items():
         x = rng.standard_normal(shape).astype(np.float32) * 0.1
+        if name == "rope_freqs.weight":                    # Llama 3.1's divisors: 1 .. 8
+            w.add_tensor(name, np.linspace(1.0, 8.0, shape[0], dtype=np.float32))
+            continue
         if len(shape) == 1:
             w.add_tensor(name, x + 1 if "norm" in name else x)
             continue

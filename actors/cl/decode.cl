@@ -276,24 +276,32 @@ __kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, 
 
 // rope_table: cos [hd/2] then sin [hd/2] of position pos0 at t_o (the rope kernel's formula).
 // global (hd/2)
-__kernel void rope_table(__global uchar* arena, ulong t_o, int hd, float theta, int pos0)
+__kernel void rope_table(__global uchar* arena, ulong t_o, int hd, float theta, int pos0, ulong f_o)
 {
     const int i = get_global_id(0);
-    const float ang = (float)pos0 * pow(theta, -(float)(2 * i) / (float)hd);
+    const float ang = rope_angle((float)pos0, i, hd, theta, arena, f_o);
     AT(float, t_o)[i] = cos(ang);
     AT(float, t_o)[hd / 2 + i] = sin(ang);
 }
 
 // linear_act: act [K], W Q4_1 [M, K] -> out [M] = W act (+ res [M] when add != 0; out may be
 // res itself or a KV row).  global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
+// rows_o != 0: out is a KV cache's base and the row goes to KV row rows[0] (paged KV: a V
+// projection not joined into qkv_rope, its weights in another format than Q's and K's)
 __kernel void linear_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                         ulong out_o, ulong res_o, int K, int M, int add)
+                         ulong out_o, ulong res_o, int K, int M, int add, ulong rows_o)
 {
     const int r0 = 2 * get_global_id(0);
     if (r0 >= M) return;
     const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
     float2 y = dot2(arena, qs_o, d_o, m_o, r0, r1, K, s_o);
     if (add) y += (float2)(AT(const float, res_o)[r0], AT(const float, res_o)[r1]);
+    if (rows_o) {
+        __global kv_t* kv = AT(kv_t, out_o) + (size_t)AT(const int, rows_o)[0] * M;
+        KV_PUT(kv, r0, y.x);
+        if (r0 + 1 < M) KV_PUT(kv, r0 + 1, y.y);
+        return;
+    }
     AT(float, out_o)[r0] = y.x;
     if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = y.y;
 }

@@ -226,7 +226,7 @@ inline float row_sum(float s, __local float* part, int t)
 // linear, decode (N == 1): x [1, K], W Q4_1 [M, K] -> out [1, M] = x @ W.T.
 // global (LIN_T, M rounded up to LIN_R), local (LIN_T, LIN_R).
 __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, ulong rows_o)
+                          ulong out_o, int K, int M, ulong rows_o, ulong b_o)
 {
     const int t = get_local_id(0), r = get_global_id(1);
     const int nb = K / QK, rr = r < M ? r : M - 1;   // clamped: all work-items reach the barrier
@@ -254,8 +254,9 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     const float s = hsum8((a0 + a1) + (a2 + a3));
 #endif
     if (t == 0 && r < M) {  // rows_o != 0: the row goes to KV row rows[0] (paged KV)
-        if (rows_o) KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[0] * M + r, s);
-        else AT(float, out_o)[r] = s;
+        const float y = b_o ? s + AT(const float, b_o)[r] : s;     // b_o != 0: a bias [M]
+        if (rows_o) KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[0] * M + r, y);
+        else AT(float, out_o)[r] = y;
     }
 }
 
@@ -263,7 +264,7 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
 // row-cut half writes its columns of the whole output; rows_o != 0: row n at rows[n]).
 // global (M rounded up, ceil(N / GEMM_TN)): one work-item = one row of W times GEMM_TN tokens.
 __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, int N, int ld, ulong rows_o)
+                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, ulong b_o)
 {
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
@@ -294,26 +295,38 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
             acc[i] += w3 * xb[3];
         }
     }
+    const float bias = b_o ? AT(const float, b_o)[r] : 0.0f;
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
         if (n0 + i < N && rows_o)   // token n goes to KV row rows[n] (paged KV, paged.cl)
-            KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r, hsum8(acc[i]));
+            KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r, hsum8(acc[i]) + bias);
         else if (n0 + i < N)
-            AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]);
+            AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]) + bias;
 }
 
 // rope (GGML NORM): x [N, H*hd] -> out [N, H*hd] (may be KV rows; in place is fine): pair
 // (2i, 2i+1) of every head of row n rotated by (pos0 + n) * theta^(-2i/hd).  global (hd/2, N)
-__kernel void rope(__global uchar* arena, ulong x_o, ulong out_o, int H, int hd, float theta, int pos0)
+// neox != 0: pairs (i, i + hd/2) (NEOX rope, Qwen2); f_o != 0: pair i's frequency divided by
+// f[i] (Llama 3.1's rope_freqs).
+inline float rope_angle(float pos, int i, int hd, float theta, __global uchar* arena, ulong f_o)
+{
+    const float a = pos * pow(theta, -(float)(2 * i) / (float)hd);
+    return f_o ? a / AT(const float, f_o)[i] : a;
+}
+
+__kernel void rope(__global uchar* arena, ulong x_o, ulong out_o, int H, int hd, float theta, int pos0,
+                   int neox, ulong f_o)
 {
     const int i = get_global_id(0), n = get_global_id(1);
-    const float ang = (float)(pos0 + n) * pow(theta, -(float)(2 * i) / (float)hd);
+    const float ang = rope_angle((float)(pos0 + n), i, hd, theta, arena, f_o);
     const float c = cos(ang), s = sin(ang);       // once per (row, pair), shared by the H heads
-    const __global float2* x = AT(const float2, x_o) + (size_t)n * H * hd / 2 + i;
-    __global float2* out = AT(float2, out_o) + (size_t)n * H * hd / 2 + i;
+    const int a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
+    const __global float* x = AT(const float, x_o) + (size_t)n * H * hd;
+    __global float* out = AT(float, out_o) + (size_t)n * H * hd;
     for (int h = 0; h < H; h++) {
-        const float2 v = x[h * hd / 2];
-        out[h * hd / 2] = (float2)(v.x * c - v.y * s, v.x * s + v.y * c);
+        const float v0 = x[h * hd + a], v1 = x[h * hd + b];
+        out[h * hd + a] = v0 * c - v1 * s;
+        out[h * hd + b] = v0 * s + v1 * c;
     }
 }
 

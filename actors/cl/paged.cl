@@ -11,7 +11,7 @@
 // else row n); t_o != 0: cos and sin from rope_rows_table's table, else computed here.
 // global (hd/2, N)
 __kernel void rope_rows(__global uchar* arena, ulong x_o, ulong out_o, ulong pos_o, ulong rows_o,
-                        int H, int hd, float theta, ulong t_o)
+                        int H, int hd, float theta, ulong t_o, int neox, ulong f_o)
 {
     const int i = get_global_id(0), n = get_global_id(1);
     float c, s;
@@ -19,33 +19,36 @@ __kernel void rope_rows(__global uchar* arena, ulong x_o, ulong out_o, ulong pos
         c = AT(const float, t_o)[n * hd + i];
         s = AT(const float, t_o)[n * hd + hd / 2 + i];
     } else {
-        const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
+        const float ang = rope_angle((float)AT(const int, pos_o)[n], i, hd, theta, arena, f_o);
         c = cos(ang), s = sin(ang);
     }
-    const __global float2* x = AT(const float2, x_o) + (size_t)n * H * hd / 2 + i;
+    const int a = neox ? i : 2 * i, b = neox ? i + hd / 2 : 2 * i + 1;
+    const __global float* x = AT(const float, x_o) + (size_t)n * H * hd;
     if (rows_o) {                           // K: KV row rows[n]
-        __global kv_t* out = AT(kv_t, out_o) + (size_t)AT(const int, rows_o)[n] * H * hd + 2 * i;
+        __global kv_t* out = AT(kv_t, out_o) + (size_t)AT(const int, rows_o)[n] * H * hd;
         for (int h = 0; h < H; h++) {
-            const float2 v = x[h * hd / 2];
-            KV_PUT(out, h * hd, v.x * c - v.y * s);
-            KV_PUT(out, h * hd + 1, v.x * s + v.y * c);
+            const float v0 = x[h * hd + a], v1 = x[h * hd + b];
+            KV_PUT(out, h * hd + a, v0 * c - v1 * s);
+            KV_PUT(out, h * hd + b, v0 * s + v1 * c);
         }
         return;
     }
-    __global float2* out = AT(float2, out_o) + (size_t)n * H * hd / 2 + i;
+    __global float* out = AT(float, out_o) + (size_t)n * H * hd;
     for (int h = 0; h < H; h++) {
-        const float2 v = x[h * hd / 2];
-        out[h * hd / 2] = (float2)(v.x * c - v.y * s, v.x * s + v.y * c);
+        const float v0 = x[h * hd + a], v1 = x[h * hd + b];
+        out[h * hd + a] = v0 * c - v1 * s;
+        out[h * hd + b] = v0 * s + v1 * c;
     }
 }
 
 // rope_rows_table: per row n, cos [hd/2] then sin [hd/2] of its position at t_o + n hd floats:
 // once a step, read by the step's 2 L rope_rows (pow, cos and sin are library calls here, ~4 ms
 // a 16-row step when every rope computes them).  global (hd/2, N)
-__kernel void rope_rows_table(__global uchar* arena, ulong pos_o, ulong t_o, int hd, float theta)
+__kernel void rope_rows_table(__global uchar* arena, ulong pos_o, ulong t_o, int hd, float theta,
+                              ulong f_o)
 {
     const int i = get_global_id(0), n = get_global_id(1);
-    const float ang = (float)AT(const int, pos_o)[n] * pow(theta, -(float)(2 * i) / (float)hd);
+    const float ang = rope_angle((float)AT(const int, pos_o)[n], i, hd, theta, arena, f_o);
     AT(float, t_o)[n * hd + i] = cos(ang);
     AT(float, t_o)[n * hd + hd / 2 + i] = sin(ang);
 }
@@ -183,7 +186,8 @@ __kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int 
 // block is loaded once and multiplied in integers (decode.cl's block_dot) with every row's.
 // global (M rounded up to LIN_R, ceil(N / GEMM_TN)), local (LIN_R, 1)
 __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                              ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+                              ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes,
+                              ulong b_o)
 {
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
@@ -217,11 +221,12 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
             acc[i] += w_block_dot(q, d, m, b, xv[i], dx[i], dx[i] + nb, &macc[i]);
 #endif
     }
+    const float bias = b_o ? AT(const float, b_o)[r] : 0.0f;     // b_o != 0: a bias [M]
 #pragma unroll
     for (int i = 0; i < GEMM_TN; i++)
         if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
             KV_PUT(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r,
-                   hsum8(acc[i]) + macc[i]);
+                   hsum8(acc[i]) + macc[i] + bias);
         else if (n0 + i < N)
-            AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]) + macc[i];
+            AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]) + macc[i] + bias;
 }
