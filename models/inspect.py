@@ -11,12 +11,13 @@ from .llama import matrix_types, read_config, tensor_problems
 
 # families the processors' kernels run, and those only the numpy oracle reads so far
 FAMILIES = {
-    "llama": {"runs": True, "what": "Llama layout (SmolLM2, TinyLlama, Llama 2): RMSNorm, GQA "
-              "attention with RoPE, SwiGLU MLP; tied or untied output; no rope_freqs (Llama 3.1)"},
-    "qwen2": {"runs": False, "what": "read by the numpy oracle; the processors' kernels lack its "
-              "Q/K/V biases and NEOX rope"},
+    "llama": {"runs": True, "what": "Llama layout (SmolLM2, TinyLlama, Llama 2, Llama 3.x): RMSNorm, "
+              "GQA attention with RoPE (Llama 3.1's rope_freqs too), SwiGLU MLP; tied or untied output"},
+    "qwen2": {"runs": True, "what": "Qwen2 / Qwen2.5: the Llama layout with Q/K/V biases and NEOX rope"},
+    "qwen3": {"runs": False, "what": "not yet: needs per-head Q/K RMSNorm (attn_q_norm, attn_k_norm)"},
+    "gemma3": {"runs": False, "what": "not yet: needs GeGLU, Q/K norms, pre- and post-norms, "
+               "embedding scaling, interleaved sliding-window layers, SentencePiece-style tokenizer"},
 }
-
 
 
 def tensor_types() -> dict:
@@ -42,8 +43,9 @@ def processors(reader) -> dict:
 def problems(reader) -> list:
     """One line per reason socllm cannot run this file; [] if it runs."""
     arch = _get(reader, "general.architecture")
-    if arch not in FAMILIES:
-        return [f"architecture {arch!r} is not supported (socllm runs: "
+    if arch not in FAMILIES or not FAMILIES[arch]["runs"]:
+        why = f": {FAMILIES[arch]['what']}" if arch in FAMILIES else ""
+        return [f"architecture {arch!r} is not supported{why} (socllm runs: "
                 f"{', '.join(k for k, v in FAMILIES.items() if v['runs'])})"]
     try:
         cfg = read_config(reader)
@@ -61,8 +63,6 @@ def problems(reader) -> list:
     for (found, want), n in types.items():
         out.append(f"{n} tensor(s) of type {found} where socllm runs {want} "
                    f"(e.g. {example[found, want]})")
-    if not FAMILIES[arch]["runs"]:
-        out.append(f"architecture {arch!r}: {FAMILIES[arch]['what']}")
     return out
 
 

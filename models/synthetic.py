@@ -1,0 +1,106 @@
+"""Tiny Llama-family GGUFs for tests and fixtures (no download): seeded random weights, 1 layer by
+default, dim 32, 2 heads of 16 (1 kv head), ffn 64, and a byte-level tokenizer of 257 tokens (one
+per byte, and one merge: two spaces) so an engine can load them. K-quant matrices need rows of 256 weights: pass
+dim=256 (and ffn=512)."""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT, GGUFWriter
+from gguf.quants import quantize
+
+from .quant import FORMATS
+
+QUANTIZABLE = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # gguf.quants.quantize
+
+
+def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
+    """x [rows, cols] f32 -> the raw bytes of a GGUF tensor of type qtype. gguf quantizes the
+    32-weight formats; K-quant blocks are random but valid: random codes and sub-scales, and f16
+    super-scales small enough that the weights stay near x's size."""
+    if qtype in QUANTIZABLE:
+        return quantize(x, QT[qtype])
+    rows, cols = x.shape
+    f = FORMATS.get(qtype)
+    size = f.block_bytes if f else {"Q2_K": 84, "Q3_K": 110}[qtype]
+    n = rows * cols // 256
+    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
+
+    def f16(col, scale):
+        v = (rng.uniform(0.5, 1.0, n) * scale).astype(np.float16)
+        raw[:, col:col + 2] = v.view(np.uint8).reshape(n, 2)
+    if qtype in ("Q4_K", "Q5_K"):
+        f16(0, 2e-4), f16(2, 2e-4)          # d, dmin: |w| <= 63 * 31 * 2e-4 ~ 0.4
+    elif qtype == "Q6_K":
+        f16(208, 2e-4)                      # d: |w| <= 127 * 32 * 2e-4 ~ 0.8
+    elif qtype == "Q2_K":
+        f16(80, 1e-3), f16(82, 1e-3)
+    return raw.reshape(rows, -1)
+
+
+def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, ffn=64,
+               layers=1, vocab=257, table="Q8_0", head_dim=16) -> str:
+    """matrix: the type of the layers' matrices; table: the token embedding's; types: {name:
+    type} for single tensors; extra: f32 vectors beside the Llama ones (rope_freqs.weight: [hd/2];
+    a name with "norm": [hd]; others [8])."""
+    matrix, table = getattr(matrix, "name", matrix), getattr(table, "name", table)
+    types = {k: getattr(v, "name", v) for k, v in (types or {}).items()}
+    hd = head_dim
+    heads = dim // hd
+    kv_heads = max(1, heads // 2)
+    q_dim, kv_dim = heads * hd, kv_heads * hd
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(layers), w.add_context_length(64), w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn), w.add_head_count(heads), w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0), w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("smollm")
+    w.add_token_list((byte_tokens() + ["ĠĠ"])[:vocab]), w.add_token_types([1] * vocab)
+    w.add_token_merges(["Ġ Ġ"]), w.add_eos_token_id(0), w.add_bos_token_id(0)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,),
+              **{name: (hd // 2,) if name == "rope_freqs.weight" else (hd,) if "norm" in name else (8,)
+                 for name in extra}}
+    for i in range(layers):
+        b = f"blk.{i}."
+        shapes.update({b + "attn_norm.weight": (dim,), b + "ffn_norm.weight": (dim,),
+                       b + "attn_q.weight": (q_dim, dim), b + "attn_k.weight": (kv_dim, dim),
+                       b + "attn_v.weight": (kv_dim, dim), b + "attn_output.weight": (dim, q_dim),
+                       b + "ffn_gate.weight": (ffn, dim), b + "ffn_up.weight": (ffn, dim),
+                       b + "ffn_down.weight": (dim, ffn)})
+        if arch == "qwen2":
+            shapes.update({b + "attn_q.bias": (q_dim,), b + "attn_k.bias": (kv_dim,),
+                           b + "attn_v.bias": (kv_dim,)})
+    for name, shape in shapes.items():
+        x = rng.standard_normal(shape).astype(np.float32) * 0.1
+        if name == "rope_freqs.weight":                    # Llama 3.1's divisors: 1 .. 8
+            w.add_tensor(name, np.linspace(1.0, 8.0, shape[0], dtype=np.float32))
+            continue
+        if len(shape) == 1:
+            w.add_tensor(name, x + 1 if "norm" in name else x)
+            continue
+        qtype = types.get(name, table if name == "token_embd.weight" else matrix)
+        if qtype == "F32":
+            w.add_tensor(name, x)
+        else:
+            w.add_tensor(name, blocks(qtype, x, rng), raw_dtype=QT[qtype])
+    write(w)
+    return str(path)
+
+
+def byte_tokens() -> list:
+    """GPT-2's byte-level alphabet: the character that stands for each byte 0..255."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write(w: GGUFWriter):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
