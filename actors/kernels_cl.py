@@ -366,6 +366,7 @@ class CLKernels:
         if D % 8:
             raise ValueError(f"rmsnorm: D={D} is not a multiple of 8")
         _aligned("rmsnorm", a["x"][1], a["w"][1], a["out"][1])
+        N *= a.get("heads", 1)          # per-head norms: every head's row alone
         self._go("rmsnorm", (N,), None, a["x"][1], a["w"][1], a["out"][1], D, a["eps"], N)
 
     def _linear(self, a, N, pos0):

@@ -112,8 +112,9 @@ class NumpyKernels:
         self.f32(a["out"][1], N, a["D"])[:] = self.matrix(a["table"], a["V"], a["D"], ids)
 
     def rmsnorm(self, a, N, pos0):
-        """x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w"""
-        D = a["D"]
+        """x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w (heads: x [N, heads*D],
+        each head's D values normalized alone: Qwen3's Q/K norms)"""
+        D, N = a["D"], N * a.get("heads", 1)
         x = self.f32(a["x"][1], N, D)
         w = self.f32(a["w"][1], 1, D)[0]
         r = 1.0 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + np.float32(a["eps"]))

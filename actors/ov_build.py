@@ -227,10 +227,16 @@ def _embed(g: Graph, a):
 
 
 def _rmsnorm(g: Graph, a):
-    x = g.read(a["x"], a["D"])
-    ms = ops.reduce_mean(ops.multiply(x, x), np.array([1], np.int64), True)
+    heads, D = a.get("heads", 1), a["D"]
+    x = g.read(a["x"], heads * D)
+    if heads > 1:                       # per-head norms (Qwen3's Q/K): [B, heads, D]
+        x = ops.reshape(x, np.array([g.B, heads, D], np.int64), False)
+    ms = ops.reduce_mean(ops.multiply(x, x), np.array([-1], np.int64), True)
     r = ops.divide(f32(1.0), ops.sqrt(ops.add(ms, f32(a["eps"]))))
-    g.write(a["out"], ops.multiply(ops.multiply(x, r), g.wf(a["w"], a["D"])))
+    y = ops.multiply(ops.multiply(x, r), g.wf(a["w"], D))
+    if heads > 1:
+        y = ops.reshape(y, np.array([g.B, heads * D], np.int64), False)
+    g.write(a["out"], y)
 
 
 def _linear(g: Graph, a):

@@ -46,6 +46,9 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
                                 ("ffn_gate", (F, D), "q4_1"), ("ffn_up", (F, D), "q4_1"),
                                 ("ffn_down", (D, F), "q4_1")]:
             g.tensor(weight_name(i, part), shape, dt, "weight")
+        if getattr(cfg, "qk_norm", False):
+            g.tensor(f"blk.{i}.attn_q_norm.weight", (hd,), "f32", "weight")
+            g.tensor(f"blk.{i}.attn_k_norm.weight", (hd,), "f32", "weight")
         if cfg.qkv_bias:                             # Qwen2: y = x W.T + b
             for part, n in (("attn_q", H * hd), ("attn_k", kv_cols), ("attn_v", kv_cols)):
                 g.tensor(f"blk.{i}.{part}.bias", (n,), "f32", "weight")
@@ -69,13 +72,19 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         g.add("rmsnorm", {"x": x, "w": weight_name(i, "attn_norm")}, {"out": p + "xn"}, i, D=D, eps=cfg.eps)
         lin(i, "attn_q", p + "xn", p + "q", D, H * hd)
         lin(i, "attn_k", p + "xn", p + "k", D, kv_cols)
+        q, k = p + "q", p + "k"
+        if getattr(cfg, "qk_norm", False):   # Qwen3: every head's row normalized before rope
+            for x_, n_, heads in ((q, "attn_q_norm", H), (k, "attn_k_norm", KVH)):
+                g.add("rmsnorm", {"x": x_, "w": weight_name(i, n_)}, {"out": x_ + "n"}, i,
+                      D=hd, eps=cfg.eps, heads=heads)
+            q, k = q + "n", k + "n"
         kv_rows = {"rows": "rows"} if paged else {}
         g.add("linear", {"x": p + "xn", "w": weight_name(i, "attn_v"), **bias(i, "attn_v"), **kv_rows},
               {"out": f"vcache.{i}"}, i, K=D, M=kv_cols)
         # NEOX rope (Qwen2) rotates pairs (j, j + hd/2), GGML's NORM rope pairs (2j, 2j+1)
         rope = dict(head_dim=hd, theta=cfg.rope_theta, **({"neox": 1} if cfg.neox_rope else {}))
-        g.add("rope", {"x": p + "q", **rowmeta, **freqs}, {"out": p + "qr"}, i, heads=H, **rope)
-        g.add("rope", {"x": p + "k", **rowmeta, **kv_rows, **freqs}, {"out": f"kcache.{i}"}, i,
+        g.add("rope", {"x": q, **rowmeta, **freqs}, {"out": p + "qr"}, i, heads=H, **rope)
+        g.add("rope", {"x": k, **rowmeta, **kv_rows, **freqs}, {"out": f"kcache.{i}"}, i,
               heads=KVH, **rope)
         att = {"q": p + "qr", "k": f"kcache.{i}", "v": f"vcache.{i}"}
         pages = {}

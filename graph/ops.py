@@ -42,7 +42,7 @@ RULES = {
 
 CHECKS = {
     "linear": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["K"]),
-    "rmsnorm": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["D"]),
+    "rmsnorm": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["D"] * op.attrs.get("heads", 1)),
     "silu_mul": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["g"]), _shape(g, op.inputs["u"]))),
     "add": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["a"]), _shape(g, op.inputs["b"]))),
     "attention": lambda g, op: _eq(_shape(g, op.inputs["q"])[1], op.attrs["heads"] * op.attrs["head_dim"]),

@@ -14,7 +14,7 @@ FAMILIES = {
     "llama": {"runs": True, "what": "Llama layout (SmolLM2, TinyLlama, Llama 2, Llama 3.x): RMSNorm, "
               "GQA attention with RoPE (Llama 3.1's rope_freqs too), SwiGLU MLP; tied or untied output"},
     "qwen2": {"runs": True, "what": "Qwen2 / Qwen2.5: the Llama layout with Q/K/V biases and NEOX rope"},
-    "qwen3": {"runs": False, "what": "not yet: needs per-head Q/K RMSNorm (attn_q_norm, attn_k_norm)"},
+    "qwen3": {"runs": True, "what": "Qwen3: the Llama layout with per-head Q/K RMSNorm and NEOX rope"},
     "gemma3": {"runs": False, "what": "not yet: needs GeGLU, Q/K norms, pre- and post-norms, "
                "embedding scaling, interleaved sliding-window layers, SentencePiece-style tokenizer"},
 }

@@ -1,7 +1,8 @@
 """The Llama-family model description: its config and its weights, read from a GGUF.
 
 Llama (SmolLM2, Llama-3) and Qwen2 are one network: RMSNorm, GQA attention with RoPE, SwiGLU
-MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX rope — so both load here.
+MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX rope, Qwen3 normalizes Q and K
+per head, Llama 3.1 divides rope frequencies — so all load here.
 
 Weights keep GGUF's tensor names. A matrix W [out, in] (y = x @ W.T) stays in its file's format, in
 the planar layout of models/quant.py; only norms and biases are float32.
@@ -16,7 +17,7 @@ from gguf import GGUFReader
 from .gguf_file import ModelError
 from .quant import FLOAT_TYPES, MATRIX_TYPES, QK, float_matrix, planar, repack_q8_0
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -37,6 +38,7 @@ class ModelConfig:
     tied_embeddings: bool  # no output.weight: the lm_head is token_embd
     qkv_bias: bool         # attn_q/k/v carry a bias (Qwen2)
     rope_freqs: bool = False   # rope_freqs.weight divides each pair's frequency (Llama 3.1)
+    qk_norm: bool = False      # per-head RMSNorm of Q and K before rope (Qwen3)
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
@@ -68,8 +70,8 @@ class ModelConfig:
 
     @property
     def neox_rope(self) -> bool:
-        """Qwen2 rotates pairs (i, i+half); GGUF's llama Q/K are permuted for pairs (2i, 2i+1)."""
-        return self.arch == "qwen2"
+        """Qwen rotates pairs (i, i+half); GGUF's llama Q/K are permuted for pairs (2i, 2i+1)."""
+        return self.arch in ("qwen2", "qwen3")
 
 
 def load_config(reader: GGUFReader) -> ModelConfig:
@@ -104,6 +106,7 @@ def read_config(reader: GGUFReader) -> ModelConfig:
         tied_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_freqs="rope_freqs.weight" in names,
+        qk_norm=arch == "qwen3",
     )
     return cfg
 
@@ -152,6 +155,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple
              "ffn_down.weight": (MATRIX, (c.dim, c.ffn_dim))}
     if c.rope_freqs:
         table["rope_freqs.weight"] = (VECTOR, (c.head_dim // 2,))
+    if c.qk_norm:
+        block.update({"attn_q_norm.weight": (VECTOR, (c.head_dim,)),
+                      "attn_k_norm.weight": (VECTOR, (c.head_dim,))})
     if c.qkv_bias:
         block.update({"attn_q.bias": (VECTOR, (c.q_dim,)),
                       "attn_k.bias": (VECTOR, (c.kv_dim,)),

@@ -74,8 +74,10 @@ class Oracle:
         q, k, v = (h @ lw[f"attn_{n}.weight"].T for n in "qkv")  # [T, q_dim], [T, kv_dim] x2
         if c.qkv_bias:
             q, k, v = q + lw["attn_q.bias"], k + lw["attn_k.bias"], v + lw["attn_v.bias"]
-        q = self._rope(q.reshape(T, c.n_heads, c.head_dim), cos, sin)
-        k = self._rope(k.reshape(T, c.n_kv_heads, c.head_dim), cos, sin)
+        q, k = q.reshape(T, c.n_heads, c.head_dim), k.reshape(T, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:                                   # Qwen3: RMSNorm of every head's row
+            q, k = _rmsnorm(q, lw["attn_q_norm.weight"], c.eps), _rmsnorm(k, lw["attn_k_norm.weight"], c.eps)
+        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         end = pos0 + T
         kv.k[i, pos0:end], kv.v[i, pos0:end] = k.reshape(T, -1), v
         keys = kv.k[i, :end].reshape(end, c.n_kv_heads, c.head_dim)    # [S, kv_heads, hd]

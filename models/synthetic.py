@@ -66,6 +66,8 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
                        b + "attn_v.weight": (kv_dim, dim), b + "attn_output.weight": (dim, q_dim),
                        b + "ffn_gate.weight": (ffn, dim), b + "ffn_up.weight": (ffn, dim),
                        b + "ffn_down.weight": (dim, ffn)})
+        if arch == "qwen3":                                 # per-head Q/K norms
+            shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
         if arch == "qwen2":
             shapes.update({b + "attn_q.bias": (q_dim,), b + "attn_k.bias": (kv_dim,),
                            b + "attn_v.bias": (kv_dim,)})

@@ -30,10 +30,12 @@ CASES = {
     "llama-F32": dict(arch="llama", matrix="F32", table="F32"),
     "qwen2-F32": dict(arch="qwen2", matrix="F32", table="F32"),
     "llama3-F32": dict(arch="llama", matrix="F32", table="F32", extra=("rope_freqs.weight",)),
+    "qwen3-F32": dict(arch="qwen3", matrix="F32", table="F32"),
     **{f"llama-{f}": dict(arch="llama", matrix=f) for f in
        ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")},
     "llama-Q4_K-Q6_K-table": dict(arch="llama", matrix="Q4_K", table="Q6_K"),
     "qwen2-Q8_0": dict(arch="qwen2", matrix="Q8_0"),
+    "qwen3-Q4_K": dict(arch="qwen3", matrix="Q4_K"),
 }
 SIZE = dict(dim=256, ffn=512, head_dim=32, layers=2)
 HARD = ["", " ", "  leading spaces", "trailing  ", "tabs\tand\nnewlines\n\n\n", "1234567890 3.14159 1e-10",

@@ -139,9 +139,9 @@ def test_a_q4_0_model_runs_on_every_processor(tmp_path):
 
 
 # -- families beyond Llama's plain layout ---------------------------------------------------------
-@pytest.mark.parametrize("arch,extra", [("qwen2", ()), ("llama", ("rope_freqs.weight",))],
-                         ids=["qwen2-bias-neox", "llama3-rope-freqs"])
-def test_qwen2_and_llama3_models_give_the_oracle_tokens_on_every_processor(tmp_path, arch, extra):
+@pytest.mark.parametrize("arch,extra", [("qwen2", ()), ("llama", ("rope_freqs.weight",)), ("qwen3", ())],
+                         ids=["qwen2-bias-neox", "llama3-rope-freqs", "qwen3-qk-norm"])
+def test_qwen_and_llama3_models_give_the_oracle_tokens_on_every_processor(tmp_path, arch, extra):
     path = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, extra=extra, dim=64, ffn=128,
                       head_dim=32, layers=2, matrix="Q5_0")
     available, skipped, got, want = _engine_greedy(path, ["cpu", "gpu", "npu"])
