@@ -137,7 +137,8 @@ def weight_build(ref) -> tuple:
     if ref[0] != "wq":
         raise ValueError(f"the OpenCL kernels do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
     f = FORMATS[ref[1]]
-    opts = [f"-DWQV={f.qb // 16}"] + ["-DW_F32"] * (f.scale == "f32") + ["-DW_G16"] * (f.group == 16)
+    opts = [f"-DWQV={f.qb // 16}"] + ["-DW_F32"] * (f.scale == "f32") + ["-DW_G16"] * (f.group == 16) \
+        + [f"-DW_ZERO={f.zero}"] * bool(f.zero)
     return tuple(ref[2:]), " ".join(opts)
 
 

@@ -50,6 +50,7 @@ class Format:
     scale: str      # "f16" | "f32": d's and m's type
     block: int      # weights per GGUF block
     block_bytes: int
+    zero: int = 0   # m = -zero * d in every group (a symmetric format: codes - zero are signed)
 
     @property
     def qb(self) -> int:
@@ -64,12 +65,12 @@ class Format:
 FORMATS = {f.name: f for f in (
     Format("Q4_0", 4, 32, "f16", 32, 18),
     Format("Q4_1", 4, 32, "f16", 32, 20),
-    Format("Q5_0", 5, 32, "f16", 32, 22),
+    Format("Q5_0", 5, 32, "f16", 32, 22, 16),
     Format("Q5_1", 5, 32, "f16", 32, 24),
-    Format("Q8_0", 8, 32, "f16", 32, 34),
+    Format("Q8_0", 8, 32, "f16", 32, 34, 128),
     Format("Q4_K", 4, 32, "f32", 256, 144),
     Format("Q5_K", 5, 32, "f32", 256, 176),
-    Format("Q6_K", 6, 16, "f32", 256, 210),
+    Format("Q6_K", 6, 16, "f32", 256, 210, 32),
 )}
 FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}   # BF16 kept as its bits
 W4_FORMATS = ("Q4_0", "Q4_1")     # the 4-bit, f16, 32-group layout: "w4" refs

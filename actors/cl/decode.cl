@@ -141,36 +141,93 @@ inline float8 block_dot(uchar16 w, const __global uchar* act, int b)
 #endif
 }
 
+#if !W_Q4_1 && WQV == 2
+// sum_j c_j x_j of a block whose codes have two nibble planes (lo, hi: 16 bytes each), against
+// prepared block b, as float8 partial sums, where c = q - W_ZERO: formats whose minimum is a
+// fixed multiple of the scale (Q5_0 16, Q8_0 128, Q6_K 32; m = -W_ZERO d) take signed codes and
+// no minimum term, as llama.cpp does; the others (W_ZERO 0) unsigned codes. One product per
+// weight: the codes are joined before the dot, not dotted plane by plane. mask keeps bytes of lo
+// and hi (a 16-weight half: bytes 0-7 hold weights 0-15).
+inline float8 codes_dot(uchar16 lo, uchar16 hi, uchar16 mask, const __global uchar* act, int b)
+{
+    const uchar16 ev = (lo & (uchar)0x0F) | ((hi & (uchar)0x0F) << (uchar)4);   // even weights
+    const uchar16 od = (lo >> (uchar)4) | (hi & (uchar)0xF0);                    // odd weights
+#if W_ZERO
+    const char16 ce = as_char16(ev - (uchar)W_ZERO) & as_char16(mask);
+    const char16 co = as_char16(od - (uchar)W_ZERO) & as_char16(mask);
+#else
+    const uchar16 ce = ev & mask, co = od & mask;
+#endif
+#if ACT_BITS == 8 && defined(Q8_X86)
+    const v32qi x = *((const __global v32qi*)act + b);                 // 16 evens, then 16 odds
+    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+#if W_ZERO    // s8 * s8: |c| times x with c's sign moved onto x (|c| <= 128, |x| <= 127)
+    // the codes in 256-bit lanes: low nibbles of lo and high nibbles of hi, evens then odds
+    const uchar32 u = (__builtin_shufflevector(lo, lo >> (uchar)4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+            11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (uchar)0x0F)
+        | (__builtin_shufflevector(hi << (uchar)4, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+            14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (uchar)0xF0);
+    const uchar32 mk = __builtin_shufflevector(mask, mask, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+            13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v32qi c = __builtin_astype((u - (uchar)W_ZERO) & mk, v32qi);
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(c, c),
+                                                __builtin_ia32_psignb256(x, c));
+#else         // u8 * s8: codes of at most 6 bits, so a pair's sum fits 16 bits
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype((uchar32)(ce, co), v32qi), x);
+#endif
+    return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
+#elif ACT_BITS == 8
+    const __global char16* x = (const __global char16*)act + 2 * b;
+    const int16 p = CVT(ce, int16) * CVT(x[0], int16) + CVT(co, int16) * CVT(x[1], int16);
+    return CVT(p.lo + p.hi, float8);
+#elif ACT_BITS == 16
+    const __global short16* x = (const __global short16*)act + 2 * b;
+#ifdef Q8_X86
+    const v8si e = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(ce, short16), v16hi), __builtin_astype(x[0], v16hi));
+    const v8si o = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(co, short16), v16hi), __builtin_astype(x[1], v16hi));
+    return CVT(__builtin_astype(e + o, int8), float8);
+#else
+    const int16 p = CVT(ce, int16) * CVT(x[0], int16) + CVT(co, int16) * CVT(x[1], int16);
+    return CVT(p.lo + p.hi, float8);
+#endif
+#else
+    const __global float8* x = (const __global float8*)act + 4 * b;
+    return (CVT(ce.lo, float8) * x[0] + CVT(ce.hi, float8) * x[1])
+         + (CVT(co.lo, float8) * x[2] + CVT(co.hi, float8) * x[3]);
+#endif
+}
+#endif
+
 #if !W_Q4_1
 // sum_j w_j x_j of block b of a weight row in the build's format (weights.cl's macros) against the
 // prepared activation, as float8 partial sums; the minimum's term as well (its scalar in *mt).
-// 16-weight groups take each half's codes masked apart, and their minimum's term as a dot of
-// ones, since the prepared activation sums whole 32-blocks only.
+// 16-weight groups take each half's codes masked apart (and, with a free minimum, its term as a
+// dot of ones, since the prepared activation sums whole 32-blocks only).
 inline float8 w_block_dot(const __global uchar16* q, const __global wsc_t* d, const __global wsc_t* m,
                           int b, const __global uchar* xv, const __global float* dx,
                           const __global float* sx, float* mt)
 {
-#if WGB == 1
-    float8 s = block_dot(q[WQV * b], xv, b);
 #if WQV == 2
-    s += 16.0f * block_dot(q[2 * b + 1], xv, b);
-#endif
+    const uchar16 all = (uchar16)255;
+#if WGB == 1
+    const float8 s = codes_dot(q[2 * b], q[2 * b + 1], all, xv, b);
+#if !W_ZERO
     *mt += WS(m, b) * sx[b];
+#endif
     return s * (WS(d, b) * dx[b]);
 #else
-    float8 acc = 0.0f;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {       // bytes 0-7 hold weights 0-15, bytes 8-15 weights 16-31
-        const uchar16 mask = h ? (uchar16)(0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255)
-                               : (uchar16)(255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0);
-        float8 s = block_dot(q[WQV * b] & mask, xv, b);
-#if WQV == 2
-        s += 16.0f * block_dot(q[2 * b + 1] & mask, xv, b);
+    const uchar16 first = (uchar16)(255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0);
+    float8 acc = codes_dot(q[2 * b], q[2 * b + 1], first, xv, b) * WS(d, 2 * b)
+               + codes_dot(q[2 * b], q[2 * b + 1], ~first, xv, b) * WS(d, 2 * b + 1);
+#if !W_ZERO
+    acc += block_dot((uchar16)0x11 & first, xv, b) * WS(m, 2 * b)
+         + block_dot((uchar16)0x11 & ~first, xv, b) * WS(m, 2 * b + 1);
 #endif
-        const float8 ones = block_dot((uchar16)0x11 & mask, xv, b);
-        acc += (s * WS(d, 2 * b + h) + ones * WS(m, 2 * b + h)) * dx[b];
-    }
-    return acc;
+    return acc * dx[b];
+#endif
+#else               // 4-bit codes, 32-weight groups (Q4_K)
+    *mt += WS(m, b) * sx[b];
+    return block_dot(q[b], xv, b) * (WS(d, b) * dx[b]);
 #endif
 }
 

@@ -103,8 +103,12 @@ inline float exp_f32(float x)
 //           the low one: codes of 5 to 8 bits, q = lo + 16 hi)
 //   W_F32   d and m are f32 (the K-quants' products of two scales), else f16
 //   W_G16   groups of 16 weights (Q6_K): a block's first and second halves scale apart
+//   W_ZERO  (below)
 #ifndef WQV
 #define WQV 1
+#endif
+#ifndef W_ZERO      // m = -W_ZERO d for every group (Q5_0, Q8_0, Q6_K): codes minus W_ZERO are
+#define W_ZERO 0    // the file's signed integers, and the integer dots need no minimum term
 #endif
 #ifdef W_F32
 typedef float wsc_t;
