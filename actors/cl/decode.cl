@@ -141,6 +141,32 @@ inline float8 block_dot(uchar16 w, const __global uchar* act, int b)
 #endif
 }
 
+// sum_j w_j x_j of 32 integer weights against prepared block b, its values in two halves of 16
+// (a pairs with the block's first 16 activation values, c with its last 16), as float8 partial
+// sums: the paths without x86's byte products (int8 portable, int16, f32 activations)
+inline float8 dot_halves(short16 a, short16 c, const __global uchar* act, int b)
+{
+#if ACT_BITS == 8
+    const __global char16* x = (const __global char16*)act + 2 * b;
+    const int16 p = CVT(a, int16) * CVT(x[0], int16) + CVT(c, int16) * CVT(x[1], int16);
+    return CVT(p.lo + p.hi, float8);
+#elif ACT_BITS == 16
+    const __global short16* x = (const __global short16*)act + 2 * b;
+#ifdef Q8_X86
+    const v8si e = __builtin_ia32_pmaddwd256(__builtin_astype(a, v16hi), __builtin_astype(x[0], v16hi));
+    const v8si o = __builtin_ia32_pmaddwd256(__builtin_astype(c, v16hi), __builtin_astype(x[1], v16hi));
+    return CVT(__builtin_astype(e + o, int8), float8);
+#else
+    const int16 p = CVT(a, int16) * CVT(x[0], int16) + CVT(c, int16) * CVT(x[1], int16);
+    return CVT(p.lo + p.hi, float8);
+#endif
+#else
+    const __global float8* x = (const __global float8*)act + 4 * b;
+    const float16 fa = CVT(a, float16), fc = CVT(c, float16);
+    return (fa.lo * x[0] + fa.hi * x[1]) + (fc.lo * x[2] + fc.hi * x[3]);
+#endif
+}
+
 #if !W_Q4_1 && WQV == 2
 // sum_j c_j x_j of a block whose codes have two nibble planes (lo, hi: 16 bytes each), against
 // prepared block b, as float8 partial sums, where c = q - W_ZERO: formats whose minimum is a
@@ -176,24 +202,8 @@ inline float8 codes_dot(uchar16 lo, uchar16 hi, uchar16 mask, const __global uch
     const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype((uchar32)(ce, co), v32qi), x);
 #endif
     return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
-#elif ACT_BITS == 8
-    const __global char16* x = (const __global char16*)act + 2 * b;
-    const int16 p = CVT(ce, int16) * CVT(x[0], int16) + CVT(co, int16) * CVT(x[1], int16);
-    return CVT(p.lo + p.hi, float8);
-#elif ACT_BITS == 16
-    const __global short16* x = (const __global short16*)act + 2 * b;
-#ifdef Q8_X86
-    const v8si e = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(ce, short16), v16hi), __builtin_astype(x[0], v16hi));
-    const v8si o = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(co, short16), v16hi), __builtin_astype(x[1], v16hi));
-    return CVT(__builtin_astype(e + o, int8), float8);
 #else
-    const int16 p = CVT(ce, int16) * CVT(x[0], int16) + CVT(co, int16) * CVT(x[1], int16);
-    return CVT(p.lo + p.hi, float8);
-#endif
-#else
-    const __global float8* x = (const __global float8*)act + 4 * b;
-    return (CVT(ce.lo, float8) * x[0] + CVT(ce.hi, float8) * x[1])
-         + (CVT(co.lo, float8) * x[2] + CVT(co.hi, float8) * x[3]);
+    return dot_halves(CVT(ce, short16), CVT(co, short16), act, b);
 #endif
 }
 #endif
@@ -424,24 +434,8 @@ inline float8 block_dot_q8_0(const __global char16* q, const __global uchar* act
     const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(w, w),   // |w| (-128: 0x80 = 128 unsigned)
                                                 __builtin_ia32_psignb256(x, w));
     return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
-#elif ACT_BITS == 8
-    const __global char16* x = (const __global char16*)act + 2 * b;
-    const short16 p = CVT(q0, short16) * CVT(x[0], short16) + CVT(q1, short16) * CVT(x[1], short16);
-    return CVT(CVT(p.lo, int8) + CVT(p.hi, int8), float8);
-#elif ACT_BITS == 16
-    const __global short16* x = (const __global short16*)act + 2 * b;
-#ifdef Q8_X86
-    const v8si lo = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(q0, short16), v16hi), __builtin_astype(x[0], v16hi));
-    const v8si hi = __builtin_ia32_pmaddwd256(__builtin_astype(CVT(q1, short16), v16hi), __builtin_astype(x[1], v16hi));
-    return CVT(__builtin_astype(lo + hi, int8), float8);
 #else
-    const int16 p = CVT(q0, int16) * CVT(x[0], int16) + CVT(q1, int16) * CVT(x[1], int16);
-    return CVT(p.lo + p.hi, float8);
-#endif
-#else
-    const __global float8* x = (const __global float8*)act + 4 * b;
-    return (CVT(q0.lo, float8) * x[0] + CVT(q0.hi, float8) * x[1])
-         + (CVT(q1.lo, float8) * x[2] + CVT(q1.hi, float8) * x[3]);
+    return dot_halves(CVT(q0, short16), CVT(q1, short16), act, b);
 #endif
 }
 
