@@ -130,15 +130,16 @@ def _up(n: int, m: int) -> int:
 
 
 def weight_build(ref) -> tuple:
-    """A matrix ref (graph/program.py) -> ((qs, d, m) offsets, the -D options of the program that
-    reads its format: kernels.cl's WQV, W_F32, W_G16; "" for Q4_1 / Q4_0)."""
+    """A matrix ref (graph/program.py) -> ((qs, d, m) offsets: for a "wq" ref its (qs, dm, qh);
+    the -D options of the program that reads its format: kernels.cl's W_WQ, WHB, W_F32, W_G16,
+    W_ZERO; "" for Q4_1 / Q4_0)."""
     if ref[0] == "w4":
         return tuple(ref[1:]), ""
     if ref[0] != "wq":
         raise ValueError(f"the OpenCL kernels do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
     f = FORMATS[ref[1]]
-    opts = [f"-DWQV={f.qb // 16}"] + ["-DW_F32"] * (f.scale == "f32") + ["-DW_G16"] * (f.group == 16) \
-        + [f"-DW_ZERO={f.zero}"] * bool(f.zero)
+    opts = ["-DW_WQ", f"-DWHB={f.hb}"] + ["-DW_F32"] * (f.scale == "f32") \
+        + ["-DW_G16"] * (f.group == 16) + [f"-DW_ZERO={f.zero}"] * bool(f.zero)
     return tuple(ref[2:]), " ".join(opts)
 
 

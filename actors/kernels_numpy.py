@@ -89,17 +89,18 @@ class NumpyKernels:
                 q = _NIBBLES[qs].reshape(M, K // QK, QK)
                 w = q * d.astype(np.float32)[:, :, None] + m.astype(np.float32)[:, :, None]
                 return w.reshape(M, K)
-            fmt = "Q4_1"
+            fmt, qh = "Q4_1", None
+            dm = np.stack([d, m], axis=-1)
         else:
             fmt = ref[1]
             f = FORMATS[fmt]
             sdt = np.float16 if f.scale == "f16" else np.float32
-            qs = self._arr(ref[2], (M, K // QK * f.qb), np.uint8)
-            d = self._arr(ref[3], (M, K // f.group), sdt)
-            m = self._arr(ref[4], (M, K // f.group), sdt)
+            qs = self._arr(ref[2], (M, K // 2), np.uint8)
+            dm = self._arr(ref[3], (M, K // f.group, 2), sdt)
+            qh = self._arr(ref[4], (M, K // QK * f.hb), np.uint8) if f.hb else None
         if rows is not None:
-            qs, d, m = qs[rows], d[rows], m[rows]
-        return dequant(fmt, qs, d, m)
+            qs, dm, qh = qs[rows], dm[rows], (qh[rows] if qh is not None else None)
+        return dequant(fmt, qs, dm, qh)
 
     # -- dispatch ------------------------------------------------------------------------------
     def run(self, op: str, a: dict, N: int, pos0: int):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
+import openvino.opset15 as ops15
 
-from socllm.models.quant import FORMATS, QK
+from socllm.models.quant import FORMATS, QK, codes
 
 from .kernels_numpy import strided_rows
 
@@ -150,52 +151,59 @@ class Graph:
 
     def matrix(self, ref, M: int, K: int) -> ov.Node:
         """A weight [M, K] of any block format: Q4_1 / Q4_0 as w4; the others (models/quant.py)
-        with their codes as u4 planes (low, then high nibbles), w = d * (lo + 16 hi) + m per
-        group, as graph inputs over the arena, or, const_weights, as Constants in the
-        compressed-FullyConnected pattern: u8 codes -> Convert -> Subtract(zp) -> Multiply(d)."""
+        w = d * (lo + 16 hi) + m per group, as graph inputs over the arena (wq_rows), or,
+        const_weights, as Constants in the compressed-FullyConnected pattern: u8 codes ->
+        Convert -> Subtract(zp) -> Multiply(d)."""
         if ref[0] == "w4":
             return self.w4(ref, M, K)
         if ref[0] != "wq":
             raise ValueError(f"the NPU graphs do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
-        _, fmt, qs, d, m = ref
+        if not self.const_weights:
+            return self.wq_rows(ref, M, K, None)
+        _, fmt, qs, dm, qh = ref
         f = FORMATS[fmt]
-        nb, g, planes = K // QK, f.group, f.qb // 16
-        sdt = np.float16 if f.scale == "f16" else F32
-        if self.const_weights:
-            raw = self.view(qs, (M, nb, planes, 16), np.uint8)
-            codes = np.empty((M, nb, QK), np.uint8)     # the plugin copies its weights anyway
-            codes[..., 0::2], codes[..., 1::2] = raw[:, :, 0] & 15, raw[:, :, 0] >> 4
-            if planes == 2:
-                codes[..., 0::2] |= (raw[:, :, 1] & 15) << 4
-                codes[..., 1::2] |= raw[:, :, 1] & 0xF0
-            d32 = self.view(d, (M, K // g, 1), sdt).astype(F32)
-            m32 = self.view(m, (M, K // g, 1), sdt).astype(F32)
-            scale = np.where(d32 != 0, d32, np.abs(m32) * F32(2.0 ** -15))   # as w4_const
-            zp = np.divide(-m32, scale, out=np.zeros_like(m32), where=scale != 0)
-            q = ops.constant(codes.reshape(M, K // g, g))
-            w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
-            return ops.reshape(w, np.array([M, K], np.int64), False)
-        return self.wq_rows(ref, M, K, None)
+        g = f.group
+        qh_view = self.view(qh, (M, K // QK * f.hb), np.uint8) if f.hb else None
+        q = codes(fmt, self.view(qs, (M, K // 2), np.uint8), qh_view)   # the plugin copies them anyway
+        pairs = self.view(dm, (M, K // g, 2), np.float16 if f.scale == "f16" else F32).astype(F32)
+        d32, m32 = pairs[:, :, 0:1], pairs[:, :, 1:2]
+        scale = np.where(d32 != 0, d32, np.abs(m32) * F32(2.0 ** -15))       # as w4_const
+        zp = np.divide(-m32, scale, out=np.zeros_like(m32), where=scale != 0)
+        w = ops.multiply(ops.subtract(ops.convert(ops.constant(q.reshape(M, K // g, g)), F32),
+                                      f32(zp)), f32(scale))
+        return ops.reshape(w, np.array([M, K], np.int64), False)
 
     def wq_rows(self, ref, M: int, K: int, ids) -> ov.Node:
-        """A block-format weight [M, K] as graph inputs, dequantized in the graph; ids [B]: only
-        those rows (an embedding's gather before the dequantization) -> [B, K]."""
-        _, fmt, qs, d, m = ref
+        """A block-format weight [M, K] as graph inputs over the arena, dequantized in the graph;
+        ids [B]: only those rows (an embedding's gather before the dequantization) -> [B, K]."""
+        _, fmt, qs, dm, qh = ref
         f = FORMATS[fmt]
-        nb, g, planes = K // QK, f.group, f.qb // 16
-        sdt = np.float16 if f.scale == "f16" else F32
-        parts = [self.weight(f"q{qs}", self.view(qs, (M * nb * planes * 16,), np.uint8),
-                             ov.Type.u4, [M, nb, planes, QK]),
-                 self.weight(f"d{d}", self.view(d, (M, K // g, 1), sdt)),
-                 self.weight(f"m{m}", self.view(m, (M, K // g, 1), sdt))]
+        nb, g, words = K // QK, f.group, max(0, f.bits - 4)
+        parts = [self.weight(f"q{qs}", self.view(qs, (M * K // 2,), np.uint8), ov.Type.u4, [M, nb, QK]),
+                 self.weight(f"d{dm}", self.view(dm, (M, K // g, 2), np.float16 if f.scale == "f16" else F32))]
+        if f.bits == 8:            # the high nibbles, sequential like the low ones
+            parts.append(self.weight(f"h{qh}", self.view(qh, (M * K // 2,), np.uint8), ov.Type.u4, [M, nb, QK]))
+        elif f.hb:                 # one u32 of bits per block and bit, lane j's at bit j
+            parts.append(self.weight(f"h{qh}", self.view(qh, (M, nb, words, 4, 1), np.uint8)))
         rows = M
         if ids is not None:
             parts, rows = [ops.gather(p, ids, 0) for p in parts], self.B
-        q, dd, mm = (ops.convert(p, F32) for p in parts)
-        if planes == 2:
-            q = ops.add(ops.gather(q, np.int64(0), 2),
-                        ops.multiply(ops.gather(q, np.int64(1), 2), f32(16.0)))
+        q, pairs = ops.convert(parts[0], F32), ops.convert(parts[1], F32)
+        if f.bits == 8:
+            q = ops.add(q, ops.multiply(ops.convert(parts[2], F32), f32(16.0)))
+        elif f.hb:
+            bits = ops15.bitwise_and(ops15.bitwise_right_shift(
+                parts[2], ops.constant(np.arange(8, dtype=np.uint8).reshape(1, 1, 1, 1, 8))),
+                ops.constant(np.uint8(1)))                                      # [rows, nb, words, 4, 8]
+            bits = ops.convert(ops.reshape(bits, np.array([rows, nb, words, QK], np.int64), False), F32)
+            lanes = ops.reduce_sum(ops.multiply(bits, f32((2.0 ** np.arange(words)).reshape(1, 1, words, 1))),
+                                   np.array([2], np.int64), False)             # [rows, nb, 32] lanes
+            high = ops.transpose(ops.reshape(lanes, np.array([rows, nb, 2, 16], np.int64), False),
+                                 np.array([0, 1, 3, 2], np.int64))             # lane -> weight order
+            q = ops.add(q, ops.multiply(ops.reshape(high, np.array([rows, nb, QK], np.int64), False), f32(16.0)))
         q = ops.reshape(q, np.array([rows, K // g, g], np.int64), False)
+        dd = ops.gather(pairs, np.array([0], np.int64), 2)
+        mm = ops.gather(pairs, np.array([1], np.int64), 2)
         return ops.reshape(ops.add(ops.multiply(q, dd), mm), np.array([rows, K], np.int64), False)
 
     def w8_rows(self, ref, V: int, D: int):

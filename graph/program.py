@@ -7,7 +7,8 @@ names a kernel and where its tensors live in the pool, as byte offsets into the 
   ("kv", off)             base of one layer's K or V cache [L_cap, kv_heads*head_dim] f32; as an
                           output, the kernel writes rows pos0 .. pos0+N (in place, no concatenation)
   ("w4", qs, d, m)        a Q4_1 / Q4_0 weight [M, K] in the planar layout of models/quant.py
-  ("wq", fmt, qs, d, m)   a weight [M, K] of another block format fmt (models/quant.py FORMATS)
+  ("wq", fmt, qs, dm, qh) a weight [M, K] of another block format fmt (models/quant.py FORMATS:
+                          low nibbles, (d, m) pairs, high bits; qh 0 for 4-bit codes)
   ("wt", fmt, off)        an F32 / F16 / BF16 weight [M, K] as in the file
   ("w8", qs, d)           a Q8_0 table [V, D] in natural order (the token embedding)
   ("wf", off)             an f32 vector weight
@@ -100,15 +101,16 @@ def cut_rows(args: dict, lo: int, hi: int) -> dict:
         raise ValueError(f"rows [{lo}, {hi}) are not inside the {M} rows of the weight")
     w = args["w"]
     if w[0] == "w4":
-        head, (qs, d, m), qb, groups, sb = w[:1], w[1:], 16, K // 32, 2
+        sb = K // 32 * 2                                   # bytes of d (and of m) a row
+        moved = (w[1] + lo * K // 2, w[2] + lo * sb, w[3] + lo * sb)
     elif w[0] == "wq":
         f = FORMATS[w[1]]
-        head, (qs, d, m), qb, groups, sb = w[:2], w[2:], f.qb, K // f.group, 2 if f.scale == "f16" else 4
+        dm = K // f.group * 2 * (2 if f.scale == "f16" else 4)
+        moved = (w[2] + lo * K // 2, w[3] + lo * dm, w[4] + lo * K // 32 * f.hb if w[4] else 0)
     else:
         raise ValueError(f"row-cut takes block-format weights, not {w[0]!r}")
     out = args["out"]
-    cut = {**args, "M": hi - lo, "ld": M,
-           "w": (*head, qs + lo * K // 32 * qb, d + lo * groups * sb, m + lo * groups * sb),
+    cut = {**args, "M": hi - lo, "ld": M, "w": (*w[:len(w) - 3], *moved),
            "out": (out[0], out[1] + lo * 4) + tuple(out[2:])}
     if "b" in args:
         cut["b"] = (args["b"][0], args["b"][1] + lo * 4)

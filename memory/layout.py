@@ -166,6 +166,8 @@ def weight_arrays(w) -> list:
         return [w]
     if "w" in w:
         return [w["w"]]
+    if "dm" in w:
+        return [w["qs"], w["dm"]] + ([w["qh"]] if "qh" in w else [])
     return [w["qs"], w["d"], w["m"]] if "m" in w else [w["qs"], w["d"]]
 
 
@@ -178,7 +180,9 @@ def weight_ref(w, offs: list) -> tuple:
         return ("w4", *offs)
     if fmt is None:
         return ("w8", *offs)
-    return ("wt" if "w" in w else "wq", fmt, *offs)
+    if "w" in w:
+        return ("wt", fmt, *offs)
+    return ("wq", fmt, *offs, *[0] * (3 - len(offs)))      # (qs, dm, qh): qh 0 for 4-bit codes
 
 
 def write_weights(buf: np.ndarray, lay: PoolLayout, weights: dict):

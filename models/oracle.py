@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .llama import ModelConfig
-from .quant import dequant, dequant_float, dequant_q4_1, dequant_q8_0
+from .quant import dequant_float, dequant_planar, dequant_q8_0
 
 F32 = np.float32
 
@@ -126,6 +126,4 @@ def _dequant(t: dict | np.ndarray) -> np.ndarray:
         return t.astype(F32)
     if "w" in t:
         return dequant_float(t["fmt"], t["w"])
-    if "fmt" in t:
-        return dequant(t["fmt"], t["qs"], t["d"], t["m"])
-    return dequant_q4_1(t["qs"], t["d"], t["m"]) if "m" in t else dequant_q8_0(t["qs"], t["d"])
+    return dequant_planar(t) if "m" in t or "dm" in t else dequant_q8_0(t["qs"], t["d"])

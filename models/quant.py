@@ -2,19 +2,27 @@
 
 socllm keeps every matrix in the bits its file gives it. GGUF's block formats all dequantize as
 an affine map per group of weights, w = d * q + m with an unsigned integer code q, so every
-backend reads one planar repacking of them, whose arrays are plain typed arrays:
+backend reads one planar repacking of them, whose arrays are plain typed arrays. Q4_1 and Q4_0
+(4-bit codes, f16 d and m: the layout the fast kernels were written for, "w4" refs):
 
-  matrix W [M, K] ->  qs u8 [M, K/32 * QB]  per 32-weight block: 16 bytes of the codes' low
-                                            nibbles, byte i = q[2i] & 15 | (q[2i+1] & 15) << 4
-                                            (sequential nibbles, OpenVINO's u4 order), then, for
-                                            codes wider than 4 bits, 16 bytes of their high
-                                            nibbles in the same order (QB = 16 or 32)
-                      d  [M, K/g]  f16 or f32   group scale
-                      m  [M, K/g]  f16 or f32   group minimum          w = f32(d) * q + f32(m)
+  qs u8 [M, K/2]    byte i = q[2i] | q[2i+1] << 4 (sequential nibbles, OpenVINO's u4 order)
+  d, m f16 [M, K/32]                                     w = f32(d) * q + f32(m)
 
-FORMATS gives each GGUF type's code width, group g and scale type. Every map is exact: for the
-given GGUF block, f32(d) * q + f32(m) equals what gguf's reference dequantizer computes (the
-tests compare them on random blocks), because d * q is exact in f32 and the sum rounds once:
+Every other block format ("wq" refs, FORMATS gives each its code width, group g, scale type):
+
+  qs u8 [M, K/2]          the codes' low nibbles, as above
+  dm [M, K/g, 2]          (d, m) per group, f16 or f32 side by side
+  qh u8 [M, K/32 * HB]    the codes' high bits, per 32-weight block (none for 4-bit codes):
+                          5-bit codes: one u32, bit j = lane j's bit 4; 6-bit: two u32 (bit 4,
+                          then bit 5); 8-bit: 16 bytes of high nibbles in sequential order.
+                          Lane j < 16 is weight 2j, lane 16 + j weight 2j + 1: the order of the
+                          kernels' prepared activations (evens, then odds)
+
+The layout keeps the file's bits for the codes (5-bit: 5 bits a weight, not 8); the scales are
+wider where the file derives them (the K-quants' 6-bit sub-scales times an f16 super-scale are
+stored as their f32 products). Every map is exact: for the given GGUF block, f32(d) * q + f32(m)
+equals what gguf's reference dequantizer computes (the tests compare them on random blocks),
+because d * q is exact in f32 and the sum rounds once:
 
   Q4_0  q = nibble,          d,  m = -8 d      (f16: -8 d is exact)
   Q4_1  q = nibble,          d,  m
@@ -25,11 +33,9 @@ tests compare them on random blocks), because d * q is exact in f32 and the sum 
   Q5_K  q = 5 bits,          d = d_super * sc6,  m = -dmin * mn6        not f16 numbers)
   Q6_K  q = 6 bits, g = 16,  d = d_super * sc8,  m = -32 d
 
-Q4_0 and Q4_1 share the 4-bit layout the kernels were written for ("w4" refs); the others are
-"wq" refs that name their format. F32, F16 and BF16 matrices stay as they are ("wt" refs).
-
-The token embedding keeps Q8_0 in its natural order (qs int8 [V, D], d f16 [V, D/32]): the
-embedding gathers rows of it and the lm-head reads it with activations in natural order.
+F32, F16 and BF16 matrices stay as they are ("wt" refs). The token embedding keeps Q8_0 in its
+natural order (qs int8 [V, D], d f16 [V, D/32]): the embedding gathers rows of it and the lm-head
+reads it with activations in natural order.
 """
 from __future__ import annotations
 
@@ -53,13 +59,13 @@ class Format:
     zero: int = 0   # m = -zero * d in every group (a symmetric format: codes - zero are signed)
 
     @property
-    def qb(self) -> int:
-        """Bytes of qs per 32-weight block: one nibble plane, or two."""
-        return 16 if self.bits <= 4 else 32
+    def hb(self) -> int:
+        """Bytes of qh per 32-weight block: the codes' bits above the low nibble."""
+        return {4: 0, 5: 4, 6: 8, 8: 16}[self.bits]
 
     def bits_per_weight(self) -> float:
         scale_bytes = 2 if self.scale == "f16" else 4
-        return 8 * (self.qb / QK + 2 * scale_bytes / self.group)
+        return 8 * ((16 + self.hb) / QK + 2 * scale_bytes / self.group)
 
 
 FORMATS = {f.name: f for f in (
@@ -133,28 +139,46 @@ def _decode(fmt: Format, blocks: np.ndarray):
     raise ValueError(f"no planar layout for {fmt.name}")
 
 
+LANES = np.concatenate([np.arange(0, QK, 2), np.arange(1, QK, 2)])   # lane j -> its weight
+
+
 def planar(fmt_name: str, raw: np.ndarray, rows: int, cols: int) -> dict:
-    """GGUF bytes of a [rows, cols] matrix -> {"fmt", "qs", "d", "m"} (module doc)."""
+    """GGUF bytes of a [rows, cols] matrix -> {"fmt", "qs", "dm", "qh" (codes wider than 4 bits)}
+    (module doc); Q4_0 and Q4_1 -> {"fmt", "qs", "d", "m"}."""
     fmt = FORMATS[fmt_name]
     if cols % fmt.block:
         raise ValueError(f"{fmt.name} rows of {cols} weights are not whole {fmt.block}-weight blocks")
     blocks = np.ascontiguousarray(raw).reshape(rows * cols // fmt.block, fmt.block_bytes)
     q, d, m = _decode(fmt, blocks)
     q = q.reshape(rows, cols // QK, QK)
-    planes = [_pack(q & 0x0F)] + ([_pack(q >> 4)] if fmt.bits > 4 else [])
     dtype = np.float16 if fmt.scale == "f16" else np.float32
     d, m = d.reshape(rows, cols // fmt.group), m.reshape(rows, cols // fmt.group)
     dd, mm = d.astype(dtype), m.astype(dtype)
     if dtype is np.float16 and not (np.array_equal(dd.astype(np.float32), d, equal_nan=True)
                                     and np.array_equal(mm.astype(np.float32), m, equal_nan=True)):
         raise ValueError(f"{fmt.name} scales outside f16's range")   # |d| > 65504 / 128
-    return {"fmt": fmt.name, "qs": np.concatenate(planes, axis=2).reshape(rows, -1),
-            "d": np.ascontiguousarray(dd), "m": np.ascontiguousarray(mm)}
+    qs = _pack(q & 0x0F).reshape(rows, cols // 2)
+    if fmt.name in W4_FORMATS:
+        return {"fmt": fmt.name, "qs": qs, "d": np.ascontiguousarray(dd), "m": np.ascontiguousarray(mm)}
+    out = {"fmt": fmt.name, "qs": qs, "dm": np.ascontiguousarray(np.stack([dd, mm], axis=-1))}
+    if fmt.hb:
+        out["qh"] = _pack_high(q >> 4, fmt.bits).reshape(rows, -1)
+    return out
 
 
 def _pack(nib: np.ndarray) -> np.ndarray:
     """codes' nibbles [rows, nb, 32] -> bytes [rows, nb, 16], sequential order."""
     return (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _pack_high(hi: np.ndarray, bits: int) -> np.ndarray:
+    """The codes' bits above the low nibble [rows, nb, 32] -> qh bytes [rows, nb, hb]."""
+    if bits == 8:
+        return _pack(hi)
+    lanes = hi[..., LANES].astype(np.uint32)                        # [rows, nb, 32] lane order
+    weights = np.uint32(1) << np.arange(32, dtype=np.uint32)
+    words = [((lanes >> k) & 1) @ weights for k in range(bits - 4)]  # u32 per bit, per block
+    return np.stack(words, axis=-1).astype("<u4").view(np.uint8)
 
 
 def repack_q4_1(raw: np.ndarray, rows: int, cols: int) -> dict[str, np.ndarray]:
@@ -180,30 +204,44 @@ def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     return out
 
 
-def codes(fmt_name: str, qs: np.ndarray) -> np.ndarray:
-    """Planar qs [rows, K/32 * QB] -> the codes q u8 [rows, K]."""
+def codes(fmt_name: str, qs: np.ndarray, qh: np.ndarray | None = None) -> np.ndarray:
+    """Planar codes (qs [rows, K/2] and, for codes wider than 4 bits, qh) -> q u8 [rows, K]."""
     fmt = FORMATS[fmt_name]
     rows = qs.shape[0]
-    b = qs.reshape(rows, -1, fmt.qb)
-    q = unpack_nibbles(b[:, :, :16])
-    if fmt.bits > 4:
-        q |= unpack_nibbles(b[:, :, 16:]) << 4
+    q = unpack_nibbles(qs).reshape(rows, -1, QK)
+    if fmt.bits == 8:
+        q |= unpack_nibbles(qh.reshape(rows, -1, 16)) << 4
+    elif fmt.hb:
+        words = np.ascontiguousarray(qh).view("<u4").reshape(rows, -1, fmt.bits - 4)
+        hi = np.zeros(q.shape, np.uint8)
+        lanes = np.arange(32, dtype=np.uint32)
+        for k in range(fmt.bits - 4):
+            hi[..., LANES] |= (((words[..., k:k + 1] >> lanes) & 1) << k).astype(np.uint8)
+        q |= hi << 4
     return q.reshape(rows, -1)
 
 
-def dequant(fmt_name: str, qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Planar matrix of any FORMATS type -> f32 [rows, K] (works on any subset of rows)."""
+def dequant(fmt_name: str, qs: np.ndarray, dm: np.ndarray, qh: np.ndarray | None = None) -> np.ndarray:
+    """Planar matrix of any "wq" format -> f32 [rows, K] (works on any subset of rows); dm
+    [rows, K/g, 2] (a Q4_0 / Q4_1 dict's d and m stacked)."""
     g = FORMATS[fmt_name].group
-    q = codes(fmt_name, qs)
+    q = codes(fmt_name, qs, qh)
     rows = q.shape[0]
-    w = q.reshape(rows, -1, g).astype(np.float32) * d.astype(np.float32)[:, :, None] \
-        + m.astype(np.float32)[:, :, None]
+    dm = dm.reshape(rows, -1, 2).astype(np.float32)
+    w = q.reshape(rows, -1, g).astype(np.float32) * dm[:, :, 0:1] + dm[:, :, 1:2]
     return w.reshape(rows, -1)
+
+
+def dequant_planar(p: dict) -> np.ndarray:
+    """planar()'s dict -> f32 [rows, K]."""
+    if "d" in p:
+        return dequant_q4_1(p["qs"], p["d"], p["m"])
+    return dequant(p["fmt"], p["qs"], p["dm"], p.get("qh"))
 
 
 def dequant_q4_1(qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Planar Q4_1 (or Q4_0) -> f32 [M, K]."""
-    return dequant("Q4_1", qs, d, m)
+    return dequant("Q4_1", qs, np.stack([d, m], axis=-1))
 
 
 def dequant_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:

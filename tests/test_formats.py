@@ -12,7 +12,7 @@ from tiny_gguf import blocks, write_tiny
 from socllm.models.gguf_file import open_gguf
 from socllm.models.llama import load_config, load_weights
 from socllm.models.oracle import Oracle
-from socllm.models.quant import FORMATS, codes, dequant, dequant_float, float_matrix, planar, repack_q4_1
+from socllm.models.quant import FORMATS, codes, dequant_float, dequant_planar, float_matrix, planar, repack_q4_1
 
 TYPES = list(FORMATS) + ["F16", "BF16"]
 
@@ -37,12 +37,15 @@ def test_dequantization_equals_gguf_on_random_blocks(name):
         raw = _random_blocks(name, rows, cols, rng)
         want = dequantize(raw, QT[name]).reshape(rows, cols)
         p = planar(name, raw, rows, cols)
-        assert p["qs"].shape == (rows, cols // 32 * FORMATS[name].qb)
-        got = dequant(name, p["qs"], p["d"], p["m"])
+        f = FORMATS[name]
+        assert p["qs"].shape == (rows, cols // 2)
+        assert ("qh" in p) == bool(f.hb) and (not f.hb or p["qh"].shape == (rows, cols // 32 * f.hb))
+        got = dequant_planar(p)
         assert np.array_equal(got, want), f"{name}: max diff {np.abs(got - want).max()}"
         # any subset of rows dequantizes alone (embedding gathers, lm-head chunks)
         idx = np.array([rows - 1, 0])
-        assert np.array_equal(dequant(name, p["qs"][idx], p["d"][idx], p["m"][idx]), want[idx])
+        sub = {k: (v[idx] if isinstance(v, np.ndarray) else v) for k, v in p.items()}
+        assert np.array_equal(dequant_planar(sub), want[idx])
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
@@ -52,14 +55,16 @@ def test_dequantization_equals_gguf_on_quantized_weights(name):
     x = rng.standard_normal((4, 512)).astype(np.float32) * 0.05
     raw = blocks(name, x, rng)
     p = planar(name, raw, 4, 512)
-    assert np.array_equal(dequant(name, p["qs"], p["d"], p["m"]), dequantize(raw, QT[name]).reshape(4, 512))
+    assert np.array_equal(dequant_planar(p), dequantize(raw, QT[name]).reshape(4, 512))
 
 
 def test_codes_keep_every_bit_and_q4_1_keeps_its_layout():
     rng = np.random.default_rng(1)
     raw = _random_blocks("Q6_K", 2, 256, rng)
-    q = codes("Q6_K", planar("Q6_K", raw, 2, 256)["qs"])
+    p = planar("Q6_K", raw, 2, 256)
+    q = codes("Q6_K", p["qs"], p["qh"])
     assert q.max() == 63 and q.min() == 0                       # six bits, all of them
+    assert FORMATS["Q5_0"].bits_per_weight() == 6.0 and FORMATS["Q8_0"].bits_per_weight() == 9.0
     raw = _random_blocks("Q4_1", 3, 64, rng)
     p, old = planar("Q4_1", raw, 3, 64), repack_q4_1(raw, 3, 64)
     assert all(np.array_equal(p[k], old[k]) for k in ("qs", "d", "m"))

@@ -63,7 +63,7 @@ class Layout:
             v = rng.uniform(-1, 1, n) * {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.02)
             raw[:, col:col + 2] = v.astype(np.float16).view(np.uint8).reshape(n, 2)
         p = planar(fmt, raw.reshape(M, -1), M, K)
-        return ("wq", fmt, self.put(p["qs"]), self.put(p["d"]), self.put(p["m"]))
+        return ("wq", fmt, self.put(p["qs"]), self.put(p["dm"]), self.put(p["qh"]) if "qh" in p else 0)
 
     def w8(self, V, D, rng) -> tuple:
         qs = rng.integers(-128, 128, (V, D), dtype=np.int8)
@@ -175,12 +175,15 @@ def test_linear_w4a16_matches_numpy(dev, lay, rng, N, K, M):
           N, 0, [(out, N * M * 4)])
 
 
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("N", [1, 33])
-def test_row_cut_halves_write_the_whole_linear_into_one_slot(dev, lay, rng, N):
-    """HeteroLLM §4.1 row-cut: two halves (graph/program.cut_rows) write their columns of one
-    [N, M] slot; together they equal the uncut linear, and nothing else is touched."""
-    K, M, cut = D, F, 1024
-    x, w, out = rows(lay, rng, N, K), lay.w4(M, K, rng), lay.zeros((N, M))
+def test_row_cut_halves_write_the_whole_linear_into_one_slot(dev, lay, rng, N, fmt):
+    """HeteroLLM §4.1 row-cut: two halves (graph/program.cut_rows, which moves every plane of a
+    weight: codes, scales, high bits) write their columns of one [N, M] slot; together they
+    equal the uncut linear, and nothing else is touched."""
+    K, M, cut = (D, F, 1024) if fmt == "Q4_1" else (512, 40, 24)
+    w = lay.w4(M, K, rng) if fmt == "Q4_1" else lay.wq(fmt, M, K, rng)
+    x, out = rows(lay, rng, N, K), lay.zeros((N, M))
     whole = {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M}
     want = lay.arena[:lay.top + GUARD].copy()
     NumpyKernels(want).run("linear", whole, N, 0)
@@ -693,3 +696,4 @@ def test_rope_variants_match_numpy(dev, lay, rng, neox, freqs):
         extra["f"] = ("wf", lay.put(np.linspace(1, 8, HD // 2).astype(np.float32)))
     check(dev, lay, "rope", {"x": ("a", x), "out": ("a", out), "heads": H, "head_dim": HD,
                              "theta": 10000.0, **extra}, N, pos0, [(out, N * H * HD * 4)], atol=40 * 1.2e-7)
+

@@ -49,7 +49,7 @@ class Layout:
             v = self.rng.uniform(-1, 1, n) * {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.01)
             raw[:, col:col + 2] = v.astype(np.float16).view(np.uint8).reshape(n, 2)
         p = planar(fmt, raw.reshape(M, -1), M, K)
-        return ("wq", fmt, self.put(p["qs"]), self.put(p["d"]), self.put(p["m"]))
+        return ("wq", fmt, self.put(p["qs"]), self.put(p["dm"]), self.put(p["qh"]) if "qh" in p else 0)
 
     def w8(self, rows, cols):
         d = self.rng.uniform(0.001, 0.005, (rows, cols // 32)).astype(np.float16)

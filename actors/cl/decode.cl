@@ -167,17 +167,17 @@ inline float8 dot_halves(short16 a, short16 c, const __global uchar* act, int b)
 #endif
 }
 
-#if !W_Q4_1 && WQV == 2
-// sum_j c_j x_j of a block whose codes have two nibble planes (lo, hi: 16 bytes each), against
-// prepared block b, as float8 partial sums, where c = q - W_ZERO: formats whose minimum is a
-// fixed multiple of the scale (Q5_0 16, Q8_0 128, Q6_K 32; m = -W_ZERO d) take signed codes and
-// no minimum term, as llama.cpp does; the others (W_ZERO 0) unsigned codes. One product per
-// weight: the codes are joined before the dot, not dotted plane by plane. mask keeps bytes of lo
-// and hi (a 16-weight half: bytes 0-7 hold weights 0-15).
-inline float8 codes_dot(uchar16 lo, uchar16 hi, uchar16 mask, const __global uchar* act, int b)
+#if !W_Q4_1 && WHB
+// sum_j c_j x_j of a block's codes (lo: 16 bytes of low nibbles, he / ho: the high bits of the
+// even and the odd weights, kernels.cl high_codes) against prepared block b, as float8 partial
+// sums, where c = q - W_ZERO: formats whose minimum is a fixed multiple of the scale (Q5_0 16,
+// Q8_0 128, Q6_K 32; m = -W_ZERO d) take signed codes and no minimum term, as llama.cpp does;
+// the others (W_ZERO 0) unsigned codes. One product per weight. mask keeps the weights of lo's
+// bytes it keeps (a 16-weight half: bytes 0-7 hold weights 0-15, the lanes 0-7 of he and ho).
+inline float8 codes_dot(uchar16 lo, uchar16 he, uchar16 ho, uchar16 mask, const __global uchar* act, int b)
 {
-    const uchar16 ev = (lo & (uchar)0x0F) | ((hi & (uchar)0x0F) << (uchar)4);   // even weights
-    const uchar16 od = (lo >> (uchar)4) | (hi & (uchar)0xF0);                    // odd weights
+    const uchar16 ev = (lo & (uchar)0x0F) | (he << (uchar)4);       // even weights' codes
+    const uchar16 od = (lo >> (uchar)4) | (ho << (uchar)4);         // odd weights' codes
 #if W_ZERO
     const char16 ce = as_char16(ev - (uchar)W_ZERO) & as_char16(mask);
     const char16 co = as_char16(od - (uchar)W_ZERO) & as_char16(mask);
@@ -188,14 +188,7 @@ inline float8 codes_dot(uchar16 lo, uchar16 hi, uchar16 mask, const __global uch
     const v32qi x = *((const __global v32qi*)act + b);                 // 16 evens, then 16 odds
     const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 #if W_ZERO    // s8 * s8: |c| times x with c's sign moved onto x (|c| <= 128, |x| <= 127)
-    // the codes in 256-bit lanes: low nibbles of lo and high nibbles of hi, evens then odds
-    const uchar32 u = (__builtin_shufflevector(lo, lo >> (uchar)4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-            11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (uchar)0x0F)
-        | (__builtin_shufflevector(hi << (uchar)4, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
-            14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (uchar)0xF0);
-    const uchar32 mk = __builtin_shufflevector(mask, mask, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
-            13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const v32qi c = __builtin_astype((u - (uchar)W_ZERO) & mk, v32qi);
+    const v32qi c = __builtin_astype((char32)(ce, co), v32qi);
     const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(c, c),
                                                 __builtin_ia32_psignb256(x, c));
 #else         // u8 * s8: codes of at most 6 bits, so a pair's sum fits 16 bits
@@ -208,36 +201,105 @@ inline float8 codes_dot(uchar16 lo, uchar16 hi, uchar16 mask, const __global uch
 }
 #endif
 
+#if !W_Q4_1 && WHB && ACT_BITS < 32 && defined(Q8_X86)
+#define W_X86_CODES 1
+// block b's 32 codes minus W_ZERO, as bytes in the prepared activation's order (evens, then
+// odds): lo's nibbles, and the high bits from h (kernels.cl W_ROW's m) spread by byte shuffles
+inline uchar32 codes32(uchar16 lo, const __global uchar* h, int b)
+{
+    uchar32 c = __builtin_shufflevector(lo, lo >> (uchar)4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (uchar)0x0F;
+#if WHB == 16
+    const uchar16 v = ((const __global uchar16*)h)[b];
+    c |= __builtin_shufflevector(v << (uchar)4, v, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31) & (uchar)0xF0;
+#else
+    const uchar32 bit = (uchar32)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128,
+                                  1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+    const __global uint* w = (const __global uint*)h + (WHB / 4) * b;
+    const uchar4 w0 = as_uchar4(w[0]);
+    const uchar32 b0 = __builtin_shufflevector(w0, w0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    c |= __builtin_astype((b0 & bit) == bit, uchar32) & (uchar)0x10;   // lane j: bit j of w[0]
+#if WHB == 8
+    const uchar4 w1 = as_uchar4(w[1]);
+    const uchar32 b1 = __builtin_shufflevector(w1, w1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                               2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    c |= __builtin_astype((b1 & bit) == bit, uchar32) & (uchar)0x20;
+#endif
+#endif
+    return c - (uchar)W_ZERO;
+}
+
+// sum_j c_j x_j of codes32's bytes against prepared block b, as int lanes: HALVES(a, c) gives
+// a lane vector of a where the lane holds weights 0-15, of c where it holds weights 16-31
+#if ACT_BITS == 16
+#define HALVES(a, c) ((float8)(a, a, a, a, c, c, c, c))
+inline float8 dot32(uchar32 c, const __global uchar* act, int b)
+{
+    const __global short16* x = (const __global short16*)act + 2 * b;
+#if W_ZERO
+    const char32 cs = __builtin_astype(c, char32);
+    const short16 ce = CVT(cs.lo, short16), co = CVT(cs.hi, short16);
+#else
+    const short16 ce = CVT(c.lo, short16), co = CVT(c.hi, short16);
+#endif
+    const v8si e = __builtin_ia32_pmaddwd256(__builtin_astype(ce, v16hi), __builtin_astype(x[0], v16hi));
+    const v8si o = __builtin_ia32_pmaddwd256(__builtin_astype(co, v16hi), __builtin_astype(x[1], v16hi));
+    return CVT(__builtin_astype(e + o, int8), float8);
+}
+#else
+#define HALVES(a, c) ((float8)(a, a, c, c, a, a, c, c))
+inline float8 dot32(uchar32 c, const __global uchar* act, int b)
+{
+    const v32qi x = *((const __global v32qi*)act + b);
+    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+#if W_ZERO          // s8 * s8: |c| times x with c's sign moved onto x
+    const v32qi cs = __builtin_astype(c, v32qi);
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(cs, cs),
+                                                __builtin_ia32_psignb256(x, cs));
+#else               // u8 * s8: 5-bit codes, a pair's sum fits 16 bits
+    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype(c, v32qi), x);
+#endif
+    return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
+}
+#endif
+#endif
+
 #if !W_Q4_1
-// sum_j w_j x_j of block b of a weight row in the build's format (weights.cl's macros) against the
-// prepared activation, as float8 partial sums; the minimum's term as well (its scalar in *mt).
-// 16-weight groups take each half's codes masked apart (and, with a free minimum, its term as a
-// dot of ones, since the prepared activation sums whole 32-blocks only).
-inline float8 w_block_dot(const __global uchar16* q, const __global wsc_t* d, const __global wsc_t* m,
+// sum_j w_j x_j of block b of a weight row in the build's format (q, d, m: kernels.cl W_ROW's
+// pointers) against the prepared activation, as float8 partial sums; a free minimum's term as
+// well (its scalar in *mt). 16-weight groups take each half's codes masked apart.
+inline float8 w_block_dot(const __global uchar16* q, const __global wsc_t* d, const __global uchar* m,
                           int b, const __global uchar* xv, const __global float* dx,
                           const __global float* sx, float* mt)
 {
-#if WQV == 2
-    const uchar16 all = (uchar16)255;
+#if defined(W_X86_CODES)
+    const float8 s = dot32(codes32(q[b], m, b), xv, b);
 #if WGB == 1
-    const float8 s = codes_dot(q[2 * b], q[2 * b + 1], all, xv, b);
 #if !W_ZERO
-    *mt += WS(m, b) * sx[b];
+    *mt += WM(d, b) * sx[b];
 #endif
-    return s * (WS(d, b) * dx[b]);
-#else
+    return s * (WD(d, b) * dx[b]);
+#else               // Q6_K: each half its scale, lane by lane
+    const float d0 = WD(d, 2 * b), d1 = WD(d, 2 * b + 1);
+    return s * (HALVES(d0, d1) * dx[b]);
+#endif
+#elif WHB
+    uchar16 he, ho;
+    high_codes(m, b, &he, &ho);
+#if WGB == 1
+    const float8 s = codes_dot(q[b], he, ho, (uchar16)255, xv, b);
+#if !W_ZERO
+    *mt += WM(d, b) * sx[b];
+#endif
+    return s * (WD(d, b) * dx[b]);
+#else         // Q6_K: signed codes (W_ZERO), so no minimum term
     const uchar16 first = (uchar16)(255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 0);
-    float8 acc = codes_dot(q[2 * b], q[2 * b + 1], first, xv, b) * WS(d, 2 * b)
-               + codes_dot(q[2 * b], q[2 * b + 1], ~first, xv, b) * WS(d, 2 * b + 1);
-#if !W_ZERO
-    acc += block_dot((uchar16)0x11 & first, xv, b) * WS(m, 2 * b)
-         + block_dot((uchar16)0x11 & ~first, xv, b) * WS(m, 2 * b + 1);
-#endif
-    return acc * dx[b];
+    return (codes_dot(q[b], he, ho, first, xv, b) * WD(d, 2 * b)
+            + codes_dot(q[b], he, ho, ~first, xv, b) * WD(d, 2 * b + 1)) * dx[b];
 #endif
 #else               // 4-bit codes, 32-weight groups (Q4_K)
-    *mt += WS(m, b) * sx[b];
-    return block_dot(q[b], xv, b) * (WS(d, b) * dx[b]);
+    *mt += WM(d, b) * sx[b];
+    return block_dot(q[b], xv, b) * (WD(d, b) * dx[b]);
 #endif
 }
 
@@ -246,12 +308,12 @@ inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int 
                    int K, ulong s_o)
 {
     const int nb = K / QK;
-    const __global uchar16* qa = AT(const uchar16, qs_o) + (size_t)ra * nb * WQV;
-    const __global uchar16* qb = AT(const uchar16, qs_o) + (size_t)rb * nb * WQV;
-    const __global wsc_t* da = AT(const wsc_t, d_o) + (size_t)ra * nb * WGB;
-    const __global wsc_t* db = AT(const wsc_t, d_o) + (size_t)rb * nb * WGB;
-    const __global wsc_t* ma = AT(const wsc_t, m_o) + (size_t)ra * nb * WGB;
-    const __global wsc_t* mb = AT(const wsc_t, m_o) + (size_t)rb * nb * WGB;
+    const __global uchar16* qa = AT(const uchar16, qs_o) + (size_t)ra * nb;
+    const __global uchar16* qb = AT(const uchar16, qs_o) + (size_t)rb * nb;
+    const __global wsc_t* da = AT(const wsc_t, d_o) + (size_t)ra * nb * 2 * WGB;
+    const __global wsc_t* db = AT(const wsc_t, d_o) + (size_t)rb * nb * 2 * WGB;
+    const __global uchar* ma = AT(const uchar, m_o) + (size_t)ra * nb * WHB;
+    const __global uchar* mb = AT(const uchar, m_o) + (size_t)rb * nb * WHB;
     const __global uchar* xv = AT(const uchar, s_o);
     const __global float* dx = AT(const float, s_o + (ulong)ACT_BYTES * K);
     const __global float* sx = dx + nb;

@@ -98,14 +98,18 @@ inline float exp_f32(float x)
 }
 
 // ---- weight formats (models/quant.py): w = d * q + m per group, q an unsigned code -------------
-// CLKernels builds one program per format a model holds; the defaults are Q4_1's (and Q4_0's):
-//   WQV     uchar16 vectors of codes per 32-block: 1 (4-bit codes), 2 (a high-nibble plane after
-//           the low one: codes of 5 to 8 bits, q = lo + 16 hi)
+// Q4_1 and Q4_0 (the default build): a weight's three offsets are its codes' nibbles [M, K/2] and
+// its f16 d and m [M, K/32]. CLKernels builds one program per other format a model holds (W_WQ):
+// the offsets are then its codes' low nibbles [M, K/2], its (d, m) pairs per group and its codes'
+// high bits, WHB bytes per 32-block; W_ROW declares a row's three pointers either way (q, d, m:
+// for W_WQ, d points at the pairs and m at the high bits).
+//   WHB     0 (4-bit codes), 4 (5-bit: a u32, bit j = lane j's bit 4), 8 (6-bit: two such u32),
+//           16 (8-bit: the high nibbles, sequential); lane j < 16 is weight 2j, 16 + j weight 2j+1
 //   W_F32   d and m are f32 (the K-quants' products of two scales), else f16
 //   W_G16   groups of 16 weights (Q6_K): a block's first and second halves scale apart
 //   W_ZERO  (below)
-#ifndef WQV
-#define WQV 1
+#ifndef WHB
+#define WHB 0
 #endif
 #ifndef W_ZERO      // m = -W_ZERO d for every group (Q5_0, Q8_0, Q6_K): codes minus W_ZERO are
 #define W_ZERO 0    // the file's signed integers, and the integer dots need no minimum term
@@ -122,10 +126,50 @@ typedef ushort wsc_t;
 #else
 #define WGB 1
 #endif
-#if WQV == 1 && WGB == 1 && !defined(W_F32)
-#define W_Q4_1 1            // the layout the fast paths read
-#else
+#ifdef W_WQ
 #define W_Q4_1 0
+#define WD(p, g) WS(p, 2 * (g))        // group g's scale and minimum in the pairs
+#define WM(p, g) WS(p, 2 * (g) + 1)
+#define W_ROW(r, nb) \
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)(r) * (nb); \
+    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)(r) * (nb) * 2 * WGB; \
+    const __global uchar* m = AT(const uchar, m_o) + (size_t)(r) * (nb) * WHB
+#else
+#define W_Q4_1 1            // the layout the fast paths read
+#define W_ROW(r, nb) \
+    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)(r) * (nb); \
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)(r) * (nb); \
+    const __global ushort* m = AT(const ushort, m_o) + (size_t)(r) * (nb)
+#endif
+
+#if WHB
+// bits 0-15 of w -> 16 bytes of 0 or 1 (byte j: bit j)
+inline uchar16 bits_to_bytes(uint w)
+{
+    const uchar a = w & 0xFF, c = (w >> 8) & 0xFF;
+    const uchar16 v = (uchar16)(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c);
+    const uchar16 bit = (uchar16)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+    return as_uchar16((v & bit) != (uchar16)0) & (uchar16)1;
+}
+
+// the bits above the low nibble of block b's codes (h: the row's high bits), 0-15 each: *he
+// those of the even weights, *ho of the odd ones (lanes 0-15 and 16-31)
+inline void high_codes(const __global uchar* h, int b, uchar16* he, uchar16* ho)
+{
+#if WHB == 16
+    const uchar16 v = ((const __global uchar16*)h)[b];
+    *he = v & (uchar)0x0F;
+    *ho = v >> (uchar)4;
+#else
+    const __global uint* w = (const __global uint*)h + (WHB / 4) * b;
+    *he = bits_to_bytes(w[0]);
+    *ho = bits_to_bytes(w[0] >> 16);
+#if WHB == 8
+    *he |= bits_to_bytes(w[1]) << (uchar)1;
+    *ho |= bits_to_bytes(w[1] >> 16) << (uchar)1;
+#endif
+#endif
+}
 #endif
 
 // One Q4_1 block: 16 bytes of sequential nibbles (byte i = q[2i] | q[2i+1] << 4) -> its 32
@@ -143,49 +187,56 @@ inline void q4_block(uchar16 v, float d, float m, float8* w0, float8* w1, float8
     *w3 = convert_float8(b.hi) * d + m;
 }
 
-// Block b of a weight row in any format (q: the row's uchar16 vectors, d / m: its groups' scale
-// and minimum) -> its 32 weights as four float8 in order, computed as the numpy spec does.
-inline void w_block(const __global uchar16* q, const __global wsc_t* d, const __global wsc_t* m,
+#if !W_Q4_1
+// Block b of a weight row in the build's format (q, d, m: W_ROW's pointers) -> its 32 weights as
+// four float8 in order, computed as the numpy spec does.
+inline void w_block(const __global uchar16* q, const __global wsc_t* d, const __global uchar* m,
                     int b, float8* w0, float8* w1, float8* w2, float8* w3)
 {
-    const float d0 = WS(d, WGB * b), m0 = WS(m, WGB * b);
+    const float d0 = WD(d, WGB * b), m0 = WM(d, WGB * b);
 #if WGB == 2
-    const float d1 = WS(d, 2 * b + 1), m1 = WS(m, 2 * b + 1);
+    const float d1 = WD(d, 2 * b + 1), m1 = WM(d, 2 * b + 1);
 #else
     const float d1 = d0, m1 = m0;
 #endif
-#if WQV == 2
-    float8 h0, h1, h2, h3;                 // the codes' high nibbles, times 16
-    q4_block(q[2 * b + 1], 16.0f, 0.0f, &h0, &h1, &h2, &h3);
-    q4_block(q[2 * b], 1.0f, 0.0f, w0, w1, w2, w3);
-    *w0 = (*w0 + h0) * d0 + m0;
-    *w1 = (*w1 + h1) * d0 + m0;
-    *w2 = (*w2 + h2) * d1 + m1;
-    *w3 = (*w3 + h3) * d1 + m1;
-#else
     q4_block(q[b], 1.0f, 0.0f, w0, w1, w2, w3);
+#if WHB
+    uchar16 he, ho;
+    float8 h0, h1, h2, h3;                 // the codes' high bits, times 16, in order
+    high_codes(m, b, &he, &ho);
+    q4_block(he | (ho << (uchar)4), 16.0f, 0.0f, &h0, &h1, &h2, &h3);
+    *w0 += h0, *w1 += h1, *w2 += h2, *w3 += h3;
+#endif
     *w0 = *w0 * d0 + m0;
     *w1 = *w1 * d0 + m0;
     *w2 = *w2 * d1 + m1;
     *w3 = *w3 * d1 + m1;
-#endif
 }
+#endif
 
 // embed_w: ids int32 [N], table [V, D] in the build's format -> out [N, D].  global (D rounded up, N)
 __kernel void embed_w(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong m_o,
                       ulong out_o, int D)
 {
+#if !W_Q4_1
     const int j = get_global_id(0), n = get_global_id(1);
     if (j >= D) return;
-    const size_t row = (size_t)AT(const int, ids_o)[n];
-    const __global uchar* q = AT(const uchar, qs_o) + row * (D / QK) * 16 * WQV + (j / QK) * 16 * WQV;
-    const int e = j % QK;
-    int code = (q[e / 2] >> (4 * (e & 1))) & 15;
-#if WQV == 2
-    code += 16 * ((q[16 + e / 2] >> (4 * (e & 1))) & 15);
+    const int row = AT(const int, ids_o)[n], nb = D / QK, b = j / QK, e = j % QK;
+    W_ROW(row, nb);
+    int code = (((const __global uchar*)(q + b))[e / 2] >> (4 * (e & 1))) & 15;
+#if WHB == 16
+    code += 16 * ((m[16 * b + e / 2] >> (4 * (e & 1))) & 15);
+#elif WHB
+    const int lane = (e & 1) * 16 + e / 2;
+    const __global uint* w = (const __global uint*)m + (WHB / 4) * b;
+    code += 16 * ((w[0] >> lane) & 1);
+#if WHB == 8
+    code += 32 * ((w[1] >> lane) & 1);
 #endif
-    const size_t g = row * (D / QK) * WGB + (j / QK) * WGB + (WGB == 2 && e >= 16);
-    AT(float, out_o)[(size_t)n * D + j] = (float)code * WS(AT(const wsc_t, d_o), g) + WS(AT(const wsc_t, m_o), g);
+#endif
+    const int g = WGB * b + (WGB == 2 && e >= 16);
+    AT(float, out_o)[(size_t)n * D + j] = (float)code * WD(d, g) + WM(d, g);
+#endif
 }
 
 // embed: ids int32 [N], table Q8_0 [V, D] -> out [N, D].  global (D rounded up, N)
@@ -234,9 +285,7 @@ __kernel void linear_gemv(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
 {
     const int t = get_local_id(0), r = get_global_id(1);
     const int nb = K / QK, rr = r < M ? r : M - 1;   // clamped: all work-items reach the barrier
-    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)rr * nb * WQV;
-    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)rr * nb * WGB;
-    const __global wsc_t* m = AT(const wsc_t, m_o) + (size_t)rr * nb * WGB;
+    W_ROW(rr, nb);
     const __global float8* x = AT(const float8, x_o);
     float8 a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;   // four chains hide the FMA latency
     for (int b = t; b < nb; b += LIN_T) {
@@ -273,9 +322,7 @@ __kernel void linear_gemm(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
     const int nb = K / QK;
-    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb * WQV;
-    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)r * nb * WGB;
-    const __global wsc_t* m = AT(const wsc_t, m_o) + (size_t)r * nb * WGB;
+    W_ROW(r, nb);
     const __global float8* x[GEMM_TN];
     float8 acc[GEMM_TN];
 #pragma unroll

@@ -192,9 +192,7 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
     const int r = get_global_id(0), n0 = get_global_id(1) * GEMM_TN;
     if (r >= M) return;
     const int nb = K / QK;
-    const __global uchar16* q = AT(const uchar16, qs_o) + (size_t)r * nb * WQV;
-    const __global wsc_t* d = AT(const wsc_t, d_o) + (size_t)r * nb * WGB;
-    const __global wsc_t* m = AT(const wsc_t, m_o) + (size_t)r * nb * WGB;
+    W_ROW(r, nb);
     const __global uchar* xv[GEMM_TN];
     const __global float* dx[GEMM_TN];
     float8 acc[GEMM_TN];
