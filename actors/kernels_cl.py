@@ -230,12 +230,14 @@ class CLKernels:
         Returns run(pos0)."""
         recs = []
         for pos0 in (0, 1):
-            self._recording = []
+            # both passes start from the same state: a launch that one pass skips (a rope table or
+            # prepared rows already made) would pair the others' arguments with the wrong kernels
+            self._recording, self._rope_table, self._prepared = [], None, None
             try:
                 launch(pos0)
             finally:
                 recs.append(self._recording)
-                self._recording = None
+                self._recording, self._rope_table, self._prepared = None, None, None
         bound = []
         for (name, gsize, lsize, a0, ks), (_, _, _, a1, _) in zip(*recs):
             knl = self._clone(ks, name, a0)
