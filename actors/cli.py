@@ -179,9 +179,12 @@ def _models(a) -> int:
         print(f"{name:<8} {'runs' if f['runs'] else 'not yet'}: {f['what']}")
     print()
     procs = sorted({p for v in d["tensor_types"].values() for p in v})
-    print(f"{'tensor types':<28}" + "".join(f"{p:<10}" for p in procs))
+    types = list(dict.fromkeys(t for per in d["tensor_types"].values() for ts in per.values() for t in ts))
     for role, per in d["tensor_types"].items():
-        print(f"{role:<28}" + "".join(f"{','.join(per.get(p, ['-'])):<10}" for p in procs))
+        print(f"{role:<28}" + "".join(f"{p:<6}" for p in procs))
+        for t in types:
+            if any(t in per.get(p, []) for p in procs):
+                print(f"  {t:<26}" + "".join(f"{'yes' if t in per.get(p, []) else '-':<6}" for p in procs))
     return 0
 
 

@@ -57,7 +57,7 @@ def test_a_file_says_which_processors_read_its_weights(tmp_path):
 
 def test_an_unknown_architecture_and_a_file_that_is_not_gguf(tmp_path):
     d = inspect(_tiny(tmp_path / "g.gguf", arch="gemma3"))
-    assert len(d["problems"]) == 1 and d["problems"][0].startswith("architecture 'gemma3' is not supported: not yet")
+    assert len(d["problems"]) == 1 and d["problems"][0].startswith("architecture 'gemma3' is not supported: needs GeGLU")
     assert d["problems"][0].endswith("(socllm runs: llama, qwen2, qwen3)")
     bad = tmp_path / "bad.gguf"
     bad.write_text("hello")
