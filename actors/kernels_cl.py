@@ -129,14 +129,19 @@ def _up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+FLOAT_BUILD = {"F16": 1, "BF16": 2, "F32": 3}     # kernels.cl W_FLT
+
+
 def weight_build(ref) -> tuple:
     """A matrix ref (graph/program.py) -> ((qs, d, m) offsets: for a "wq" ref its (qs, dm, qh);
     the -D options of the program that reads its format: kernels.cl's W_WQ, WHB, W_F32, W_G16,
     W_ZERO; "" for Q4_1 / Q4_0)."""
     if ref[0] == "w4":
         return tuple(ref[1:]), ""
+    if ref[0] == "wt":                 # a float matrix as in the file
+        return (ref[2], 0, 0), f"-DW_FLT={FLOAT_BUILD[ref[1]]}"
     if ref[0] != "wq":
-        raise ValueError(f"the OpenCL kernels do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
+        raise ValueError(f"the OpenCL kernels do not read {ref[0]} weights")
     f = FORMATS[ref[1]]
     opts = ["-DW_WQ", f"-DWHB={f.hb}"] + ["-DW_F32"] * (f.scale == "f32") \
         + ["-DW_G16"] * (f.group == 16) + [f"-DW_ZERO={f.zero}"] * bool(f.zero)
@@ -386,7 +391,7 @@ class CLKernels:
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
         out = a["out"][1] if rows else _out_off(a["out"], pos0, ld, self.kv_half)
         b = a["b"][1] if "b" in a else 0                   # a bias [M] (Qwen2's q, k, v)
-        if N > 1 and self.rows_act is not None:
+        if N > 1 and self.rows_act is not None and a["w"][0] != "wt":   # floats: f32 GEMM
             if self.rows_act[2] == 8 and M % 8 == 0 and not wopts and not b:
                 return self._linear_tile(a, N, out, ld, rows)
             if N <= INT_ROWS_MAX or wopts or b:

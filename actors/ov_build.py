@@ -156,8 +156,10 @@ class Graph:
         Convert -> Subtract(zp) -> Multiply(d)."""
         if ref[0] == "w4":
             return self.w4(ref, M, K)
+        if ref[0] == "wt":
+            return self.wt_rows(ref, M, K, None)
         if ref[0] != "wq":
-            raise ValueError(f"the NPU graphs do not read {ref[1] if ref[0] == 'wt' else ref[0]} weights")
+            raise ValueError(f"the NPU graphs do not read {ref[0]} weights")
         if not self.const_weights:
             return self.wq_rows(ref, M, K, None)
         _, fmt, qs, dm, qh = ref
@@ -172,6 +174,18 @@ class Graph:
         w = ops.multiply(ops.subtract(ops.convert(ops.constant(q.reshape(M, K // g, g)), F32),
                                       f32(zp)), f32(scale))
         return ops.reshape(w, np.array([M, K], np.int64), False)
+
+    def wt_rows(self, ref, M: int, K: int, ids) -> ov.Node:
+        """A float weight [M, K] (F32, F16, BF16 as in the file) as a graph input over the arena;
+        ids [B]: only those rows -> [B, K] f32."""
+        _, kind, off = ref
+        if kind == "BF16":
+            w = self.weight(f"t{off}", self.view(off, (M * K,), np.uint16), ov.Type.bf16, [M, K])
+        else:
+            w = self.weight(f"t{off}", self.view(off, (M, K), np.float16 if kind == "F16" else F32))
+        if ids is not None:
+            w = ops.gather(w, ids, 0)
+        return ops.convert(w, F32)
 
     def wq_rows(self, ref, M: int, K: int, ids) -> ov.Node:
         """A block-format weight [M, K] as graph inputs over the arena, dequantized in the graph;
@@ -226,7 +240,8 @@ class Graph:
 def _embed(g: Graph, a):
     ids = g.read(a["ids"], None, np.int32)                                  # [B]
     if a["table"][0] != "w8":          # a block format: the B rows' blocks, dequantized
-        g.write(a["out"], g.wq_rows(a["table"], a["V"], a["D"], ids))
+        rows = (g.wt_rows if a["table"][0] == "wt" else g.wq_rows)(a["table"], a["V"], a["D"], ids)
+        g.write(a["out"], ops.reshape(rows, np.array([g.B, a["D"]], np.int64), False))
         return
     q, d = g.w8_rows(a["table"], a["V"], a["D"])
     rows = ops.multiply(ops.convert(ops.gather(q, ids, 0), F32),

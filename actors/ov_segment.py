@@ -41,11 +41,11 @@ def signature(tasks, live_out, const_weights=False) -> tuple:
     weights or which layer's KV cache it reads (those are inputs bound per segment)."""
     names: dict = {}
 
-    inputs = ("kv", "w8", "wf") if const_weights else ("kv", "w4", "wq", "w8", "wf")
+    inputs = ("kv", "w8", "wf", "wt") if const_weights else ("kv", "w4", "wq", "wt", "w8", "wf")
 
     def ab(v):
         if isinstance(v, tuple) and v[0] in inputs:      # a block format's graph is its own
-            return names.setdefault(v, (*v[:2 if v[0] == "wq" else 1], len(names)))
+            return names.setdefault(v, (*v[:2 if v[0] in ("wq", "wt") else 1], len(names)))
         return v
     sig = tuple((op, tuple(sorted((k, ab(v)) for k, v in args.items()))) for op, args in tasks)
     live = tuple(sorted(str(ab(("kv", o))) if ("kv", o) in names else str(o) for o in live_out))

@@ -52,11 +52,15 @@ def _joinable(run: list) -> bool:
     return all(not t.waits for t in run[1:]) and all(not t.signals for t in run[:-1])
 
 
+def _fusable(t: Task) -> bool:
+    """A linear the fused kernels take: not one with a bias, nor one over float weights (those
+    run op by op, reading x from its slot)."""
+    return t.op == "linear" and "b" not in t.args and t.args["w"][0] != "wt"
+
+
 def _linears(tasks: list, i: int, x) -> int:
-    """End of the run of consecutive linears from i that all read x (a linear with a bias is
-    never fused: it runs op by op, reading x from its slot)."""
-    while i < len(tasks) and tasks[i].op == "linear" and tasks[i].args["x"] == x \
-            and "b" not in tasks[i].args:
+    """End of the run of consecutive fusable linears from i that all read x."""
+    while i < len(tasks) and _fusable(tasks[i]) and tasks[i].args["x"] == x:
         i += 1
     return i
 
@@ -185,7 +189,7 @@ def _fuse(prog: StepProgram, proc: str) -> list:
                              [], [], (), t.layer))
             prepared, i = t.args["out"], i + 1
             continue
-        if t.op == "linear" and "b" not in t.args:
+        if _fusable(t):
             if prepared != t.args["x"] or t.waits:   # a prep carries the linear's waits
                 out.append(Fused("prep", {"x": t.args["x"], "K": t.args["K"]}, t.waits, [], (), t.layer))
                 prepared = t.args["x"]

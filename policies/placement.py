@@ -20,15 +20,15 @@
 """
 from __future__ import annotations
 
-from socllm.models.quant import FORMATS, MATRIX_TYPES
+from socllm.models.quant import MATRIX_TYPES
 
 PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "auto")
 
 # The weight formats each processor's kernels read (models/quant.py): the layers' matrices, and
 # the token embedding / output table. A processor that cannot read every weight of a model is not
 # started for it; the CPU actor (numpy, dequantizing one matrix per op) reads them all.
-MATRIX_FORMATS = {"cpu": MATRIX_TYPES, "gpu": tuple(FORMATS), "npu": tuple(FORMATS)}
-TABLE_FORMATS = {"cpu": MATRIX_TYPES, "gpu": tuple(FORMATS), "npu": tuple(FORMATS)}
+MATRIX_FORMATS = {"cpu": MATRIX_TYPES, "gpu": MATRIX_TYPES, "npu": MATRIX_TYPES}
+TABLE_FORMATS = {"cpu": MATRIX_TYPES, "gpu": MATRIX_TYPES, "npu": MATRIX_TYPES}
 TABLES = ("token_embd.weight", "output.weight")
 
 

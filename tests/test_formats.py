@@ -106,12 +106,23 @@ def _engine_greedy(path, plans, n=8):
         eng.close()
 
 
-def test_a_model_with_float_matrices_runs_on_the_cpu_with_the_oracle_tokens(tmp_path):
+def test_a_model_with_float_and_block_matrices_gives_the_oracle_tokens_everywhere(tmp_path):
+    """F16 and BF16 matrices beside block formats: the GPU runs the float linears op by op (the
+    fused decode takes block formats), the NPU reads them as graph inputs."""
     path = write_tiny(tmp_path / "mixed.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
-                      table="Q6_K", types=MIXED)
-    available, skipped, got, want = _engine_greedy(path, [None])
-    assert available == {"cpu"} and "F16" in skipped["gpu"]      # not started: cannot read it
-    assert got[None] == want
+                      table="Q6_K", head_dim=32, types=MIXED)
+    available, skipped, got, want = _engine_greedy(path, ["cpu", "gpu", "npu"])
+    assert available == {"cpu", "gpu", "npu"} and not skipped
+    assert got == {"cpu": want, "gpu": want, "npu": want}
+
+
+def test_a_processor_that_cannot_read_a_models_weights_is_not_started(tmp_path, monkeypatch):
+    from socllm.policies import placement
+    monkeypatch.setitem(placement.MATRIX_FORMATS, "npu", ("Q4_1",))
+    path = write_tiny(tmp_path / "q5.gguf", matrix="Q5_0", dim=64, ffn=128, head_dim=32)
+    available, skipped, got, want = _engine_greedy(path, ["gpu"])
+    assert available == {"cpu", "gpu"} and skipped["npu"].startswith("the npu kernels do not read Q5_0")
+    assert got == {"gpu": want}
 
 
 def test_a_mixed_k_quant_model_runs_on_the_gpu_and_the_npu_with_the_oracle_tokens(tmp_path):

@@ -45,12 +45,16 @@ def test_every_reason_a_file_does_not_run_is_listed(tmp_path):
     assert ok["runs"], ok["problems"]
 
 
-def test_a_file_says_which_processors_read_its_weights(tmp_path):
+def test_a_file_says_which_processors_read_its_weights(tmp_path, monkeypatch):
     d = inspect(write_tiny(tmp_path / "q0.gguf", matrix="Q4_0"))
     assert d["runs"] and d["processors"] == {"cpu": "runs", "gpu": "runs", "npu": "runs"}
     d = inspect(write_tiny(tmp_path / "k.gguf", matrix="Q6_K", dim=256, ffn=512))
     assert d["runs"] and set(d["processors"].values()) == {"runs"}
-    d = inspect(write_tiny(tmp_path / "h.gguf", matrix="F16"))
+    f16 = write_tiny(tmp_path / "h.gguf", matrix="F16")
+    assert set(inspect(f16)["processors"].values()) == {"runs"}
+    from socllm.policies import placement                 # a build whose GPU lacks F16
+    monkeypatch.setitem(placement.MATRIX_FORMATS, "gpu", ("Q4_1",))
+    d = inspect(f16)
     assert d["runs"] and d["processors"]["cpu"] == "runs"
     assert d["processors"]["gpu"].startswith("the gpu kernels do not read F16 weights yet")
 

@@ -22,6 +22,7 @@ from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
 from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
+from socllm.models.synthetic import blocks
 
 RTOL = 1e-5
 D, F, H, KVH, HD, V = 576, 1536, 9, 3, 64, 49152   # SmolLM2-135M
@@ -622,11 +623,16 @@ def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, 
 WQ = [f for f in FORMATS if f not in ("Q4_0", "Q4_1")]      # the two 4-bit f16 ones are "w4"
 
 
-@pytest.mark.parametrize("fmt", WQ)
+@pytest.mark.parametrize("fmt", WQ + ["F16", "BF16", "F32"])
 @pytest.mark.parametrize("N", [1, 33])
 def test_linear_in_every_format_matches_numpy(dev, lay, rng, fmt, N):
     K, M = 512, 40
-    x, w, out = rows(lay, rng, N, K), lay.wq(fmt, M, K, rng), lay.zeros((N, M))
+    x, out = rows(lay, rng, N, K), lay.zeros((N, M))
+    if fmt in WQ:
+        w = lay.wq(fmt, M, K, rng)
+    else:                               # a float matrix as in the file ("wt")
+        v = rng.standard_normal((M, K)).astype(np.float32) * 0.1
+        w = ("wt", fmt, lay.put(blocks(fmt, v, rng).view({"F32": np.float32}.get(fmt, np.uint16))))
     check(dev, lay, "linear", {"x": ("a", x), "w": w, "out": ("a", out), "K": K, "M": M},
           N, 0, [(out, N * M * 4)])
 

@@ -264,7 +264,8 @@ inline float8 dot32(uchar32 c, const __global uchar* act, int b)
 #endif
 #endif
 
-#if !W_Q4_1
+#if defined(W_FLT)         // float weights run op by op (graph/fuse.py): no fused dot
+#elif !W_Q4_1
 // sum_j w_j x_j of block b of a weight row in the build's format (q, d, m: kernels.cl W_ROW's
 // pointers) against the prepared activation, as float8 partial sums; a free minimum's term as
 // well (its scalar in *mt). 16-weight groups take each half's codes masked apart.
@@ -413,6 +414,7 @@ __kernel void rope_table(__global uchar* arena, ulong t_o, int hd, float theta, 
     AT(float, t_o)[hd / 2 + i] = sin(ang);
 }
 
+#ifndef W_FLT
 // linear_act: act [K], W Q4_1 [M, K] -> out [M] = W act (+ res [M] when add != 0; out may be
 // res itself or a KV row).  global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
 // rows_o != 0: out is a KV cache's base and the row goes to KV row rows[0] (paged KV: a V
@@ -434,7 +436,9 @@ __kernel void linear_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o
     AT(float, out_o)[r0] = y.x;
     if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = y.y;
 }
+#endif
 
+#ifndef W_FLT
 // qkv_rope: act [K] -> q [Mq] roped, k [Mk] roped, v [Mk] (k_out, v_out: KV rows pos0, or the
 // caches' bases and rows_o: KV row rows[0]). The three
 // weights' rows are one index space (q, then k, then v); a work-item takes rows (2i, 2i+1), which
@@ -469,7 +473,9 @@ __kernel void qkv_rope(__global uchar* arena, ulong s_o,
     AT(float, out)[r] = y.x;
     AT(float, out)[r + 1] = y.y;
 }
+#endif
 
+#ifndef W_FLT
 // gate_up_silu: act [K], W_gate, W_up Q4_1 [M, K] -> out [M] = silu(W_gate act) * (W_up act).
 // global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
 __kernel void gate_up_silu(__global uchar* arena, ulong s_o, ulong g_qs, ulong g_d, ulong g_m,
@@ -483,6 +489,7 @@ __kernel void gate_up_silu(__global uchar* arena, ulong s_o, ulong g_qs, ulong g
     AT(float, out_o)[r0] = g.x / (1.0f + exp_f32(-g.x)) * u.x;
     if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = g.y / (1.0f + exp_f32(-g.y)) * u.y;
 }
+#endif
 
 // sum_j q_j x_j of a Q8_0 block (32 int8 weights, natural order) against natural-order act block b
 inline float8 block_dot_q8_0(const __global char16* q, const __global uchar* act, int b)

@@ -117,6 +117,7 @@ inline int last_group(__global uchar* arena, ulong c_o)
     return last;
 }
 
+#ifndef W_FLT
 // linear_act_norm: linear_act, then norm_prep of its output [M] (D = M) by the last group
 __kernel void linear_act_norm(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
                               ulong out_o, ulong res_o, int K, int M, int add, ulong w_o,
@@ -132,7 +133,9 @@ __kernel void linear_act_norm(__global uchar* arena, ulong s_o, ulong qs_o, ulon
     }
     if (last_group(arena, c_o)) norm_prep_row(arena, out_o, w_o, s_o, norm_o, M, eps, store, natural);
 }
+#endif
 
+#ifndef W_FLT
 // gate_up_silu_prep: gate_up_silu, then prep of its output [M] (K = M) by the last group
 __kernel void gate_up_silu_prep(__global uchar* arena, ulong s_o, ulong g_qs, ulong g_d, ulong g_m,
                                 ulong u_qs, ulong u_d, ulong u_m, ulong out_o, int K, int M,
@@ -152,6 +155,7 @@ __kernel void gate_up_silu_prep(__global uchar* arena, ulong s_o, ulong g_qs, ul
             prep_block(x[4 * b], x[4 * b + 1], x[4 * b + 2], x[4 * b + 3], arena, s_o, M, b, 0);
     }
 }
+#endif
 
 // attention_merge: attention_split, then merge_prep by the last group
 __kernel void attention_merge(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong p_o,

@@ -126,7 +126,18 @@ typedef ushort wsc_t;
 #else
 #define WGB 1
 #endif
-#ifdef W_WQ
+#ifdef W_FLT         // a float matrix [M, K] as in the file: 1 F16, 2 BF16, 3 F32 ("wt" refs)
+#define W_Q4_1 0
+#if W_FLT == 3
+typedef float wflt_t;
+#else
+typedef ushort wflt_t;
+#endif
+#define W_ROW(r, nb) \
+    const __global wflt_t* q = AT(const wflt_t, qs_o) + (size_t)(r) * (nb) * QK; \
+    const __global float* d = 0; \
+    const __global uchar* m = 0
+#elif defined(W_WQ)
 #define W_Q4_1 0
 #define WD(p, g) WS(p, 2 * (g))        // group g's scale and minimum in the pairs
 #define WM(p, g) WS(p, 2 * (g) + 1)
@@ -187,7 +198,27 @@ inline void q4_block(uchar16 v, float d, float m, float8* w0, float8* w1, float8
     *w3 = convert_float8(b.hi) * d + m;
 }
 
-#if !W_Q4_1
+#ifdef W_FLT
+// 8 weights of a float row from p, as float8
+inline float8 flt8(const __global wflt_t* p)
+{
+#if W_FLT == 3
+    return *(const __global float8*)p;
+#elif W_FLT == 2
+    return as_float8(convert_uint8(*(const __global ushort8*)p) << 16);
+#else
+    return vload_half8(0, (const __global half*)p);
+#endif
+}
+
+// Block b of a float weight row -> its 32 weights as four float8 in order
+inline void w_block(const __global wflt_t* q, const __global float* d, const __global uchar* m,
+                    int b, float8* w0, float8* w1, float8* w2, float8* w3)
+{
+    *w0 = flt8(q + QK * b), *w1 = flt8(q + QK * b + 8);
+    *w2 = flt8(q + QK * b + 16), *w3 = flt8(q + QK * b + 24);
+}
+#elif !W_Q4_1
 // Block b of a weight row in the build's format (q, d, m: W_ROW's pointers) -> its 32 weights as
 // four float8 in order, computed as the numpy spec does.
 inline void w_block(const __global uchar16* q, const __global wsc_t* d, const __global uchar* m,
@@ -218,7 +249,18 @@ inline void w_block(const __global uchar16* q, const __global wsc_t* d, const __
 __kernel void embed_w(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong m_o,
                       ulong out_o, int D)
 {
-#if !W_Q4_1
+#ifdef W_FLT
+    const int j = get_global_id(0), n = get_global_id(1);
+    if (j >= D) return;
+    W_ROW(AT(const int, ids_o)[n], D / QK);
+#if W_FLT == 3
+    AT(float, out_o)[(size_t)n * D + j] = q[j];
+#elif W_FLT == 2
+    AT(float, out_o)[(size_t)n * D + j] = as_float((uint)q[j] << 16);
+#else
+    AT(float, out_o)[(size_t)n * D + j] = vload_half(j, (const __global half*)q);
+#endif
+#elif !W_Q4_1
     const int j = get_global_id(0), n = get_global_id(1);
     if (j >= D) return;
     const int row = AT(const int, ids_o)[n], nb = D / QK, b = j / QK, e = j % QK;

@@ -181,6 +181,7 @@ __kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int 
     prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 0);
 }
 
+#ifndef W_FLT
 // linear_rows_act: N prepared rows, W Q4_1 [M, K] -> out [N, M] in rows ld wide (row n at rows[n]
 // if rows_o != 0). A work-item takes weight row r against GEMM_TN activation rows: each weight
 // block is loaded once and multiplied in integers (decode.cl's block_dot) with every row's.
@@ -228,3 +229,4 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
         else if (n0 + i < N)
             AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]) + macc[i] + bias;
 }
+#endif
