@@ -320,7 +320,34 @@ inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int 
     const __global float* sx = dx + nb;
     float8 aa = 0.0f, ab = 0.0f;
     float sa = 0.0f, sb = 0.0f;
-    for (int b = 0; b < nb; b++) {
+    int b = 0;
+#if defined(W_X86_CODES) && WGB == 1
+    float8 ma8 = 0.0f, mb8 = 0.0f;
+    for (; b + 8 <= nb; b += 8) {       // 8 blocks: their (d, m) pairs converted as vectors
+        const float8 dx8 = LOAD8(dx + b), sx8 = LOAD8(sx + b);
+#ifdef W_F32
+        const float8 a0 = LOAD8(da + 2 * b), a1 = LOAD8(da + 2 * b + 8);
+        const float8 b0 = LOAD8(db + 2 * b), b1 = LOAD8(db + 2 * b + 8);
+#else
+        const float8 a0 = HALF8(da + 2 * b), a1 = HALF8(da + 2 * b + 8);
+        const float8 b0 = HALF8(db + 2 * b), b1 = HALF8(db + 2 * b + 8);
+#endif
+        float sca[8] __attribute__((aligned(32))), scb[8] __attribute__((aligned(32)));
+        *(float8*)sca = (float8)(a0.even, a1.even) * dx8;
+        *(float8*)scb = (float8)(b0.even, b1.even) * dx8;
+#if !W_ZERO
+        ma8 += (float8)(a0.odd, a1.odd) * sx8;
+        mb8 += (float8)(b0.odd, b1.odd) * sx8;
+#endif
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            aa += dot32(codes32(qa[b + j], ma, b + j), xv, b + j) * sca[j];
+            ab += dot32(codes32(qb[b + j], mb, b + j), xv, b + j) * scb[j];
+        }
+    }
+    sa = hsum8(ma8), sb = hsum8(mb8);
+#endif
+    for (; b < nb; b++) {
         aa += w_block_dot(qa, da, ma, b, xv, dx, sx, &sa);
         ab += w_block_dot(qb, db, mb, b, xv, dx, sx, &sb);
     }
