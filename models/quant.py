@@ -79,6 +79,9 @@ FORMATS = {f.name: f for f in (
     Format("Q6_K", 6, 16, "f32", 256, 210, 32),
 )}
 FLOAT_TYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}   # BF16 kept as its bits
+# byte offsets of each GGUF block's f16 scale fields (d; d and m or dmin)
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+              "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 W4_FORMATS = ("Q4_0", "Q4_1")     # the 4-bit, f16, 32-group layout: "w4" refs
 MATRIX_TYPES = tuple(FLOAT_TYPES) + tuple(FORMATS)
 

@@ -8,9 +8,20 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT, GGUFWriter
 from gguf.quants import quantize
 
-from .quant import FORMATS
+from .quant import F16_FIELDS, FORMATS
 
 QUANTIZABLE = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")   # gguf.quants.quantize
+
+
+def random_blocks(qtype: str, rows: int, cols: int, rng, scales) -> np.ndarray:
+    """Random GGUF bytes of a [rows, cols] matrix of a block format, every code and sub-scale
+    pattern, its f16 scale fields set to scales(n) (n values: finite ones)."""
+    f = FORMATS[qtype]
+    n = rows * cols // f.block
+    raw = rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
+    for col in F16_FIELDS[qtype]:
+        raw[:, col:col + 2] = np.asarray(scales(n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, -1)
 
 
 def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
@@ -20,20 +31,12 @@ def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
     if qtype in QUANTIZABLE:
         return quantize(x, QT[qtype])
     rows, cols = x.shape
-    f = FORMATS.get(qtype)
-    size = f.block_bytes if f else {"Q2_K": 84, "Q3_K": 110}[qtype]
-    n = rows * cols // 256
-    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
-
-    def f16(col, scale):
-        v = (rng.uniform(0.5, 1.0, n) * scale).astype(np.float16)
-        raw[:, col:col + 2] = v.view(np.uint8).reshape(n, 2)
-    if qtype in ("Q4_K", "Q5_K"):
-        f16(0, 2e-4), f16(2, 2e-4)          # d, dmin: |w| <= 63 * 31 * 2e-4 ~ 0.4
-    elif qtype == "Q6_K":
-        f16(208, 2e-4)                      # d: |w| <= 127 * 32 * 2e-4 ~ 0.8
-    elif qtype == "Q2_K":
-        f16(80, 1e-3), f16(82, 1e-3)
+    if qtype in FORMATS:        # d (and dmin): |w| <= 63 * 31 * 2e-4 ~ 0.4 (Q6_K: 127 * 32 * 2e-4)
+        return random_blocks(qtype, rows, cols, rng, lambda n: rng.uniform(0.5, 1.0, n) * 2e-4)
+    n = rows * cols // 256      # Q2_K, which socllm does not read: its d and dmin
+    raw = rng.integers(0, 256, (n, {"Q2_K": 84, "Q3_K": 110}[qtype]), dtype=np.uint8)
+    for col in (80, 82):
+        raw[:, col:col + 2] = (rng.uniform(0.5, 1.0, n) * 1e-3).astype(np.float16).view(np.uint8).reshape(n, 2)
     return raw.reshape(rows, -1)
 
 

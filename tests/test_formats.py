@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
-from tiny_gguf import blocks, write_tiny
+from test_runner import prefill_then_decode
+from tiny_gguf import blocks, random_blocks, write_tiny
 
 from socllm.models.gguf_file import open_gguf
 from socllm.models.llama import load_config, load_weights
@@ -18,16 +19,12 @@ TYPES = list(FORMATS) + ["F16", "BF16"]
 
 
 def _random_blocks(name: str, rows: int, cols: int, rng) -> np.ndarray:
-    """Any bytes at all, except f16 scales kept finite: every code and sub-scale pattern."""
-    f = FORMATS[name]
-    n = rows * cols // f.block
-    raw = rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
-    scales = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q6_K": (208,)}.get(name, (0, 2))
-    for col in scales:
+    """Any bytes at all, except f16 scales kept finite (of every magnitude, and zero)."""
+    def scales(n):
         v = (rng.standard_normal(n) * 10.0 ** rng.integers(-4, 1, n)).astype(np.float16)
-        v[::7] = 0                                    # zero scales too
-        raw[:, col:col + 2] = v.view(np.uint8).reshape(n, 2)
-    return raw.reshape(rows, -1)
+        v[::7] = 0
+        return v
+    return random_blocks(name, rows, cols, rng, scales)
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
@@ -184,22 +181,9 @@ def test_the_service_runner_batches_other_formats_and_families(tmp_path, ray_ses
                  kv_dtype="f16", double_rows=8)
     try:
         runner = Runner(eng, "gpu", precision)
-        br = runner.lay.block_rows
         prompts = [[int(t) for t in np.random.default_rng(s).integers(1, 250, n)] for s, n in enumerate((9, 3, 14))]
-        free = list(np.random.default_rng(0).permutation(runner.lay.kv_blocks))
-        tables, got, forced = {}, [[] for _ in prompts], [oracle.greedy(p, 10) for p in prompts]
-        for s, ids in enumerate(prompts):
-            tables[s] = [int(free.pop()) for _ in range(-(-(len(ids) + 10) // br))]
-            for lo in range(0, len(ids), 5):
-                chunk = ids[lo: lo + 5]
-                logits = runner.step([(t, lo + i, s) for i, t in enumerate(chunk)], {s: tables[s]},
-                                     all_rows=False)
-            got[s].append(logits[0].copy())
-        for i in range(7):
-            rows = [(forced[s][i], len(ids) + i, s) for s, ids in enumerate(prompts)]
-            logits = runner.step(rows, tables, all_rows=True)
-            for s in range(len(prompts)):
-                got[s].append(logits[s].copy())
+        forced = [oracle.greedy(p, 10) for p in prompts]
+        tables, got = prefill_then_decode(runner, prompts, forced, 7)
         # one sequence alone: the one-row decode (fused, pre-bound kernels), twice
         for i in range(7, 9):
             logits = runner.step([(forced[0][i], len(prompts[0]) + i, 0)], {0: tables[0]}, all_rows=True)

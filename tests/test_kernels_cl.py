@@ -22,7 +22,7 @@ from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
 from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
-from socllm.models.synthetic import blocks
+from socllm.models.synthetic import blocks, random_blocks
 
 RTOL = 1e-5
 D, F, H, KVH, HD, V = 576, 1536, 9, 3, 64, 49152   # SmolLM2-135M
@@ -57,13 +57,9 @@ class Layout:
     def wq(self, fmt, M, K, rng) -> tuple:
         """A matrix in a block format (models/quant.py), from random GGUF blocks whose scales are
         finite: every code pattern."""
-        f = FORMATS[fmt]
-        n = M * K // f.block
-        raw = rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
-        for col in {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q6_K": (208,)}.get(fmt, (0, 2)):
-            v = rng.uniform(-1, 1, n) * {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.02)
-            raw[:, col:col + 2] = v.astype(np.float16).view(np.uint8).reshape(n, 2)
-        p = planar(fmt, raw.reshape(M, -1), M, K)
+        size = {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.02)
+        raw = random_blocks(fmt, M, K, rng, lambda n: rng.uniform(-1, 1, n) * size)
+        p = planar(fmt, raw, M, K)
         return ("wq", fmt, self.put(p["qs"]), self.put(p["dm"]), self.put(p["qh"]) if "qh" in p else 0)
 
     def w8(self, V, D, rng) -> tuple:

@@ -41,14 +41,11 @@ class Layout:
 
     def wq(self, fmt, M, K):
         """A block-format weight (models/quant.py) from random GGUF blocks, finite scales."""
-        from socllm.models.quant import FORMATS, planar
-        f = FORMATS[fmt]
-        n = M * K // f.block
-        raw = self.rng.integers(0, 256, (n, f.block_bytes), dtype=np.uint8)
-        for col in {"Q5_0": (0,), "Q8_0": (0,), "Q6_K": (208,)}.get(fmt, (0, 2)):
-            v = self.rng.uniform(-1, 1, n) * {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.01)
-            raw[:, col:col + 2] = v.astype(np.float16).view(np.uint8).reshape(n, 2)
-        p = planar(fmt, raw.reshape(M, -1), M, K)
+        from socllm.models.quant import planar
+        from socllm.models.synthetic import random_blocks
+        size = {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(fmt, 0.01)
+        raw = random_blocks(fmt, M, K, self.rng, lambda n: self.rng.uniform(-1, 1, n) * size)
+        p = planar(fmt, raw, M, K)
         return ("wq", fmt, self.put(p["qs"]), self.put(p["dm"]), self.put(p["qh"]) if "qh" in p else 0)
 
     def w8(self, rows, cols):

@@ -10,6 +10,29 @@ import pytest
 from conftest import PROMPTS
 
 
+def prefill_then_decode(runner, prompts: list, forced: list, steps: int):
+    """Each prompt prefilled in chunks of 5 rows (its K/V written through its own block table,
+    blocks not in order), then all decoded as one batch for `steps` steps, teacher-forced with
+    `forced`, every row at its own position. -> (block tables, per prompt its logits: the
+    prefill's last row, then each step's)."""
+    br = runner.lay.block_rows
+    free = list(np.random.default_rng(0).permutation(runner.lay.kv_blocks))
+    tables, got = {}, [[] for _ in prompts]
+    for s, ids in enumerate(prompts):
+        tables[s] = [int(free.pop()) for _ in range(-(-(len(ids) + len(forced[s])) // br))]
+        for lo in range(0, len(ids), 5):
+            chunk = ids[lo: lo + 5]
+            logits = runner.step([(t, lo + i, s) for i, t in enumerate(chunk)], {s: tables[s]},
+                                 all_rows=False)
+        got[s].append(logits[0].copy())
+    for i in range(steps):
+        rows = [(forced[s][i], len(ids) + i, s) for s, ids in enumerate(prompts)]
+        logits = runner.step(rows, tables, all_rows=True)
+        for s in range(len(prompts)):
+            got[s].append(logits[s].copy())
+    return tables, got
+
+
 @pytest.fixture(scope="module")
 def engine16(gguf_reader, ray_session):
     from socllm.actors.engine import Engine
@@ -34,24 +57,9 @@ def test_a_batch_over_an_f16_cache_follows_the_oracle(engine16, oracle, oracle_g
     one batch, every row at its own position; top-1 and logits against the oracle's."""
     from socllm.actors.runner import Runner
     runner = Runner(engine16, "gpu", precision)
-    lay = runner.lay
-    assert lay.kv_dtype == "f16"
-    br = lay.block_rows
+    assert runner.lay.kv_dtype == "f16"
     prompts = [oracle_greedy[p] for p in PROMPTS[:3]]
-    free = list(np.random.default_rng(0).permutation(lay.kv_blocks))
-    tables, got = {}, [[] for _ in prompts]
-    for s, (ids, want) in enumerate(prompts):
-        tables[s] = [int(free.pop()) for _ in range(-(-(len(ids) + 16) // br))]
-        for lo in range(0, len(ids), 5):
-            chunk = ids[lo: lo + 5]
-            logits = runner.step([(t, lo + i, s) for i, t in enumerate(chunk)], {s: tables[s]},
-                                 all_rows=False)
-        got[s].append(logits[0].copy())
-    for i in range(15):
-        rows = [(want[i], len(ids) + i, s) for s, (ids, want) in enumerate(prompts)]
-        logits = runner.step(rows, tables, all_rows=True)
-        for s in range(len(prompts)):
-            got[s].append(logits[s].copy())
+    _, got = prefill_then_decode(runner, [ids for ids, _ in prompts], [want for _, want in prompts], 15)
     agree, tol = BOUNDS[precision]
     for s, (ids, want) in enumerate(prompts):
         ref = oracle.logits_for(ids + want)[len(ids) - 1: len(ids) + 15]
