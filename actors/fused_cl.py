@@ -125,7 +125,7 @@ class FusedCL:
         if not launch:
             return
         self.k._go("attention_split", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
-                   self.att, H, KVH, pos0, *_pages(a), ks=self.k._kernels(hd, self.bits))
+                   self.att, H, KVH, pos0, *_pages(a), a.get("window", 0), ks=self.k._kernels(hd, self.bits))
 
     def _merge_prep(self, a, pos0):
         """partials -> act of the attention row (and out [H*hd] if a["store"])"""
@@ -162,7 +162,7 @@ class FusedCL:
         _aligned("attention_merge", a["out"][1])
         self.k._go("attention_merge", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
                    self.att, H, KVH, pos0, self.act, a["out"][1], int(a["store"]), self.counter,
-                   *_pages(a), ks=self.k._kernels(hd, self.bits))
+                   *_pages(a), a.get("window", 0), ks=self.k._kernels(hd, self.bits))
 
 
 def _pages(a: dict) -> tuple:

@@ -43,25 +43,26 @@ TILE_ROWS = (4, 8, 16)      # activation rows a linear_tile work-item may take (
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
-    "embed": [u64] * 4 + [i32],
-    "embed_w": [u64] * 5 + [i32],
+    "embed": [u64] * 4 + [i32, f32],
+    "embed_w": [u64] * 5 + [i32, f32],
     "rmsnorm": [u64] * 3 + [i32, f32, i32],
     "linear_gemv": [u64] * 5 + [i32, i32, u64, u64],
     "linear_gemm": [u64] * 5 + [i32, i32, i32, i32, u64, u64],
     "rope": [u64] * 2 + [i32, i32, f32, i32, i32, u64],
-    "attention": [u64] * 4 + [i32, i32, i32],
+    "attention": [u64] * 4 + [i32, i32, i32, i32],
     "silu_mul": [u64] * 3 + [i32],
+    "gelu_mul": [u64] * 3 + [i32],
     "add": [u64] * 3 + [i32],
     "lm_head": [u64] * 4 + [i32, i32, i32],
     # decode.cl
     "prep": [u64] * 2 + [i32],
     "norm_prep": [u64] * 4 + [i32, f32, i32, i32],
     "lm_head_act": [u64] * 4 + [i32, i32],
-    "attention_split": [u64] * 4 + [i32, i32, i32] + [u64, u64, i32, i32],
+    "attention_split": [u64] * 4 + [i32, i32, i32] + [u64, u64, i32, i32, i32],
     "merge_prep": [u64] * 3 + [i32, i32],
     "linear_act_norm": [u64] * 6 + [i32, i32, i32] + [u64, u64, f32, i32, i32, u64],
     "gate_up_silu_prep": [u64] * 8 + [i32, i32, u64],
-    "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64] + [u64, u64, i32, i32],
+    "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64] + [u64, u64, i32, i32, i32],
     "rope_table": [u64] + [i32, f32, i32, u64],
     "linear_act": [u64] * 6 + [i32, i32, i32, u64],
     "qkv_rope": [u64] * 14 + [i32] * 4 + [u64],
@@ -69,7 +70,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     # paged.cl
     "rope_rows": [u64] * 4 + [i32, i32, f32, u64, i32, u64],
     "rope_rows_table": [u64] * 2 + [i32, f32, u64],
-    "attention_paged": [u64] * 7 + [i32] * 4,
+    "attention_paged": [u64] * 7 + [i32] * 5,
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
     "prep_rows": [u64] * 2 + [i32, i32, i32],
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
@@ -359,15 +360,17 @@ class CLKernels:
 
     # -- ops (shapes as in kernels_numpy) ------------------------------------------------------
     def _embed(self, a, N, pos0):
-        """ids int32 [N], table [V, D] (Q8_0 in natural order, or a block format) -> out [N, D]"""
-        D = a["D"]
+        """ids int32 [N], table [V, D] (Q8_0 in natural order, or a block format) -> out [N, D]
+        (times a["scale"]: Gemma's embeddings)"""
+        D, scale = a["D"], a.get("scale", 1.0)
         if a["table"][0] != "w8":
             (qs, d, m), wopts = weight_build(a["table"])
             self._go("embed_w", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, m,
-                     a["out"][1], D, ks=self._kernels(64, 32, None, wopts))
+                     a["out"][1], D, scale, ks=self._kernels(64, 32, None, wopts))
             return
         _, qs, d = a["table"]
-        self._go("embed", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, a["out"][1], D)
+        self._go("embed", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, a["out"][1], D,
+                 scale)
 
     def _rmsnorm(self, a, N, pos0):
         """x [N, D], w [D] -> out [N, D]"""
@@ -479,15 +482,20 @@ class CLKernels:
                 raise ValueError(f"attention: block_rows {br} is not a power of two >= 8")
             self._go("attention_paged", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1],
                      a["out"][1], a["pos"][1], a["seq"][1], a["btab"][1], H, KVH,
-                     a["block_rows"], a["max_blocks"], ks=self._kernels(a["head_dim"]))
+                     a["block_rows"], a["max_blocks"], a.get("window", 0), ks=self._kernels(a["head_dim"]))
             return
         self._go("attention", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
-                 H, KVH, pos0, ks=self._kernels(a["head_dim"]))
+                 H, KVH, pos0, a.get("window", 0), ks=self._kernels(a["head_dim"]))
 
     def _silu_mul(self, a, N, pos0):
         """g, u [N, F] -> out [N, F]"""
         n = N * a["F"]
         self._go("silu_mul", (_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
+
+    def _gelu_mul(self, a, N, pos0):
+        """g, u [N, F] -> out [N, F]"""
+        n = N * a["F"]
+        self._go("gelu_mul", (_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
 
     def _add(self, a, N, pos0):
         """a, b [N, D] -> out [N, D]"""

@@ -108,9 +108,10 @@ class NumpyKernels:
 
     # -- ops -----------------------------------------------------------------------------------
     def embed(self, a, N, pos0):
-        """ids int32 [N], table [V, D] (any matrix kind) -> out [N, D]"""
+        """ids int32 [N], table [V, D] (any matrix kind) -> out [N, D] (times a["scale"]: Gemma)"""
         ids = self._arr(a["ids"][1], (N,), np.int32)
-        self.f32(a["out"][1], N, a["D"])[:] = self.matrix(a["table"], a["V"], a["D"], ids)
+        rows = self.matrix(a["table"], a["V"], a["D"], ids)
+        self.f32(a["out"][1], N, a["D"])[:] = rows * np.float32(a["scale"]) if "scale" in a else rows
 
     def rmsnorm(self, a, N, pos0):
         """x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w (heads: x [N, heads*D],
@@ -153,7 +154,8 @@ class NumpyKernels:
 
     def attention(self, a, N, pos0):
         """q [N, H*hd], K/V cache [pos0+N, KVH*hd] (rows pos0.. already written) -> out [N, H*hd];
-        causal: row n sees keys 0 .. pos0+n; GQA: head h reads kv head h // (H/KVH)."""
+        causal: row n sees keys 0 .. pos0+n (a["window"]: only the last `window` of them);
+        GQA: head h reads kv head h // (H/KVH)."""
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
         if "btab" in a:
             return self.attention_paged(a, N)
@@ -164,7 +166,7 @@ class NumpyKernels:
         g = H // KVH
         qh = q.reshape(N, KVH, g, hd).transpose(1, 2, 0, 3)            # [KVH, g, N, hd]
         s = np.einsum("kgnd,lkd->kgnl", qh, k) / np.float32(np.sqrt(hd))
-        mask = np.arange(L)[None, :] > (pos0 + np.arange(N))[:, None]  # [N, L] future keys
+        mask = ~_visible(pos0 + np.arange(N), L, a.get("window", 0))    # [N, L]
         s = np.where(mask, np.float32(-np.inf), s)
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         p = s / s.sum(axis=-1, keepdims=True)
@@ -172,8 +174,8 @@ class NumpyKernels:
         self.f32(a["out"][1], N, H * hd)[:] = o
 
     def attention_paged(self, a, N):
-        """Row n of sequence seq[n] at position pos[n] sees that sequence's keys 0 .. pos[n];
-        key l is KV row btab[seq[n], l // block_rows] * block_rows + l % block_rows."""
+        """Row n of sequence seq[n] at position pos[n] sees that sequence's keys 0 .. pos[n] (a
+        window: the last `window` of them); key l is KV row btab[seq[n], l // block_rows] * block_rows + l % block_rows."""
         H, KVH, hd, br = a["heads"], a["kv_heads"], a["head_dim"], a["block_rows"]
         pos, seq = self.i32(a["pos"], N), self.i32(a["seq"], N)
         btab = self._arr(a["btab"][1], (int(seq.max()) + 1, a["max_blocks"]), np.int32)
@@ -187,6 +189,7 @@ class NumpyKernels:
             v = self._kv(a["v"], phys, KVH * hd).reshape(L, KVH, hd)
             qh = q[n].reshape(KVH, H // KVH, hd)
             s = np.einsum("kgd,lkd->kgl", qh, k) / np.float32(np.sqrt(hd))
+            s = np.where(_visible(pos[n:n + 1], L, a.get("window", 0))[0], s, np.float32(-np.inf))
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             p = s / s.sum(axis=-1, keepdims=True)
             out[n] = np.einsum("kgl,lkd->kgd", p, v).reshape(H * hd)
@@ -196,6 +199,13 @@ class NumpyKernels:
         F = a["F"]
         g, u = self.f32(a["g"][1], N, F), self.f32(a["u"][1], N, F)
         self.f32(a["out"][1], N, F)[:] = g / (1.0 + np.exp(-g)) * u
+
+    def gelu_mul(self, a, N, pos0):
+        """g, u [N, F] -> out = gelu(g) * u, GELU's tanh form (Gemma's GeGLU)"""
+        F = a["F"]
+        g, u = self.f32(a["g"][1], N, F), self.f32(a["u"][1], N, F)
+        c = np.float32(np.sqrt(2 / np.pi))
+        self.f32(a["out"][1], N, F)[:] = 0.5 * g * (1 + np.tanh(c * (g + np.float32(0.044715) * g ** 3))) * u
 
     def add(self, a, N, pos0):
         """a, b [N, D] -> out = a + b"""
@@ -224,6 +234,12 @@ class NumpyKernels:
             hi = min(V, lo + 4096)
             dots = np.einsum("vbj,bj->vb", qs[lo:hi].reshape(hi - lo, D // QK, QK).astype(np.float32), xb)
             out[lo:hi] = (dots * d[lo:hi].astype(np.float32)).sum(axis=1)
+
+
+def _visible(pos: np.ndarray, L: int, window: int) -> np.ndarray:
+    """[len(pos), L]: key l is seen by the row at pos: l <= pos, and pos - l < window if any."""
+    dist = np.asarray(pos)[:, None] - np.arange(L)[None, :]
+    return (dist >= 0) & (dist < window) if window else dist >= 0
 
 
 class _Scatter:

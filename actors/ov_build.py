@@ -241,12 +241,12 @@ def _embed(g: Graph, a):
     ids = g.read(a["ids"], None, np.int32)                                  # [B]
     if a["table"][0] != "w8":          # a block format: the B rows' blocks, dequantized
         rows = (g.wt_rows if a["table"][0] == "wt" else g.wq_rows)(a["table"], a["V"], a["D"], ids)
-        g.write(a["out"], ops.reshape(rows, np.array([g.B, a["D"]], np.int64), False))
-        return
-    q, d = g.w8_rows(a["table"], a["V"], a["D"])
-    rows = ops.multiply(ops.convert(ops.gather(q, ids, 0), F32),
-                        ops.convert(ops.gather(d, ids, 0), F32))           # only the B rows
-    g.write(a["out"], ops.reshape(rows, np.array([g.B, a["D"]], np.int64), False))
+    else:
+        q, d = g.w8_rows(a["table"], a["V"], a["D"])
+        rows = ops.multiply(ops.convert(ops.gather(q, ids, 0), F32),
+                            ops.convert(ops.gather(d, ids, 0), F32))       # only the B rows
+    rows = ops.reshape(rows, np.array([g.B, a["D"]], np.int64), False)
+    g.write(a["out"], ops.multiply(rows, f32(a["scale"])) if "scale" in a else rows)
 
 
 def _rmsnorm(g: Graph, a):
@@ -314,8 +314,10 @@ def _attention(g: Graph, a):
     Two forms, one softmax each, no concatenated cache (Transformer-Lite §2.3):
       fused   this step's K/V come from the graph: keys 0..pos0 from the cache masked j < pos0
               (absent when kv_len is 0), this step's keys from the graph, causal within the step;
-      cached  this step's K/V were written to the cache before: keys 0..kv_len masked j <= pos0+i."""
+      cached  this step's K/V were written to the cache before: keys 0..kv_len masked j <= pos0+i.
+    A sliding-window layer (window w) also masks the keys j <= pos0+i-w."""
     H, KVH, hd, B, T = a["heads"], a["kv_heads"], a["head_dim"], g.B, g.kv_len
+    win = a.get("window", 0)
     grp = H // KVH
     q = ops.multiply(g.read(a["q"], H * hd), f32(1.0 / np.sqrt(hd)))
     k_cache, k_new = g.kv(a["k"], KVH * hd)
@@ -334,22 +336,26 @@ def _attention(g: Graph, a):
     if k_new is None and v_new is None:                                                   # cached
         last = ops.add(ops.constant(np.tile(np.arange(B, dtype=np.int64), grp)), g.pos0)  # [grp*B]
         mask = ops.less_equal(cols, ops.unsqueeze(last, 1))                               # [grp*B, T]
+        if win:
+            mask = ops.logical_and(mask, ops.greater(cols, ops.unsqueeze(ops.subtract(last, np.int64(win)), 1)))
         s = ops.select(mask, ops.matmul(qh, heads(k_cache, T), False, True), neg)
         o = ops.matmul(ops.softmax(s, 2), heads(v_cache, T), False, False)     # [KVH, grp*B, hd]
     else:                                                                                  # fused
         at_step = ops.add(g.rows, g.pos0)
         k_new = k_new if k_new is not None else ops.gather(k_cache, at_step, 0).output(0)
         v_new = v_new if v_new is not None else ops.gather(v_cache, at_step, 0).output(0)
+        causal = g.mask(("causal", B, grp, win), lambda: np.tile(_band(np.arange(B), B, win), (grp, 1)))
         if T == 0 and B >= 2 * CAUSAL_BLOCK:
-            o = _causal_blocks(g, qh, heads(k_new, B), heads(v_new, B), KVH, grp, B, hd)
+            o = _causal_blocks(g, qh, heads(k_new, B), heads(v_new, B), KVH, grp, B, hd, win)
         elif T == 0:
-            causal = g.mask(("causal", B, grp), lambda: np.tile(np.tril(np.ones((B, B), bool)), (grp, 1)))
             s_new = ops.select(causal, ops.matmul(qh, heads(k_new, B), False, True), neg)
             o = ops.matmul(ops.softmax(s_new, 2), heads(v_new, B), False, False)
         else:
-            causal = g.mask(("causal", B, grp), lambda: np.tile(np.tril(np.ones((B, B), bool)), (grp, 1)))
             s_new = ops.select(causal, ops.matmul(qh, heads(k_new, B), False, True), neg)
             past = ops.less(cols, g.pos0)                                                  # [T]
+            if win:                                          # [grp*B, T]: j > pos0 + i - win
+                first = ops.add(ops.constant(np.tile(np.arange(B, dtype=np.int64) - win, grp)), g.pos0)
+                past = ops.logical_and(past, ops.greater(cols, ops.unsqueeze(first, 1)))
             s_past = ops.select(past, ops.matmul(qh, heads(k_cache, T), False, True), neg)
             p = ops.softmax(ops.concat([s_past, s_new], 2), 2)                 # [KVH, grp*B, T+B]
             p_past, p_new = ops.variadic_split(p, np.int64(2), np.array([T, B], np.int64)).outputs()
@@ -363,7 +369,13 @@ def _attention(g: Graph, a):
 CAUSAL_BLOCK = 128   # query rows per block of a prompt's first chunk (_causal_blocks)
 
 
-def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int):
+def _band(rows: np.ndarray, keys: int, win: int) -> np.ndarray:
+    """[len(rows), keys]: key j is seen by row r: j <= r, and r - j < win if win."""
+    d = rows[:, None] - np.arange(keys)[None, :]
+    return (d >= 0) & (d < win) if win else d >= 0
+
+
+def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int, win: int = 0):
     """Causal attention of a chunk at pos0 = 0, query rows in blocks of CAUSAL_BLOCK: block i
     attends to keys 0..(i+1)*CAUSAL_BLOCK only, so the masked upper triangle is mostly never
     computed (4 blocks: 10/16 of the work; 8: 36/64).
@@ -378,8 +390,8 @@ def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int):
     for i in range(B // c):
         keys = (i + 1) * c
         qb = ops.reshape(rows(q4, 2, i * c, keys), np.array([KVH, grp * c, hd], np.int64), False)
-        mask = g.mask(("block", c, i, grp), lambda: np.tile(                       # [grp*c, keys]
-            np.arange(keys)[None, :] <= np.arange(i * c, keys)[:, None], (grp, 1)))
+        mask = g.mask(("block", c, i, grp, win), lambda: np.tile(                  # [grp*c, keys]
+            _band(np.arange(i * c, keys), keys, win), (grp, 1)))
         s = ops.select(mask,
                        ops.matmul(qb, rows(kh, 1, 0, keys), False, True), f32(-np.inf))
         ob = ops.matmul(ops.softmax(s, 2), rows(vh, 1, 0, keys), False, False)     # [KVH, grp*c, hd]
@@ -389,6 +401,11 @@ def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int):
 
 def _silu_mul(g: Graph, a):
     g.write(a["out"], ops.multiply(ops.swish(g.read(a["g"], a["F"])), g.read(a["u"], a["F"])))
+
+
+def _gelu_mul(g: Graph, a):
+    gelu = ops.gelu(g.read(a["g"], a["F"]), approximation_mode="tanh")
+    g.write(a["out"], ops.multiply(gelu, g.read(a["u"], a["F"])))
 
 
 def _add(g: Graph, a):
@@ -408,4 +425,5 @@ def _lm_head(g: Graph, a):
 
 
 BUILDERS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "rope": _rope,
-            "attention": _attention, "silu_mul": _silu_mul, "add": _add, "lm_head": _lm_head}
+            "attention": _attention, "silu_mul": _silu_mul, "gelu_mul": _gelu_mul, "add": _add,
+            "lm_head": _lm_head}

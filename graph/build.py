@@ -1,4 +1,5 @@
-"""A Llama-family model -> one step's graph (N new tokens after P cached ones).
+"""A Llama-family model (models/llama.py: Llama, Qwen2/3, Gemma 3) -> one step's graph (N new
+tokens after P cached ones).
 
 The same graph serves prefill (N > 1) and decode (N = 1): shapes are symbolic in N. K and V
 projections write straight into the layer's KV cache (rope'd K, plain V), in place, so nothing is
@@ -46,9 +47,12 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
                                 ("ffn_gate", (F, D), "q4_1"), ("ffn_up", (F, D), "q4_1"),
                                 ("ffn_down", (D, F), "q4_1")]:
             g.tensor(weight_name(i, part), shape, dt, "weight")
-        if getattr(cfg, "qk_norm", False):
+        if cfg.qk_norm:
             g.tensor(f"blk.{i}.attn_q_norm.weight", (hd,), "f32", "weight")
             g.tensor(f"blk.{i}.attn_k_norm.weight", (hd,), "f32", "weight")
+        if cfg.post_norms:
+            g.tensor(f"blk.{i}.post_attention_norm.weight", (D,), "f32", "weight")
+            g.tensor(f"blk.{i}.post_ffw_norm.weight", (D,), "f32", "weight")
         if cfg.qkv_bias:                             # Qwen2: y = x W.T + b
             for part, n in (("attn_q", H * hd), ("attn_k", kv_cols), ("attn_v", kv_cols)):
                 g.tensor(f"blk.{i}.{part}.bias", (n,), "f32", "weight")
@@ -61,11 +65,19 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
     def lin(i, part, x, out, K, M):
         g.add("linear", {"x": x, "w": weight_name(i, part), **bias(i, part)}, {"out": out}, i, K=K, M=M)
 
-    if getattr(cfg, "rope_freqs", False):       # Llama 3.1: per-pair frequency divisors
-        g.tensor("rope_freqs.weight", (hd // 2,), "f32", "weight")
-    freqs = {"f": "rope_freqs.weight"} if getattr(cfg, "rope_freqs", False) else {}
+    def post_norm(i, part, x):           # Gemma: a sublayer's output normed before the add
+        if not cfg.post_norms:
+            return x
+        g.add("rmsnorm", {"x": x, "w": weight_name(i, part)}, {"out": x + "n"}, i, D=D, eps=cfg.eps)
+        return x + "n"
 
-    g.add("embed", {"ids": "ids", "table": "token_embd.weight"}, {"out": "x0"}, D=D, V=cfg.vocab)
+    if cfg.rope_freqs:       # Llama 3.1: per-pair frequency divisors
+        g.tensor("rope_freqs.weight", (hd // 2,), "f32", "weight")
+    freqs = {"f": "rope_freqs.weight"} if cfg.rope_freqs else {}
+
+    scale = {"scale": cfg.embed_scale} if cfg.embed_scale != 1.0 else {}
+    g.add("embed", {"ids": "ids", "table": "token_embd.weight"}, {"out": "x0"}, D=D, V=cfg.vocab,
+          **scale)
     x = "x0"
     for i in range(L):
         p = f"l{i}."
@@ -73,7 +85,7 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         lin(i, "attn_q", p + "xn", p + "q", D, H * hd)
         lin(i, "attn_k", p + "xn", p + "k", D, kv_cols)
         q, k = p + "q", p + "k"
-        if getattr(cfg, "qk_norm", False):   # Qwen3: every head's row normalized before rope
+        if cfg.qk_norm:   # Qwen3, Gemma 3: every head's row normalized before rope
             for x_, n_, heads in ((q, "attn_q_norm", H), (k, "attn_k_norm", KVH)):
                 g.add("rmsnorm", {"x": x_, "w": weight_name(i, n_)}, {"out": x_ + "n"}, i,
                       D=hd, eps=cfg.eps, heads=heads)
@@ -82,7 +94,7 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         g.add("linear", {"x": p + "xn", "w": weight_name(i, "attn_v"), **bias(i, "attn_v"), **kv_rows},
               {"out": f"vcache.{i}"}, i, K=D, M=kv_cols)
         # NEOX rope (Qwen2) rotates pairs (j, j + hd/2), GGML's NORM rope pairs (2j, 2j+1)
-        rope = dict(head_dim=hd, theta=cfg.rope_theta, **({"neox": 1} if cfg.neox_rope else {}))
+        rope = dict(head_dim=hd, theta=cfg.layer_theta(i), **({"neox": 1} if cfg.neox_rope else {}))
         g.add("rope", {"x": q, **rowmeta, **freqs}, {"out": p + "qr"}, i, heads=H, **rope)
         g.add("rope", {"x": k, **rowmeta, **kv_rows, **freqs}, {"out": f"kcache.{i}"}, i,
               heads=KVH, **rope)
@@ -91,15 +103,16 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         if paged:
             att.update(pos="pos", seq="seq", btab="btab")
             pages = dict(block_rows=paged["block_rows"], max_blocks=paged["max_blocks"])
-        g.add("attention", att, {"out": p + "att"}, i, heads=H, kv_heads=KVH, head_dim=hd, **pages)
+        win = {"window": cfg.layer_window(i)} if cfg.layer_window(i) else {}
+        g.add("attention", att, {"out": p + "att"}, i, heads=H, kv_heads=KVH, head_dim=hd, **pages, **win)
         lin(i, "attn_output", p + "att", p + "o", H * hd, D)
-        g.add("add", {"a": x, "b": p + "o"}, {"out": p + "h"}, i, D=D)
+        g.add("add", {"a": x, "b": post_norm(i, "post_attention_norm", p + "o")}, {"out": p + "h"}, i, D=D)
         g.add("rmsnorm", {"x": p + "h", "w": weight_name(i, "ffn_norm")}, {"out": p + "hn"}, i, D=D, eps=cfg.eps)
         lin(i, "ffn_gate", p + "hn", p + "gate", D, F)
         lin(i, "ffn_up", p + "hn", p + "up", D, F)
-        g.add("silu_mul", {"g": p + "gate", "u": p + "up"}, {"out": p + "act"}, i, F=F)
+        g.add(f"{cfg.act}_mul", {"g": p + "gate", "u": p + "up"}, {"out": p + "act"}, i, F=F)
         lin(i, "ffn_down", p + "act", p + "down", F, D)
-        g.add("add", {"a": p + "h", "b": p + "down"}, {"out": p + "y"}, i, D=D)
+        g.add("add", {"a": p + "h", "b": post_norm(i, "post_ffw_norm", p + "down")}, {"out": p + "y"}, i, D=D)
         x = p + "y"
     g.add("rmsnorm", {"x": x, "w": "output_norm.weight"}, {"out": "xf"}, D=D, eps=cfg.eps)
     g.add("lm_head", {"x": "xf", "table": head}, {"out": "logits"}, D=D, V=cfg.vocab,

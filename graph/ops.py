@@ -35,6 +35,7 @@ RULES = {
     "rope": lambda g, op: _shape(g, op.inputs["x"]),
     "attention": lambda g, op: _shape(g, op.inputs["q"]),
     "silu_mul": lambda g, op: _shape(g, op.inputs["g"]),
+    "gelu_mul": lambda g, op: _shape(g, op.inputs["g"]),
     "add": lambda g, op: _shape(g, op.inputs["a"]),
     "lm_head": lambda g, op: ((_rows(g, op, "x"), op.attrs["V"]) if op.attrs.get("all_rows")
                               else (op.attrs["V"],)),
@@ -44,6 +45,7 @@ CHECKS = {
     "linear": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["K"]),
     "rmsnorm": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["D"] * op.attrs.get("heads", 1)),
     "silu_mul": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["g"]), _shape(g, op.inputs["u"]))),
+    "gelu_mul": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["g"]), _shape(g, op.inputs["u"]))),
     "add": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["a"]), _shape(g, op.inputs["b"]))),
     "attention": lambda g, op: _eq(_shape(g, op.inputs["q"])[1], op.attrs["heads"] * op.attrs["head_dim"]),
 }

@@ -15,8 +15,9 @@ FAMILIES = {
               "GQA attention with RoPE (Llama 3.1's rope_freqs too), SwiGLU MLP; tied or untied output"},
     "qwen2": {"runs": True, "what": "Qwen2 / Qwen2.5: the Llama layout with Q/K/V biases and NEOX rope"},
     "qwen3": {"runs": True, "what": "Qwen3: the Llama layout with per-head Q/K RMSNorm and NEOX rope"},
-    "gemma3": {"runs": False, "what": "needs GeGLU, Q/K norms, pre- and post-norms, embedding "
-               "scaling, interleaved sliding-window layers, a SentencePiece-style tokenizer"},
+    "gemma3": {"runs": True, "what": "Gemma 3: per-head Q/K RMSNorm, NEOX rope, norms after each "
+               "sublayer too, scaled embeddings, GeGLU (tanh-GELU), sliding-window layers with their "
+               "own rope base between global ones, a SentencePiece-style tokenizer"},
 }
 
 

@@ -1,8 +1,10 @@
 """The Llama-family model description: its config and its weights, read from a GGUF.
 
-Llama (SmolLM2, Llama-3) and Qwen2 are one network: RMSNorm, GQA attention with RoPE, SwiGLU
-MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX rope, Qwen3 normalizes Q and K
-per head, Llama 3.1 divides rope frequencies — so all load here.
+Llama (SmolLM2, Llama-3), Qwen2/3 and Gemma 3 are one network: RMSNorm, GQA attention with RoPE,
+a gated MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX rope, Qwen3 normalizes
+Q and K per head, Llama 3.1 divides rope frequencies, Gemma 3 adds all of Qwen3's and scales its
+embeddings, normalizes each sublayer's output before the residual add, gates with tanh-GELU and
+interleaves sliding-window layers (their own rope base) with global ones — so all load here.
 
 Weights keep GGUF's tensor names. A matrix W [out, in] (y = x @ W.T) stays in its file's format, in
 the planar layout of models/quant.py; only norms and biases are float32.
@@ -17,14 +19,14 @@ from gguf import GGUFReader
 from .gguf_file import ModelError
 from .quant import FLOAT_TYPES, MATRIX_TYPES, QK, float_matrix, planar, repack_q8_0
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str              # 'llama' | 'qwen2'
+    arch: str              # one of SUPPORTED_ARCHS
     n_layers: int
     dim: int               # residual width
     ffn_dim: int
@@ -38,7 +40,21 @@ class ModelConfig:
     tied_embeddings: bool  # no output.weight: the lm_head is token_embd
     qkv_bias: bool         # attn_q/k/v carry a bias (Qwen2)
     rope_freqs: bool = False   # rope_freqs.weight divides each pair's frequency (Llama 3.1)
-    qk_norm: bool = False      # per-head RMSNorm of Q and K before rope (Qwen3)
+    qk_norm: bool = False      # per-head RMSNorm of Q and K before rope (Qwen3, Gemma 3)
+    # Gemma 3
+    post_norms: bool = False   # RMSNorm of the attention's and the MLP's outputs before each add
+    act: str = "silu"          # the MLP's gate: "silu" (SwiGLU) or "gelu" (tanh-GELU: GeGLU)
+    embed_scale: float = 1.0   # the embedding rows times this (Gemma: sqrt(dim))
+    window: int = 0            # sliding-window layers see their last `window` keys; 0: none
+    swa_layers: tuple = ()     # the sliding-window layers
+    rope_theta_swa: float = 0.0   # their rope base
+
+    def layer_window(self, i: int) -> int:
+        """Keys layer i sees behind a query, itself included (0: all of them)."""
+        return self.window if i in self.swa_layers else 0
+
+    def layer_theta(self, i: int) -> float:
+        return self.rope_theta_swa if i in self.swa_layers else self.rope_theta
 
     def __post_init__(self):
         if self.arch not in SUPPORTED_ARCHS:
@@ -57,6 +73,11 @@ class ModelConfig:
         for name in ("dim", "ffn_dim"):
             if getattr(self, name) % QK:
                 raise ModelError(f"model config: {name}={getattr(self, name)} is not a multiple of {QK}")
+        if self.act not in ("silu", "gelu"):
+            raise ModelError(f"model config: unknown MLP gate {self.act!r}")
+        if self.swa_layers and (self.window <= 0 or self.rope_theta_swa <= 0):
+            raise ModelError(f"model config: sliding-window layers need a window and a rope base "
+                             f"(got {self.window}, {self.rope_theta_swa})")
         if self.rope_theta <= 0 or not 0 < self.eps < 1:
             raise ModelError(f"model config: bad rope_theta {self.rope_theta} or eps {self.eps}")
 
@@ -71,7 +92,7 @@ class ModelConfig:
     @property
     def neox_rope(self) -> bool:
         """Qwen rotates pairs (i, i+half); GGUF's llama Q/K are permuted for pairs (2i, 2i+1)."""
-        return self.arch in ("qwen2", "qwen3")
+        return self.arch in ("qwen2", "qwen3", "gemma3")
 
 
 def load_config(reader: GGUFReader) -> ModelConfig:
@@ -106,9 +127,33 @@ def read_config(reader: GGUFReader) -> ModelConfig:
         tied_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_freqs="rope_freqs.weight" in names,
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
+        **(_gemma3(reader, arch) if arch == "gemma3" else {}),
     )
     return cfg
+
+
+SWA_PATTERN = 6     # llama.cpp's default for Gemma 3: five sliding-window layers, then a global one
+
+
+def _gemma3(reader: GGUFReader, arch: str) -> dict:
+    """Gemma 3's differences (llama.cpp's reading: its defaults where the metadata is silent)."""
+    n = int(_field(reader, f"{arch}.block_count"))
+    dim = int(_field(reader, f"{arch}.embedding_length"))
+    window = int(_field(reader, f"{arch}.attention.sliding_window", 0))
+    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern", SWA_PATTERN)
+    if isinstance(pattern, list):         # one flag per layer
+        swa = tuple(i for i, on in enumerate(pattern) if on)
+    else:                                 # every pattern-th layer is global
+        p = int(pattern)
+        swa = tuple(i for i in range(n) if p == 0 or i % p < p - 1)
+    if _field(reader, f"{arch}.final_logit_softcapping", 0.0):
+        raise ModelError("gemma3: final logit softcapping is not supported")
+    if n == 62:     # the 27B scales queries by 1/sqrt(dim / heads), not 1/sqrt(head_dim)
+        raise ModelError("gemma3: the 27B's query scale is not supported")
+    return dict(post_norms=True, act="gelu", embed_scale=float(np.sqrt(np.float32(dim))),
+                window=window, swa_layers=swa if window else (),
+                rope_theta_swa=float(_field(reader, f"{arch}.rope.freq_base_swa", 10000.0)))
 
 
 TABLES = ("token_embd.weight", "output.weight")   # read by rows (embedding) and by the lm-head
@@ -158,6 +203,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple
     if c.qk_norm:
         block.update({"attn_q_norm.weight": (VECTOR, (c.head_dim,)),
                       "attn_k_norm.weight": (VECTOR, (c.head_dim,))})
+    if c.post_norms:
+        block.update({"post_attention_norm.weight": (VECTOR, (c.dim,)),
+                      "post_ffw_norm.weight": (VECTOR, (c.dim,))})
     if c.qkv_bias:
         block.update({"attn_q.bias": (VECTOR, (c.q_dim,)),
                       "attn_k.bias": (VECTOR, (c.kv_dim,)),

@@ -33,9 +33,13 @@ class Oracle:
                        for i in range(cfg.n_layers)]
         half = cfg.head_dim // 2
         # theta_i = base^(-2i/head_dim); computed in f64 so the angles at large pos stay exact.
-        self.inv_freq = cfg.rope_theta ** (-np.arange(half, dtype=np.float64) * 2 / cfg.head_dim)
-        if cfg.rope_freqs:                                  # Llama 3.1's per-pair divisors
-            self.inv_freq = self.inv_freq / w["rope_freqs.weight"].astype(np.float64)
+        # One set per rope base (Gemma 3's sliding-window layers have their own).
+        self.inv_freq = {}
+        for theta in {cfg.layer_theta(i) for i in range(cfg.n_layers)}:
+            inv = theta ** (-np.arange(half, dtype=np.float64) * 2 / cfg.head_dim)
+            if cfg.rope_freqs:                              # Llama 3.1's per-pair divisors
+                inv = inv / w["rope_freqs.weight"].astype(np.float64)
+            self.inv_freq[theta] = inv
 
     def new_cache(self, ctx: int) -> KVCache:
         return KVCache(self.cfg, ctx)
@@ -59,15 +63,22 @@ class Oracle:
 
     def _hidden(self, ids: list[int], pos0: int, kv: KVCache) -> np.ndarray:
         """Final-normed hidden states [T, dim] of ids at positions pos0..pos0+T-1."""
-        x = self.embd[np.asarray(ids)]                       # [T, dim]
-        cos, sin = self._rope_angles(pos0, len(ids))         # [T, head_dim/2] each
+        c = self.cfg
+        x = self.embd[np.asarray(ids)] * F32(c.embed_scale)  # [T, dim]
+        angles = {theta: self._rope_angles(inv, pos0, len(ids)) for theta, inv in self.inv_freq.items()}
+        gate = _silu if c.act == "silu" else _gelu
         for i, lw in enumerate(self.layers):
-            x = x + self._attention(i, lw, _rmsnorm(x, lw["attn_norm.weight"], self.cfg.eps),
-                                    pos0, cos, sin, kv)
-            h = _rmsnorm(x, lw["ffn_norm.weight"], self.cfg.eps)
-            x = x + (_silu(h @ lw["ffn_gate.weight"].T) * (h @ lw["ffn_up.weight"].T)) \
-                @ lw["ffn_down.weight"].T
-        return _rmsnorm(x, self.out_norm, self.cfg.eps)
+            cos, sin = angles[c.layer_theta(i)]              # [T, head_dim/2] each
+            a = self._attention(i, lw, _rmsnorm(x, lw["attn_norm.weight"], c.eps), pos0, cos, sin, kv)
+            if c.post_norms:                                 # Gemma: the sublayer's output normed
+                a = _rmsnorm(a, lw["post_attention_norm.weight"], c.eps)
+            x = x + a
+            h = _rmsnorm(x, lw["ffn_norm.weight"], c.eps)
+            m = (gate(h @ lw["ffn_gate.weight"].T) * (h @ lw["ffn_up.weight"].T)) @ lw["ffn_down.weight"].T
+            if c.post_norms:
+                m = _rmsnorm(m, lw["post_ffw_norm.weight"], c.eps)
+            x = x + m
+        return _rmsnorm(x, self.out_norm, c.eps)
 
     def _attention(self, i, lw, h, pos0, cos, sin, kv):
         c, T = self.cfg, h.shape[0]
@@ -85,15 +96,19 @@ class Oracle:
         group = c.n_heads // c.n_kv_heads  # GQA: query head h reads kv head h // group
         keys, vals = np.repeat(keys, group, axis=1), np.repeat(vals, group, axis=1)
         scores = np.einsum("thd,shd->hts", q, keys) / F32(np.sqrt(c.head_dim))  # [H, T, S]
-        # Causal: query t (at pos0+t) sees keys 0..pos0+t.
-        scores[:, np.arange(end)[None, :] > (pos0 + np.arange(T))[:, None]] = -np.inf
+        # Causal: query t (at pos0+t) sees keys 0..pos0+t; in a sliding-window layer only the
+        # last `window` of them (keys past pos0+t-window are masked).
+        dist = (pos0 + np.arange(T))[:, None] - np.arange(end)[None, :]   # [T, S]
+        win = c.layer_window(i)
+        scores[:, (dist < 0) | ((dist >= win) if win else False)] = -np.inf
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         out = np.einsum("hts,shd->thd", probs, vals).reshape(T, c.q_dim)  # [T, q_dim]
         return out @ lw["attn_output.weight"].T                            # [T, dim]
 
-    def _rope_angles(self, pos0: int, T: int):
-        ang = np.arange(pos0, pos0 + T, dtype=np.float64)[:, None] * self.inv_freq  # [T, hd/2]
+    @staticmethod
+    def _rope_angles(inv_freq: np.ndarray, pos0: int, T: int):
+        ang = np.arange(pos0, pos0 + T, dtype=np.float64)[:, None] * inv_freq  # [T, hd/2]
         return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
 
     def _rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -119,6 +134,11 @@ def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def _silu(x: np.ndarray) -> np.ndarray:
     return x * (F32(0.5) + F32(0.5) * np.tanh(x * F32(0.5)))  # x*sigmoid(x), no exp overflow
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """tanh-GELU (Gemma's gelu_pytorch_tanh)."""
+    return F32(0.5) * x * (F32(1) + np.tanh(F32(np.sqrt(2 / np.pi)) * (x + F32(0.044715) * x * x * x)))
 
 
 def _dequant(t: dict | np.ndarray) -> np.ndarray:

@@ -41,20 +41,26 @@ def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
 
 
 def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, ffn=64,
-               layers=1, vocab=257, table="Q8_0", head_dim=16) -> str:
+               layers=1, vocab=257, table="Q8_0", head_dim=16, heads=None, window=4,
+               swa_pattern=3) -> str:
     """matrix: the type of the layers' matrices; table: the token embedding's; types: {name:
     type} for single tensors; extra: f32 vectors beside the Llama ones (rope_freqs.weight: [hd/2];
-    a name with "norm": [hd]; others [8])."""
+    a name with "norm": [hd]; others [8]). heads: query heads (default dim / head_dim).
+    gemma3: sliding-window layers of `window` keys, every swa_pattern-th layer global, rope base
+    1e6 (global layers) and llama.cpp's default 1e4 (sliding ones)."""
     matrix, table = getattr(matrix, "name", matrix), getattr(table, "name", table)
     types = {k: getattr(v, "name", v) for k, v in (types or {}).items()}
     hd = head_dim
-    heads = dim // hd
+    heads = heads or dim // hd
     kv_heads = max(1, heads // 2)
     q_dim, kv_dim = heads * hd, kv_heads * hd
     w = GGUFWriter(str(path), arch)
     w.add_block_count(layers), w.add_context_length(64), w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn), w.add_head_count(heads), w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(10000.0), w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab)
+    w.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)
+    w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab), w.add_key_length(hd), w.add_value_length(hd)
+    if arch == "gemma3":
+        w.add_sliding_window(window), w.add_sliding_window_pattern(swa_pattern)
     w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("smollm")
     w.add_token_list((byte_tokens() + ["ĠĠ"])[:vocab]), w.add_token_types([1] * vocab)
     w.add_token_merges(["Ġ Ġ"]), w.add_eos_token_id(0), w.add_bos_token_id(0)
@@ -69,7 +75,9 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
                        b + "attn_v.weight": (kv_dim, dim), b + "attn_output.weight": (dim, q_dim),
                        b + "ffn_gate.weight": (ffn, dim), b + "ffn_up.weight": (ffn, dim),
                        b + "ffn_down.weight": (dim, ffn)})
-        if arch == "qwen3":                                 # per-head Q/K norms
+        if arch == "gemma3":                                # sublayer outputs normed
+            shapes.update({b + "post_attention_norm.weight": (dim,), b + "post_ffw_norm.weight": (dim,)})
+        if arch in ("qwen3", "gemma3"):                     # per-head Q/K norms
             shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
         if arch == "qwen2":
             shapes.update({b + "attn_q.bias": (q_dim,), b + "attn_k.bias": (kv_dim,),

@@ -31,11 +31,15 @@ CASES = {
     "qwen2-F32": dict(arch="qwen2", matrix="F32", table="F32"),
     "llama3-F32": dict(arch="llama", matrix="F32", table="F32", extra=("rope_freqs.weight",)),
     "qwen3-F32": dict(arch="qwen3", matrix="F32", table="F32"),
+    # two sliding-window layers of 4 keys, then a global one; 4 query heads of 32 (q: 128 wide)
+    "gemma3-F32": dict(arch="gemma3", matrix="F32", table="F32", layers=3, heads=4),
     **{f"llama-{f}": dict(arch="llama", matrix=f) for f in
        ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")},
     "llama-Q4_K-Q6_K-table": dict(arch="llama", matrix="Q4_K", table="Q6_K"),
     "qwen2-Q8_0": dict(arch="qwen2", matrix="Q8_0"),
     "qwen3-Q4_K": dict(arch="qwen3", matrix="Q4_K"),
+    "gemma3-Q5_0-Q8_0": dict(arch="gemma3", matrix="Q5_0", types={"blk.0.attn_v.weight": "Q8_0"},
+                             layers=3, heads=4),
 }
 SIZE = dict(dim=256, ffn=512, head_dim=32, layers=2)
 HARD = ["", " ", "  leading spaces", "trailing  ", "tabs\tand\nnewlines\n\n\n", "1234567890 3.14159 1e-10",
@@ -46,7 +50,7 @@ PRES = ("smollm", "llama-bpe", "qwen2")
 
 
 def model_path(name: str, folder: str) -> str:
-    return write_tiny(os.path.join(folder, f"{name}.gguf"), **CASES[name], **SIZE)
+    return write_tiny(os.path.join(folder, f"{name}.gguf"), **{**SIZE, **CASES[name]})
 
 
 def run_models(folder: str) -> dict:

@@ -152,17 +152,21 @@ def test_a_q4_0_model_runs_on_every_processor(tmp_path):
 
 
 # -- families beyond Llama's plain layout ---------------------------------------------------------
-@pytest.mark.parametrize("arch,extra", [("qwen2", ()), ("llama", ("rope_freqs.weight",)), ("qwen3", ())],
-                         ids=["qwen2-bias-neox", "llama3-rope-freqs", "qwen3-qk-norm"])
-def test_qwen_and_llama3_models_give_the_oracle_tokens_on_every_processor(tmp_path, arch, extra):
+@pytest.mark.parametrize("arch,extra", [("qwen2", ()), ("llama", ("rope_freqs.weight",)), ("qwen3", ()),
+                                        ("gemma3", ())],
+                         ids=["qwen2-bias-neox", "llama3-rope-freqs", "qwen3-qk-norm", "gemma3"])
+def test_other_families_give_the_oracle_tokens_on_every_processor(tmp_path, arch, extra):
+    """Gemma 3: 3 layers, two with a sliding window of 4 keys, which a 6-token prompt and 8 new
+    tokens outgrow (prefill and decode both cross it), 4 query heads of 32 over a 64-wide model."""
+    gemma = dict(layers=3, heads=4) if arch == "gemma3" else dict(layers=2)
     path = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, extra=extra, dim=64, ffn=128,
-                      head_dim=32, layers=2, matrix="Q5_0")
+                      head_dim=32, matrix="Q5_0", **gemma)
     available, skipped, got, want = _engine_greedy(path, ["cpu", "gpu", "npu"])
     assert available == {"cpu", "gpu", "npu"}
     assert got == {"cpu": want, "gpu": want, "npu": want}
 
 
-@pytest.mark.parametrize("kind", ["kmix", "qwen2"])
+@pytest.mark.parametrize("kind", ["kmix", "qwen2", "gemma3"])
 @pytest.mark.parametrize("precision,tol", [("f32", 5e-3), ("q8", 0.25)])   # f16 K/V: ~1e-3
 def test_the_service_runner_batches_other_formats_and_families(tmp_path, ray_session, kind, precision, tol):
     """The service's path: an f16 paged KV cache, prompts prefilled in chunks, then decoded as one
@@ -172,8 +176,8 @@ def test_the_service_runner_batches_other_formats_and_families(tmp_path, ray_ses
     blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
     path = (write_tiny(tmp_path / "k.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K", table="Q6_K",
                        head_dim=32, types=blocks_only) if kind == "kmix" else
-            write_tiny(tmp_path / "q.gguf", arch="qwen2", dim=64, ffn=128, head_dim=32, layers=2,
-                       matrix="Q8_0"))
+            write_tiny(tmp_path / "q.gguf", arch=kind, dim=64, ffn=128, head_dim=32,
+                       layers=3 if kind == "gemma3" else 2, matrix="Q8_0"))
     reader = open_gguf(path)
     cfg = load_config(reader)
     oracle = Oracle(cfg, load_weights(reader, cfg))

@@ -143,6 +143,13 @@ def test_silu_mul_matches_numpy(dev, lay, rng, N):
           N, 0, [(out, N * F * 4)])
 
 
+@pytest.mark.parametrize("N", [1, 33])
+def test_gelu_mul_matches_numpy(dev, lay, rng, N):
+    g, u, out = rows(lay, rng, N, F, 4.0), rows(lay, rng, N, F), lay.zeros((N, F))
+    check(dev, lay, "gelu_mul", {"g": ("a", g), "u": ("a", u), "out": ("a", out), "F": F},
+          N, 0, [(out, N * F * 4)])
+
+
 @pytest.mark.parametrize("N", [1, 33, 300])
 def test_add_matches_numpy(dev, lay, rng, N):
     a, b, out = rows(lay, rng, N, D), rows(lay, rng, N, D), lay.zeros((N, D))
@@ -158,6 +165,8 @@ def test_embed_gathers_dequantized_rows(dev, lay, rng, N):
     out = lay.zeros((N, D))
     check(dev, lay, "embed", {"ids": ("a", ids), "table": table, "out": ("a", out), "V": Vs,
                               "D": D}, N, 0, [(out, N * D * 4)])
+    check(dev, lay, "embed", {"ids": ("a", ids), "table": table, "out": ("a", out), "V": Vs,
+                              "D": D, "scale": 24.0}, N, 0, [(out, N * D * 4)])   # Gemma: sqrt(D)
 
 
 # -- linear: GEMV (N == 1) and GEMM (N > 1) ----------------------------------------------------
@@ -247,7 +256,7 @@ def test_rope_writes_kv_rows_at_pos0(dev, lay, rng, N, pos0):
                              "theta": 100000.0}, N, pos0, [(cache + pos0 * cols * 4, N * cols * 4)])
 
 
-def check_attention(dev, lay, rng, N, pos0, clk=None):
+def check_attention(dev, lay, rng, N, pos0, clk=None, window=0):
     L = pos0 + N
     q = rows(lay, rng, N, H * HD)
     cache = rng.standard_normal((2, L + 3, KVH * HD)).astype(np.float32)
@@ -256,7 +265,8 @@ def check_attention(dev, lay, rng, N, pos0, clk=None):
     k, v = lay.put(cache[0]), lay.put(cache[1])
     out = lay.zeros((N, H * HD))
     check(dev, lay, "attention", {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
-                                  "heads": H, "kv_heads": KVH, "head_dim": HD}, N, pos0,
+                                  "heads": H, "kv_heads": KVH, "head_dim": HD,
+                                  **({"window": window} if window else {})}, N, pos0,
           [(out, N * H * HD * 4)], clk=clk)
 
 
@@ -282,6 +292,15 @@ def test_attention_decode_long_kv(dev, lay, rng, L):
 def test_attention_split_k_merges_partials(dev, lay, rng, split_k, N, L):
     """L = 1 and 37 leave work-items without keys (empty partials weigh 0); 2049 a 1-key tail."""
     check_attention(dev, lay, rng, N, L - N, clk=split_k)
+
+
+@pytest.mark.parametrize("N,pos0,window", [(1, 37, 5), (1, 36, 37), (33, 37, 13), (300, 0, 64),
+                                           (1, 1000, 512), (7, 20, 1)])
+def test_attention_sliding_window_sees_only_the_last_keys(dev, lay, rng, split_k, N, pos0, window):
+    """Gemma 3's sliding-window layers: row n sees keys pos0+n-window+1 .. pos0+n (the first key
+    anywhere in an 8-key block, and a window wider than the row's keys: all of them)."""
+    check_attention(dev, lay, rng, N, pos0, window=window)
+    check_attention(dev, lay, rng, N, pos0, clk=split_k, window=window)
 
 
 def test_attention_other_head_dim(dev, lay, rng):
@@ -478,8 +497,9 @@ def paged_meta(lay, rng, lengths, n_blocks=40):
             ("a", lay.put(btab)), phys, MB)
 
 
+@pytest.mark.parametrize("window", [0, 13])
 @pytest.mark.parametrize("lengths", [[1], [37, 5, 16, 17, 300], [16, 32, 48]])
-def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rng, lengths):
+def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rng, lengths, window):
     arena, clk, kv = kvdev
     kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
     n_blocks, cols = 40, KVH * HD
@@ -494,7 +514,7 @@ def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rn
     q, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
     args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out), "pos": pos,
             "seq": seq, "btab": btab, "heads": H, "kv_heads": KVH, "head_dim": HD,
-            "block_rows": BR, "max_blocks": MB}
+            "block_rows": BR, "max_blocks": MB, **({"window": window} if window else {})}
     check(kvdev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)], clk=clk, kv=kv)
     # the paged numpy spec is the contiguous f32 one over each sequence's rows gathered in order
     got = arena[out: out + N * H * HD * 4].view(np.float32).reshape(N, H * HD)
@@ -509,7 +529,7 @@ def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rn
             ref[o: o + a.nbytes] = a.reshape(-1).view(np.uint8)
         NumpyKernels(ref).run("attention", {"q": ("a", offs[2]), "k": ("kv", 0), "v": ("kv", offs[1]),
                                             "out": ("a", offs[3]), "heads": H, "kv_heads": KVH,
-                                            "head_dim": HD}, 1, L - 1)
+                                            "head_dim": HD, "window": window}, 1, L - 1)
         want = ref[offs[3]: offs[3] + H * HD * 4].view(np.float32)
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5)
 
@@ -665,13 +685,14 @@ def test_batch_linear_in_every_format_matches_numpy(dev, lay, rng, fmt, bits, to
     np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
 
 
-@pytest.mark.parametrize("fmt", ["Q6_K", "Q5_0"])
+@pytest.mark.parametrize("fmt", ["Q6_K", "Q5_0", "Q4_1"])
 def test_embedding_and_lm_head_tables_in_a_block_format_match_numpy(dev, lay, rng, fmt):
     Vs, Dm, N = 300, 256, 3
-    table = lay.wq(fmt, Vs, Dm, rng)
+    table = lay.w4(Vs, Dm, rng) if fmt == "Q4_1" else lay.wq(fmt, Vs, Dm, rng)
     ids, out = lay.put(np.array([299, 0, 17], np.int32)), lay.zeros((N, Dm))
-    check(dev, lay, "embed", {"ids": ("a", ids), "table": table, "out": ("a", out), "V": Vs, "D": Dm},
-          N, 0, [(out, N * Dm * 4)])
+    for scale in (1.0, 16.0):
+        check(dev, lay, "embed", {"ids": ("a", ids), "table": table, "out": ("a", out), "V": Vs,
+                                  "D": Dm, "scale": scale}, N, 0, [(out, N * Dm * 4)])
     x, logits = rows(lay, rng, N, Dm), lay.zeros((N, Vs))
     for all_rows in (False, True):
         check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", logits), "D": Dm,

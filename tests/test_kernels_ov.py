@@ -90,9 +90,10 @@ def slots(L: Layout) -> dict:
                 g=L.slot(512, F), u=L.slot(512, F), logits=L.slot(1, V))
 
 
-def decoder_layer(L: Layout, s: dict):
+def decoder_layer(L: Layout, s: dict, window: int = 0, act: str = "silu"):
     """One Llama layer over reused slots (h written three times, q twice: rope in place) with its
-    own weights and KV caches; s["kc"], s["vc"] name this layer's caches afterwards."""
+    own weights and KV caches; s["kc"], s["vc"] name this layer's caches afterwards. window, act:
+    Gemma 3's sliding-window attention and GeGLU."""
     s["kc"], s["vc"] = L.slot(CAP, KVH * HD), L.slot(CAP, KVH * HD)
     a = lambda name: ("a", s[name])
     kv = lambda name: ("kv", s[name])
@@ -104,13 +105,13 @@ def decoder_layer(L: Layout, s: dict):
         ("rope", dict(x=a("q"), out=a("q"), heads=H, head_dim=HD, theta=THETA)),
         ("rope", dict(x=a("k"), out=kv("kc"), heads=KVH, head_dim=HD, theta=THETA)),
         ("attention", dict(q=a("q"), k=kv("kc"), v=kv("vc"), out=a("att"), heads=H, kv_heads=KVH,
-                           head_dim=HD)),
+                           head_dim=HD, **({"window": window} if window else {}))),
         ("linear", dict(x=a("att"), w=L.w4(D, H * HD), out=a("h"), K=H * HD, M=D)),
         ("add", dict(a=a("x"), b=a("h"), out=a("x"), D=D)),
         ("rmsnorm", dict(x=a("x"), w=L.wf(D), out=a("h"), D=D, eps=EPS)),
         ("linear", dict(x=a("h"), w=L.w4(F, D), out=a("g"), K=D, M=F)),
         ("linear", dict(x=a("h"), w=L.w4(F, D), out=a("u"), K=D, M=F)),
-        ("silu_mul", dict(g=a("g"), u=a("u"), out=a("g"), F=F)),
+        (f"{act}_mul", dict(g=a("g"), u=a("u"), out=a("g"), F=F)),
         ("linear", dict(x=a("g"), w=L.w4(D, F), out=a("h"), K=F, M=D)),
         ("add", dict(a=a("x"), b=a("h"), out=a("x"), D=D)),
     ]
@@ -144,13 +145,17 @@ def single_op(op: str, L: Layout, s: dict):
         "attention": ("attention", dict(q=a("q"), k=("kv", s["kc"]), v=("kv", s["vc"]), out=a("att"),
                                         heads=H, kv_heads=KVH, head_dim=HD)),
         "silu_mul": ("silu_mul", dict(g=a("g"), u=a("u"), out=a("g"), F=F)),
+        "gelu_mul": ("gelu_mul", dict(g=a("g"), u=a("u"), out=a("g"), F=F)),
+        "embed_scaled": ("embed", dict(ids=a("ids"), table=L.w8(V, D), out=a("x"), V=V, D=D, scale=24.0)),
+        "attention_window": ("attention", dict(q=a("q"), k=("kv", s["kc"]), v=("kv", s["vc"]),
+                                               out=a("att"), heads=H, kv_heads=KVH, head_dim=HD, window=5)),
         "add": ("add", dict(a=a("x"), b=a("h"), out=a("h"), D=D)),
         "lm_head": ("lm_head", dict(x=a("x"), table=L.w8(V, D), out=a("logits"), D=D, V=V)),
     }[op]
 
 
 @pytest.mark.parametrize("op", ["embed", "rmsnorm", "linear", "rope", "attention", "silu_mul",
-                                "add", "lm_head"])
+                                "add", "lm_head", "gelu_mul", "embed_scaled", "attention_window"])
 @pytest.mark.parametrize("bucket,N,pos0", [(1, 1, 37), (32, 20, 37)])
 def test_each_op_matches_numpy(op, bucket, N, pos0):
     """Attention here reads this step's K/V rows from the caches, as if another processor wrote them."""
@@ -168,19 +173,23 @@ def test_each_op_matches_numpy(op, bucket, N, pos0):
     got, ref, _ = run_both([task], arena, bucket, N, pos0, {out})
     rows = 1 if op == "lm_head" else N
     cols = {"embed": D, "rmsnorm": D, "linear": D, "rope": H * HD, "attention": H * HD,
-            "silu_mul": F, "add": D, "lm_head": V}[op]
+            "silu_mul": F, "add": D, "lm_head": V, "gelu_mul": F, "embed_scaled": D,
+            "attention_window": H * HD}[op]
     close(f32(got, out, rows, cols), f32(ref, out, rows, cols))
 
 
 # -- whole layers --------------------------------------------------------------------------------
 @pytest.mark.parametrize("bucket,N,pos0", [(1, 1, 0), (1, 1, 37), (32, 20, 0), (32, 20, 37),
-                                           (512, 300, 37)])
-def test_decoder_layer_matches_numpy(bucket, N, pos0):
+                                           (512, 300, 37), (512, 300, 0)])
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "window-geglu"])
+def test_decoder_layer_matches_numpy(bucket, N, pos0, gemma):
     """Slots h, q, g are written more than once in the segment; only live-out x goes back to the
-    arena; K/V rows land in place at pos0 with the rows before pos0 untouched."""
+    arena; K/V rows land in place at pos0 with the rows before pos0 untouched. Gemma 3's layer:
+    a sliding window of 13 keys (in the step's own keys, the cache's and the causal blocks of a
+    first 300-row chunk) and GeGLU."""
     L = Layout()
     s = slots(L)
-    tasks = decoder_layer(L, s)
+    tasks = decoder_layer(L, s, **({"window": 13, "act": "gelu"} if gemma else {}))
     arena, rng = L.arena(), np.random.default_rng(2)
     rand_rows(arena, s["x"], 512, D, rng)
     for c in ("kc", "vc"):

@@ -245,24 +245,24 @@ inline void w_block(const __global uchar16* q, const __global wsc_t* d, const __
 }
 #endif
 
-// embed_w: ids int32 [N], table [V, D] in the build's format -> out [N, D].  global (D rounded up, N)
+// embed_w: ids int32 [N], table [V, D] in the build's format -> out [N, D] = rows * scale.
+// global (D rounded up, N)
 __kernel void embed_w(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong m_o,
-                      ulong out_o, int D)
+                      ulong out_o, int D, float scale)
 {
-#ifdef W_FLT
     const int j = get_global_id(0), n = get_global_id(1);
     if (j >= D) return;
+    float y;
+#ifdef W_FLT
     W_ROW(AT(const int, ids_o)[n], D / QK);
 #if W_FLT == 3
-    AT(float, out_o)[(size_t)n * D + j] = q[j];
+    y = q[j];
 #elif W_FLT == 2
-    AT(float, out_o)[(size_t)n * D + j] = as_float((uint)q[j] << 16);
+    y = as_float((uint)q[j] << 16);
 #else
-    AT(float, out_o)[(size_t)n * D + j] = vload_half(j, (const __global half*)q);
+    y = vload_half(j, (const __global half*)q);
 #endif
 #elif !W_Q4_1
-    const int j = get_global_id(0), n = get_global_id(1);
-    if (j >= D) return;
     const int row = AT(const int, ids_o)[n], nb = D / QK, b = j / QK, e = j % QK;
     W_ROW(row, nb);
     int code = (((const __global uchar*)(q + b))[e / 2] >> (4 * (e & 1))) & 15;
@@ -277,18 +277,25 @@ __kernel void embed_w(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o,
 #endif
 #endif
     const int g = WGB * b + (WGB == 2 && e >= 16);
-    AT(float, out_o)[(size_t)n * D + j] = (float)code * WD(d, g) + WM(d, g);
+    y = (float)code * WD(d, g) + WM(d, g);
+#else                                   // Q4_1 (and Q4_0 as Q4_1): sequential nibbles
+    const int b = j / QK, e = j % QK;
+    W_ROW(AT(const int, ids_o)[n], D / QK);
+    const int code = (((const __global uchar*)(q + b))[e / 2] >> (4 * (e & 1))) & 15;
+    y = (float)code * HALF(d, b) + HALF(m, b);
 #endif
+    AT(float, out_o)[(size_t)n * D + j] = y * scale;
 }
 
-// embed: ids int32 [N], table Q8_0 [V, D] -> out [N, D].  global (D rounded up, N)
-__kernel void embed(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong out_o, int D)
+// embed: ids int32 [N], table Q8_0 [V, D] -> out [N, D] = rows * scale.  global (D rounded up, N)
+__kernel void embed(__global uchar* arena, ulong ids_o, ulong qs_o, ulong d_o, ulong out_o, int D,
+                    float scale)
 {
     const int j = get_global_id(0), n = get_global_id(1);
     if (j >= D) return;
     const size_t row = (size_t)AT(const int, ids_o)[n] * D;
     const float q = (float)AT(const char, qs_o)[row + j];
-    AT(float, out_o)[(size_t)n * D + j] = q * HALF(AT(const ushort, d_o), row / QK + j / QK);
+    AT(float, out_o)[(size_t)n * D + j] = q * HALF(AT(const ushort, d_o), row / QK + j / QK) * scale;
 }
 
 // rmsnorm: x [N, D], w [D] -> out [N, D] = x / sqrt(mean(x^2) + eps) * w.  global (N)
@@ -460,6 +467,12 @@ inline float8 dot4(const __global float8* q, const __global kv8* k0, const __glo
     return (float8)(p01.even, p23.even) + (float8)(p01.odd, p23.odd);
 }
 
+// The first key a row of L keys sees in a sliding window of win keys (win 0: no window)
+inline int win_start(int L, int win)
+{
+    return win > 0 && L > win ? L - win : 0;
+}
+
 // The online softmax's running max *mx raised to the largest of s, if larger: what is summed so
 // far (sum, acc [HC]) rescaled by e^(old max - new max)
 inline void att_max(float8 s, float* mx, float* sum, float8* acc)
@@ -476,10 +489,10 @@ inline void att_max(float8 s, float* mx, float* sum, float8* acc)
     }
 }
 
-// One online-softmax step over keys l .. l+7 (those < L) for one query row q: scores as one
-// float8, one vector exp, at most one rescale of (mx, sum, acc). Keys past L - 1 are not read.
+// One online-softmax step over keys l .. l+7 (those in lo .. L-1) for one query row q: scores as
+// one float8, one vector exp, at most one rescale of (mx, sum, acc). Keys past L - 1 are not read.
 inline void att_step8(const __global float8* q, const __global kv8* k, const __global kv8* v,
-                      int kw, int l, int L, float rsq, float* mx, float* sum, float8* acc)
+                      int kw, int l, int lo, int L, float rsq, float* mx, float* sum, float8* acc)
 {
     const __global kv8* kr[8];
     const __global kv8* vr[8];
@@ -490,7 +503,8 @@ inline void att_step8(const __global float8* q, const __global kv8* k, const __g
         vr[j] = v + row * kw;
     }
     const float8 d0 = dot4(q, kr[0], kr[1], kr[2], kr[3]), d1 = dot4(q, kr[4], kr[5], kr[6], kr[7]);
-    const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l) < (int8)L;
+    const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l;
+    const int8 live = key < (int8)L && key >= (int8)lo;
     const float8 s = live ? ((float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd)) * rsq
                           : (float8)-INFINITY;
     att_max(s, mx, sum, acc);
@@ -536,14 +550,14 @@ inline void att_store(__global float8* out, int t, float mx, float sum, float8* 
 }
 
 // attention: q [N, H*hd], K/V cache [pos0+N, KVH*hd] -> out [N, H*hd]; causal (row n sees keys
-// 0 .. pos0+n), GQA (head h reads kv head h / (H/KVH)), online softmax in f32.
+// 0 .. pos0+n; with a window win > 0 only the last win of them: a sliding-window layer), GQA (head h reads kv head h / (H/KVH)), online softmax in f32.
 // global (ATT_WG, H, N), local (ATT_WG, 1, 1): one work-group per (head, query row). Split-K
 // ("flash-decoding") when ATT_WG > 1: work-item t takes the 8-key blocks t, t + ATT_WG, ... with
 // an online softmax of its own (max, sum, weighted V); the group merges the partials in local
 // memory. A GPU needs that to fill its lanes at decode (N = 1: only H work-groups); on a CPU a
 // work-group runs on one thread, so ATT_WG = 1 there: no merge, the whole row in one loop.
 __kernel void attention(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
-                        int H, int KVH, int pos0)
+                        int H, int KVH, int pos0, int win)
 {
     const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
     const int kv = h / (H / KVH), kw = KVH * HC;              // KV row stride in kv8
@@ -551,12 +565,13 @@ __kernel void attention(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, 
     const __global kv8* k = AT(const kv8, k_o) + kv * HC;
     const __global kv8* v = AT(const kv8, v_o) + kv * HC;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    const int L = pos0 + n + 1;
+    const int L = pos0 + n + 1, lo = win_start(L, win);
     float8 acc[HC];
 #pragma unroll
     for (int c = 0; c < HC; c++) acc[c] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
-    for (int l = 8 * t; l < L; l += 8 * ATT_WG) att_step8(q, k, v, kw, l, L, rsq, &mx, &sum, acc);
+    for (int l = (lo & ~7) + 8 * t; l < L; l += 8 * ATT_WG)
+        att_step8(q, k, v, kw, l, lo, L, rsq, &mx, &sum, acc);
     __local float part_mx[ATT_WG], part_sum[ATT_WG];
     __local float8 part_acc[ATT_WG * HC];
     att_store(AT(float8, out_o) + ((size_t)n * H + h) * HC, t, mx, sum, acc, part_mx, part_sum,
@@ -570,6 +585,16 @@ __kernel void silu_mul(__global uchar* arena, ulong g_o, ulong u_o, ulong out_o,
     if (i >= count) return;
     const float g = AT(const float, g_o)[i];
     AT(float, out_o)[i] = g / (1.0f + exp_f32(-g)) * AT(const float, u_o)[i];
+}
+
+// gelu_mul: g, u [count] -> out = gelu(g) * u, GELU's tanh form (GeGLU).  global (count rounded up)
+__kernel void gelu_mul(__global uchar* arena, ulong g_o, ulong u_o, ulong out_o, int count)
+{
+    const int i = get_global_id(0);
+    if (i >= count) return;
+    const float g = AT(const float, g_o)[i];
+    const float t = tanh(0.7978845608f * (g + 0.044715f * g * g * g));
+    AT(float, out_o)[i] = 0.5f * g * (1.0f + t) * AT(const float, u_o)[i];
 }
 
 // add: a, b [count] -> out = a + b.  global (count rounded up)

@@ -60,11 +60,11 @@ __kernel void rope_rows_table(__global uchar* arena, ulong pos_o, ulong t_o, int
 // keys at a time. BR (block rows) is a power of two and a multiple of 8.
 #define ATT_CH 64
 inline void att_rows(const __global float8* q, const __global kv8* k, const __global kv8* v,
-                     const __global int* bt, int kw, int L, int BR, float rsq, float* mx,
+                     const __global int* bt, int kw, int lo, int L, int BR, float rsq, float* mx,
                      float* sum, float8* acc)
 {
     const int sh = __builtin_ctz(BR);
-    for (int l0 = 0; l0 < L; l0 += ATT_CH) {
+    for (int l0 = lo & ~7; l0 < L; l0 += ATT_CH) {
         const int groups = (min(ATT_CH, L - l0) + 7) / 8;
         float8 sc[ATT_CH / 8];
         int base[ATT_CH / 8];                 // KV row of the group's first key
@@ -78,7 +78,8 @@ inline void att_rows(const __global float8* q, const __global kv8* k, const __gl
                 kr[t] = k + (size_t)(base[j] + (l + t < L ? t : L - 1 - l)) * kw;
             const float8 d0 = dot4(q, kr[0], kr[1], kr[2], kr[3]);
             const float8 d1 = dot4(q, kr[4], kr[5], kr[6], kr[7]);
-            const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l) < (int8)L;
+            const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l;
+            const int8 live = key < (int8)L && key >= (int8)lo;
             sc[j] = live ? ((float8)(d0.even, d1.even) + (float8)(d0.odd, d1.odd)) * rsq
                          : (float8)-INFINITY;
             m8 = sc[j] > m8 ? sc[j] : m8;
@@ -86,7 +87,8 @@ inline void att_rows(const __global float8* q, const __global kv8* k, const __gl
         att_max(m8, mx, sum, acc);
         float8 s8 = 0.0f;
         for (int j = 0; j < groups; j++) {
-            const int8 live = ((int8)(0, 1, 2, 3, 4, 5, 6, 7) + l0 + 8 * j) < (int8)L;
+            const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l0 + 8 * j;
+            const int8 live = key < (int8)L && key >= (int8)lo;
             sc[j] = live ? exp8_f32(sc[j] - *mx) : (float8)0.0f;
             s8 += sc[j];
         }
@@ -105,9 +107,11 @@ inline void att_rows(const __global float8* q, const __global kv8* k, const __gl
 }
 
 // attention over paged K/V: row n (sequence seq[n], position pos[n]) sees keys 0 .. pos[n] of its
-// sequence, key l at KV row btab[seq][l / BR] * BR + l % BR.  global (ATT_WG, H, N)
+// sequence (win > 0: the last win of them), key l at KV row btab[seq][l / BR] * BR + l % BR.
+// global (ATT_WG, H, N)
 __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
-                              ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB)
+                              ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
+                              int win)
 {
     const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
     const int kv = h / (H / KVH), kw = KVH * HC;
@@ -116,17 +120,17 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
     const __global kv8* v = AT(const kv8, v_o) + kv * HC;
     const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    const int L = AT(const int, pos_o)[n] + 1;
+    const int L = AT(const int, pos_o)[n] + 1, lo = win_start(L, win);
     float8 acc[HC];
 #pragma unroll
     for (int c = 0; c < HC; c++) acc[c] = 0.0f;
     float mx = -INFINITY, sum = 0.0f;
 #if ATT_WG == 1
-    att_rows(q, k, v, bt, kw, L, BR, rsq, &mx, &sum, acc);
+    att_rows(q, k, v, bt, kw, lo, L, BR, rsq, &mx, &sum, acc);
 #else
-    for (int l = 8 * t; l < L; l += 8 * ATT_WG) {
+    for (int l = (lo & ~7) + 8 * t; l < L; l += 8 * ATT_WG) {
         const long shift = (long)(bt[l / BR] * BR + l % BR - l) * kw;   // keys l.. of this block
-        att_step8(q, k + shift, v + shift, kw, l, L, rsq, &mx, &sum, acc);
+        att_step8(q, k + shift, v + shift, kw, l, lo, L, rsq, &mx, &sum, acc);
     }
 #endif
     __local float part_mx[ATT_WG], part_sum[ATT_WG];
