@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="activations: f32 (the oracle's path), f16/bf16 (hints to OpenVINO), q16 / q8 "
                         "(int16 / int8 activations in the GPU's decode matmuls); default: q16")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    g.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
+                   "(default: SmolLM2-135M-Instruct Q4_1)")
     g.add_argument("--context", type=int, default=2048)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("--local", action="store_true",
@@ -51,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the text before TEXT (up to 4 times)")
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
-    s.add_argument("--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    s.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
+                   "(default: SmolLM2-135M-Instruct Q4_1)")
     s.add_argument("--context", type=int, default=2048, help="tokens a request may hold (default 2048)")
     s.add_argument("--max-seqs", type=int, default=16,
                    help="requests decoding at once, one batched step (default 16)")
@@ -197,6 +199,12 @@ def main(argv=None) -> int:
         return bench(argv[1:])
     try:
         a = _parser().parse_args(argv)
+        if getattr(a, "model", None):
+            from socllm.models.gguf_file import model_path
+            a.model = model_path(a.model)              # a packaged model's name -> its file
+        if a.cmd == "inspect":
+            from socllm.models.gguf_file import model_path
+            a.file = model_path(a.file)
         if a.cmd == "generate":
             _validate(a)
             return _generate(a)

@@ -24,7 +24,7 @@ from socllm.memory.blocks import BLOCK_ROWS
 from socllm.memory.layout import KV_DTYPES, W_TOKENS, Control, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
-from socllm.models.gguf_file import ModelError, default_model_path, open_gguf, verify_default_model
+from socllm.models.gguf_file import ModelError, model_path, open_gguf, verify_default_model
 from socllm.models.llama import load_config, load_weights, matrix_types
 from socllm.models.tokenizer import Tokenizer
 from socllm.policies.buckets import MAX_CHUNK
@@ -91,7 +91,7 @@ class Engine:
         self.max_seqs, self.kv_mb, self.one_shot = max_seqs, kv_mb, one_shot
         self.kv_dtype, self.double_rows = kv_dtype, double_rows
         self.rowcut_profile = load_profile(rowcut_profile)
-        path = model or default_model_path()
+        path = model_path(model)           # None: the default; a packaged model's name: its file
         if model is None:
             verify_default_model(path)
         reader = reader or open_gguf(path)

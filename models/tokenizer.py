@@ -1,19 +1,26 @@
-"""The tokenizer: byte-level BPE rebuilt from the vocabulary and merges inside the GGUF.
+"""The tokenizer, rebuilt with `tokenizers` from the vocabulary inside the GGUF. Two kinds:
 
-GGUF stores the tokens, merges and token types but not the pre-tokenizer, only its name
-(`tokenizer.ggml.pre`); each name is mapped here to the pre-tokenizer of the model's own
-tokenizer.json, so ids match Hugging Face's exactly.
+- byte-level BPE (`tokenizer.ggml.model = gpt2`: SmolLM2, Llama 3, Qwen): GGUF stores the tokens,
+  merges and token types but not the pre-tokenizer, only its name (`tokenizer.ggml.pre`); each name
+  is mapped here to the pre-tokenizer of the model's own tokenizer.json, so ids match Hugging
+  Face's exactly.
+- SentencePiece-style BPE (`llama`: Gemma, Llama 2): no merges in the file, only each token's
+  score. llama.cpp merges, among adjacent pieces, the pair whose joined text is the token of the
+  highest score, and spells what is left over as byte tokens (<0x41>); a BPE whose merges are every
+  (a, b) with a, b and a+b in the vocabulary, ranked by the score of a+b, with byte fallback,
+  computes the same. Spaces are "▁" in the vocabulary.
 """
 from __future__ import annotations
 
 from gguf import GGUFReader
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from .gguf_file import ModelError
 
-CONTROL, USER_DEFINED = 3, 4  # gguf token types (llama.cpp's llama_token_type)
+NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6  # gguf token types (llama.cpp's llama_token_type)
+SPACE = "\u2581"              # "▁": a space in a SentencePiece vocabulary
 
 # From the models' tokenizer.json: Llama-3 groups digits by up to three, Qwen2 splits them singly.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -41,19 +48,25 @@ class Tokenizer:
     def __init__(self, reader: GGUFReader):
         meta = {k: f.contents() for k, f in reader.fields.items()
                 if k.startswith("tokenizer.ggml.") and k not in ("tokenizer.ggml.scores",)}
-        if meta.get("tokenizer.ggml.model") != "gpt2":
-            raise ModelError(f"unsupported tokenizer model {meta.get('tokenizer.ggml.model')!r} "
-                             "(socllm reads byte-level BPE, 'gpt2')")
+        kind = meta.get("tokenizer.ggml.model")
+        if kind not in ("gpt2", "llama"):
+            raise ModelError(f"unsupported tokenizer model {kind!r} (socllm reads byte-level BPE, "
+                             "'gpt2', and SentencePiece-style BPE, 'llama')")
         tokens: list[str] = meta["tokenizer.ggml.tokens"]
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        bpe = models.BPE({t: i for i, t in enumerate(tokens)}, merges,
-                         ignore_merges=(pre == "llama-bpe"))  # Llama-3's tokenizer.json sets it
-        self._tok = HFTokenizer(bpe)
-        self._tok.pre_tokenizer = _pre_tokenizer(pre)
-        self._tok.decoder = decoders.ByteLevel()
-        # Control tokens ('<|im_start|>') are matched whole before BPE, so they encode to one id.
         types = meta.get("tokenizer.ggml.token_type", [])
+        if kind == "llama":
+            scores = reader.fields["tokenizer.ggml.scores"].contents()
+            self._tok = _sentencepiece(tokens, scores, types,
+                                       meta.get("tokenizer.ggml.add_space_prefix", True))
+        else:
+            merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+            pre = meta.get("tokenizer.ggml.pre", "default")
+            bpe = models.BPE({t: i for i, t in enumerate(tokens)}, merges,
+                             ignore_merges=(pre == "llama-bpe"))  # Llama-3's tokenizer.json sets it
+            self._tok = HFTokenizer(bpe)
+            self._tok.pre_tokenizer = _pre_tokenizer(pre)
+            self._tok.decoder = decoders.ByteLevel()
+        # Control tokens ('<|im_start|>') are matched whole before BPE, so they encode to one id.
         self._tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                       for i, t in enumerate(types) if t == CONTROL])
         self._tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
@@ -73,11 +86,39 @@ class Tokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def token_text(self, i: int) -> str:
-        """The vocabulary entry of id `i`, as stored (byte-level, 'Ġ' for a space)."""
+        """The vocabulary entry of id `i`, as stored (byte-level 'Ġ' or SentencePiece '▁' for a
+        space)."""
         return self._tokens[i]
 
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self)
+
+
+def _sentencepiece(tokens: list, scores: list, types: list, space_prefix: bool) -> HFTokenizer:
+    """llama.cpp's SPM tokenizer as a `tokenizers` BPE (module docstring): merges from the
+    vocabulary, ranked by the joined token's score (ties: the earlier token), byte fallback."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for i, t in enumerate(tokens):
+        if types and types[i] != NORMAL:
+            continue
+        for cut in range(1, len(t)):
+            a, b = t[:cut], t[cut:]
+            if a in vocab and b in vocab:
+                merges.append((-scores[i], i, vocab[a], vocab[b], a, b))
+    merges.sort()
+    bpe = models.BPE(vocab, [(a, b) for *_, a, b in merges], byte_fallback=True,
+                     unk_token=tokens[_first(types, 2, 0)], fuse_unk=True)
+    tok = HFTokenizer(bpe)
+    steps = [normalizers.Prepend(SPACE)] if space_prefix else []
+    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
+    tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+                                     decoders.Fuse()] + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
+    return tok
+
+
+def _first(types: list, kind: int, default: int) -> int:
+    return next((i for i, t in enumerate(types) if t == kind), default)
 
 
 class StreamDecoder:

@@ -9,6 +9,9 @@ committed files). Needs the `bench` extra.
                         cache, so F32 models compute in f32 throughout) and its 16 greedy tokens
   llamacpp_tokens.json  llama.cpp's token ids of the repository's public-domain text and of hard
                         strings, for SmolLM2's vocabulary under each pre-tokenizer socllm reads
+  llamacpp_gemma3.json  with the real Gemma 3 270M installed (the `gemma` extra): its token ids of
+                        the same texts (SentencePiece-style), the top-1 of its teacher-forced
+                        logits over the first 64 tokens of the text, and 16 greedy tokens
 """
 from __future__ import annotations
 
@@ -107,6 +110,34 @@ def run_tokens(folder: str) -> dict:
     return out
 
 
+GEMMA_POSITIONS = 64
+
+
+def gemma3_prompt(tokenize) -> list:
+    """BOS and the text's first GEMMA_POSITIONS - 1 tokens: the teacher-forced positions."""
+    return tokenize(texts()["public-domain text"])[:GEMMA_POSITIONS - 1]
+
+
+def run_gemma3() -> dict | None:
+    import llama_cpp
+    from socllm.models.gguf_file import ModelError, model_path
+    try:
+        path = model_path("gemma3-270m")
+    except ModelError:
+        return None
+    m = llama_cpp.Llama(path, n_ctx=256, n_threads=2, logits_all=True, verbose=False, type_k=0, type_v=0)
+    ids = {k: m.tokenize(t.encode(), add_bos=False, special=True) for k, t in texts().items()}
+    prompt = [m.token_bos()] + gemma3_prompt(lambda t: m.tokenize(t.encode(), add_bos=False, special=True))
+    m.reset()
+    m.eval(prompt)
+    top1 = [int(np.argmax(m.scores[i])) for i in range(len(prompt))]
+    greedy = []
+    for _ in range(GREEDY):
+        greedy.append(int(np.argmax(m.scores[m.n_tokens - 1])))
+        m.eval(greedy[-1:])
+    return {"ids": ids, "prompt": prompt, "top1": top1, "greedy": greedy}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "tests" / "data")
@@ -124,7 +155,12 @@ def main(argv=None) -> int:
         tokens = run_tokens(tmp)
     (a.out / "llamacpp_tokens.json").write_text(json.dumps(
         {"llama_cpp": llama_cpp.__version__, "ids": tokens}, separators=(",", ":")))
-    print(f"wrote {a.out}/llamacpp_models.npz ({len(CASES)} models) and llamacpp_tokens.json")
+    gemma = run_gemma3()
+    if gemma is not None:
+        (a.out / "llamacpp_gemma3.json").write_text(json.dumps(
+            {"llama_cpp": llama_cpp.__version__, **gemma}, separators=(",", ":")))
+    print(f"wrote {a.out}/llamacpp_models.npz ({len(CASES)} models) and llamacpp_tokens.json"
+          + (", llamacpp_gemma3.json" if gemma else " (no Gemma 3 270M installed: no llamacpp_gemma3.json)"))
     return 0
 
 
