@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 from gguf import GGUFReader
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -90,12 +91,23 @@ def open_gguf(path: str) -> GGUFReader:
     if not os.path.isfile(path) or not os.access(path, os.R_OK):
         raise ModelError(f"model file is not a readable file: {path}")
     try:
-        return GGUFReader(path, "r")
+        return _Reader(path, "r")
     except OSError as e:
         raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
     except Exception as e:  # gguf raises ValueError, struct/index errors, ... on foreign bytes
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"not a GGUF file: {path} ({reason})") from None
+
+
+class _Reader(GGUFReader):
+    """gguf's reader over a plain ndarray view of its memmap: each slice of a np.memmap pays
+    numpy's subclass hooks (~2 us), and reading a 262,144-token vocabulary takes ~3M slices
+    (Gemma 3 270M opened in 8.4 s, now 2.5 s). The views still read the file's pages."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        if type(self.data) is not np.ndarray:
+            self.data = self.data.view(np.ndarray)
+        return super()._get(offset, dtype, count, override_order)
 
 
 def _sha256(path: str) -> str:
