@@ -1,7 +1,7 @@
 """Where a GPU decode step's time goes: kernels (OpenCL profiling events) vs everything else.
 
     python -m socllm.scripts.profile_decode [--pos 512] [--steps 30] [--precision f32|q16|q8]
-                                            [--batch N]
+                                            [--batch N] [--model FILE]
 
 --batch N profiles a serving decode batch instead (the paged "batch" program the service runs):
 N sequences, each at position --pos over its own blocks.
@@ -25,18 +25,18 @@ from socllm.policies.threads import actor_env, machine_budget
 
 
 def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: str = "f32",
-                 chunk: bool = False):
-    """-> (arena, layout, the proc's StepProgram): the default model's pool laid out and filled
-    as the engine does it, in this process. paged: that many sequences of a serving batch (or,
+                 chunk: bool = False, model: str | None = None):
+    """-> (arena, layout, the proc's StepProgram): the model's pool (default: the default model)
+    laid out and filled as the engine does it, in this process. paged: that many sequences of a serving batch (or,
     chunk, the paged prefill chunk program), over a KV cache of kv_dtype elements."""
     from socllm.actors.planner import PlannerCore
     from socllm.graph.program import StepProgram
     from socllm.memory.arena import Arena
     from socllm.memory.layout import plan_layout, write_weights
-    from socllm.models.gguf_file import default_model_path, open_gguf
+    from socllm.models.gguf_file import model_path, open_gguf
     from socllm.models.llama import load_config, load_weights
     from socllm.policies.buckets import MAX_CHUNK
-    reader = open_gguf(default_model_path())
+    reader = open_gguf(model_path(model))
     cfg = load_config(reader)
     weights = load_weights(reader, cfg)
     planner = PlannerCore(cfg)
@@ -63,9 +63,9 @@ def batch_rows(arena, lay, n: int, pos: int):
     io("rows", n)[:] = np.arange(n) * mb * br + pos
 
 
-def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32"):
+def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32", model=None):
     from socllm.actors.gpu import GPUBackend
-    arena, lay, prog = pool_program("gpu", "decode", 1, batch, kv_dtype)
+    arena, lay, prog = pool_program("gpu", "decode", 1, batch, kv_dtype, model=model)
     gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
     units = gpu.build_units(prog, precision)
     return arena, lay, gpu, units
@@ -94,6 +94,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=0, help="profile a serving decode batch of N rows")
     ap.add_argument("--kv", choices=("f32", "f16"),
                     help="a serving batch's KV elements (default: the service's at --precision)")
+    ap.add_argument("--model", help="a GGUF, or gemma3-270m (default: the default model)")
     args = ap.parse_args(argv)
     from socllm.actors.service import KV_DTYPE
     kv = args.kv or (KV_DTYPE[args.precision] if args.batch else "f32")
@@ -101,7 +102,7 @@ def main(argv=None):
         os.environ.setdefault(k, v)
     out = {}
     for profile in (False, True):
-        arena, lay, gpu, units = build(args.precision, profile, args.batch, kv)
+        arena, lay, gpu, units = build(args.precision, profile, args.batch, kv, args.model)
         try:
             if args.batch:
                 batch_rows(arena, lay, args.batch, args.pos)
