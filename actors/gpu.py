@@ -24,11 +24,19 @@ RECORDINGS = {"batch": None, "chunk": 8}
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, arena_buf, lay, threads: int, profile: bool = False):
-        from .kernels_cl import CLKernels, make_context, wrap_arena
+    def __init__(self, arena_buf, lay, threads: int, profile: bool = False, allow_discrete: bool = False):
+        """allow_discrete: a device with its own memory gets the pool's bytes copied into it once,
+        and the caller moves the step's inputs and outputs (CLKernels.to_device / to_host;
+        scripts/gpu_decode.py); the engine's actor does not yet, so it refuses such a device."""
+        from .kernels_cl import CLKernels, discrete, make_context, wrap_arena
         self.ctx, self.queue, self.device = make_context(profile=profile)
-        if not self.device.host_unified_memory:
-            raise RuntimeError(f"{self.device.name}: discrete GPUs need an upload path (not built yet)")
+        if discrete(self.ctx) and not allow_discrete:
+            raise RuntimeError(f"{self.device.name}: the GPU actor does not yet move a step's inputs "
+                               "and outputs to and from a discrete GPU's memory")
+        from .fused_cl import counter_at
+        # a process killed inside a fused launch leaves last_group's count half-way: the
+        # restarted actor (actors/processor.py) starts from zero (before a discrete copy is made)
+        arena_buf[counter_at(lay.io["rope"]):][:4].view(np.int32)[0] = 0
         self.buf = wrap_arena(self.ctx, arena_buf)
         self.kernels = CLKernels(self.ctx, self.queue, self.buf, kv_dtype=lay.kv_dtype)
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
@@ -37,10 +45,6 @@ class GPUBackend:
         # a serving step's rope table (paged.cl rope_rows_table)
         self.kernels.rope_rows = (lay.io["rope_rows"], lay.io["att"] - lay.io["rope_rows"])
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
-        # a process killed inside a fused launch leaves last_group's count half-way: the
-        # restarted actor (actors/processor.py) starts from zero
-        from .fused_cl import counter_at
-        arena_buf[counter_at(self.rope_off):][:4].view(np.int32)[0] = 0
         self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
         self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)

@@ -22,6 +22,7 @@ from the machine's thread budget (DESIGN.md §6) before importing this module. N
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -115,11 +116,18 @@ def make_context(device_kind: str = "any", profile: bool = False):
     return ctx, cl.CommandQueue(ctx, device, properties=props), device
 
 
+def discrete(ctx: cl.Context) -> bool:
+    """Device memory apart from the host's (a discrete GPU), or SOCLLM_CL_DISCRETE=1: the copying
+    path forced on a unified device (PoCL), to test it where no discrete GPU is."""
+    return os.environ.get("SOCLLM_CL_DISCRETE") == "1" or \
+        not all(d.host_unified_memory for d in ctx.devices)
+
+
 def wrap_arena(ctx: cl.Context, arena: np.ndarray) -> cl.Buffer:
     """The arena (uint8 [bytes]) as one cl.Buffer: zero-copy (USE_HOST_PTR) on host-unified memory,
     else an uploaded copy (COPY_HOST_PTR), whose outputs the caller must copy back."""
     mf = cl.mem_flags
-    if all(d.host_unified_memory for d in ctx.devices):
+    if not discrete(ctx):
         if arena.ctypes.data % 64:   # PoCL uses the pointer as is: a misaligned vector load faults
             raise ValueError("the arena must start 64-byte aligned to be wrapped zero-copy")
         return cl.Buffer(ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=arena)
@@ -164,14 +172,27 @@ def _aligned(op: str, *offsets: int, to: int = VEC):
         raise ValueError(f"{op}: vector-loaded offsets {offsets} must be multiples of {to} bytes")
 
 
+class Mirror:
+    """A host arena and a discrete buffer holding its copy, kept whole in step: the host's is
+    uploaded before the first launch after a finish() (the caller may have written it), and the
+    device's downloaded by finish(). The kernel tests' harness on a discrete device; the engine
+    copies only live ranges."""
+
+    def __init__(self, host: np.ndarray):
+        self.host, self.stale = host, True
+
+
 class CLKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
-                 build_options: str = "", kv_dtype: str = "f32"):
+                 build_options: str = "", kv_dtype: str = "f32", mirror: "Mirror | None" = None):
         """Builds kernels.cl once (PoCL and pyopencl cache the binaries on disk; PoCL compiles each
         kernel again per work-group size at its first launch, also cached). build_options may
         override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them. kv_dtype: the
-        pool's KV elements (f16: every kernel built with KV_HALF)."""
+        pool's KV elements (f16: every kernel built with KV_HALF). mirror: the host arena of a
+        discrete buffer, kept whole in step with it (the kernel tests' harness), shared by the
+        kernels of every build over that buffer."""
         self.ctx, self.queue, self.buf = ctx, queue, arena_buf
+        self.mirror, self.copies = mirror, discrete(ctx)
         self.kv_half = kv_dtype == "f16"
         knobs, self.options = tuning(queue.device, build_options + " -DKV_HALF" * self.kv_half)
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
@@ -224,6 +245,7 @@ class CLKernels:
             return
         knl = (ks or self.k)[name]
         knl.set_args(self.buf, *args)
+        self.upload()
         ev = cl.enqueue_nd_range_kernel(self.queue, knl, gsize, lsize)
         if self.profile:
             self.events.append((name, ev))
@@ -253,6 +275,7 @@ class CLKernels:
         queue, events, profile = self.queue, self.events, self.profile
 
         def run(pos0):
+            self.upload()
             for name, knl, gsize, lsize, moving in bound:
                 for i, dtype, v0, dv in moving:
                     knl.set_arg(i, dtype(v0 + dv * pos0))
@@ -328,6 +351,7 @@ class CLKernels:
             return rec.starts[k] if k <= last else len(rec.bound)
 
         def run(n, pos0=0, span=None):
+            self.upload()
             rec = recorded.pop(n, None) or Recording()
             recorded[n] = rec                          # the most recently used last
             if keep is not None and len(recorded) > keep:
@@ -357,6 +381,28 @@ class CLKernels:
 
     def finish(self):
         self.queue.finish()
+        if self.mirror is not None:              # the device's arena back into the host's
+            cl.enqueue_copy(self.queue, self.mirror.host, self.buf)
+            self.mirror.stale = True
+
+    def to_device(self, host: np.ndarray, lo: int, hi: int):
+        """A discrete buffer: host arena bytes lo..hi into it (what another processor or the host
+        wrote there); nothing on unified memory, where the buffer is the arena."""
+        if self.copies:
+            cl.enqueue_copy(self.queue, self.buf, host[lo:hi], dst_offset=lo, is_blocking=False)
+
+    def to_host(self, host: np.ndarray, lo: int, hi: int):
+        """A discrete buffer: its bytes lo..hi into the host arena (after the kernels that write
+        them; blocking)."""
+        if self.copies:
+            cl.enqueue_copy(self.queue, host[lo:hi], self.buf, src_offset=lo)
+
+    def upload(self):
+        """A mirrored discrete buffer: the host arena into it, once after each finish()."""
+        if self.mirror is not None and self.mirror.stale:
+            cl.enqueue_copy(self.queue, self.buf, self.mirror.host)
+            self.mirror.stale = False
+
 
     # -- ops (shapes as in kernels_numpy) ------------------------------------------------------
     def _embed(self, a, N, pos0):

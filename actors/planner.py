@@ -1,104 +1,10 @@
-"""The planner actor: model graph -> slots -> step programs, cached, one per plan/phase/bucket."""
+"""The planner actor: policies/planner.PlannerCore (model graph -> slots -> step programs, cached,
+one per plan/phase/bucket) served from its own process."""
 from __future__ import annotations
-
-import os
 
 import ray
 
-from socllm.graph.build import build_graph
-from socllm.graph.liveness import assign_slots
-from socllm.graph.lower import lower
-from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
-from socllm.memory.layout import PROCESSORS, PoolLayout
-from socllm.policies.placement import placement
-from socllm.policies.rowcut import plan_rows
-
-
-class PlannerCore:
-    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
-        self.cfg, self.n_layers = cfg, n_layers
-        self.graph = build_graph(cfg, n_layers)
-        self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
-        self.slots = assign_slots(self.graph)
-        self.programs: dict = {}      # (plan, phase, bucket) -> (pid, msgpack bytes)
-        self.lay = None
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def slot_bytes(self, max_rows: int) -> list:
-        return [self.slots.nbytes(i, max_rows) for i in range(len(self.slots.sizes))]
-
-    def set_layout(self, layout: dict):
-        self.lay = PoolLayout.from_dict(layout)
-
-    def set_rowcut_profile(self, profile: dict | None):
-        """Before the first tensor program is built (the engine calls it at start)."""
-        if any(k[0] == "tensor" for k in self.programs):
-            raise RuntimeError("tensor programs are already built with the old profile")
-        self.rowcut_profile = profile
-
-    def partitioned(self, phase: str):
-        """The `tensor` plan's graph for a phase: linears row-cut between the GPU and the NPU,
-        the rest on the phase's dominant processor (graph/partition.py)."""
-        sizes = {part_of(op): op.attrs["M"] for op in self.graph.ops if part_of(op)}
-        dom = DOMINANT[phase]
-        other = "npu" if dom == "gpu" else "gpu"
-        return row_cut(self.graph, plan_rows(phase, sizes, self.rowcut_profile), dom, other)
-
-    def _refs(self, graph, buffer: int = 0) -> dict:
-        """buffer 1: activations and the step's rows in the pool's second activation buffer."""
-        lay, refs = self.lay, {}
-        io, slots = lay.io, lay.slots
-        if buffer:
-            if not lay.double:
-                raise ValueError("this pool has no second activation buffer")
-            io, slots = {**lay.io, **lay.double}, lay.double["slots"]
-        for name, t in graph.tensors.items():
-            if t.kind == "weight":
-                refs[name] = lay.weights[name]
-            elif t.kind == "kv":
-                refs[name] = ("kv", lay.kv[name])
-            elif t.kind in ("input", "output"):
-                refs[name] = ("a", io[name])
-            else:
-                refs[name] = ("a", slots[self.slots.assign[name]])
-        return refs
-
-    def program(self, plan: str, phase: str, bucket: int):
-        key = (plan, phase, bucket)
-        if key not in self.programs:
-            graph, place = self.graph, None
-            if plan == "tensor":
-                graph, place = self.partitioned(phase), placed
-            prog = lower(graph, self.slots, self._refs(graph), self.lay.locations,
-                         {p: self.lay.done(p) for p in PROCESSORS},
-                         place or placement(plan, phase, bucket), phase, bucket)
-            self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
-        return self.programs[key]
-
-    def paged_program(self, plan: str, all_rows: bool, buffer: int = 0):
-        """A serving step's program (graph/build.py, paged): any N rows of any sequences, each at
-        its own position over its block table; all_rows: every row's logits (a decode batch),
-        else the last row's (a prefill chunk). One program serves every N: GPU and CPU kernels
-        take N at run time. NPU graphs are static, so paged programs run on the GPU or the CPU.
-        buffer 1: a prefill chunk in the second activation buffer (memory/layout.py double), which
-        may stop between layers while other steps run."""
-        if plan not in ("gpu", "cpu"):
-            raise ValueError(f"paged programs run on the gpu or the cpu, not {plan!r}")
-        phase = "batch" if all_rows else "chunk"
-        key = (plan, phase, buffer)
-        if key not in self.programs:
-            lay = self.lay
-            graph = build_graph(self.cfg, self.n_layers, paged={
-                "block_rows": lay.block_rows, "max_blocks": lay.max_blocks,
-                "max_seqs": lay.max_seqs, "all_rows": all_rows})
-            prog = lower(graph, self.slots, self._refs(graph, buffer), lay.locations,
-                         {p: lay.done(p) for p in PROCESSORS}, lambda op: plan, phase,
-                         lay.double_rows if buffer else lay.max_rows)
-            prog.buffer = buffer
-            self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
-        return self.programs[key]
+from socllm.policies.planner import PlannerCore
 
 
 @ray.remote(num_cpus=0)

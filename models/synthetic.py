@@ -42,27 +42,31 @@ def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
 
 def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, ffn=64,
                layers=1, vocab=257, table="Q8_0", head_dim=16, heads=None, window=4,
-               swa_pattern=3) -> str:
+               swa_pattern=3, kv_heads=None, random=False, context=64) -> str:
     """matrix: the type of the layers' matrices; table: the token embedding's; types: {name:
     type} for single tensors; extra: f32 vectors beside the Llama ones (rope_freqs.weight: [hd/2];
-    a name with "norm": [hd]; others [8]). heads: query heads (default dim / head_dim).
+    a name with "norm": [hd]; others [8]). heads: query heads (default dim / head_dim), kv_heads
+    (default half of them). random: block matrices of random valid blocks rather than quantized
+    weights (fast at a real model's size: scripts/gpu_decode.py's runs); vocab beyond 257: filler
+    tokens.
     gemma3: sliding-window layers of `window` keys, every swa_pattern-th layer global, rope base
     1e6 (global layers) and llama.cpp's default 1e4 (sliding ones)."""
     matrix, table = getattr(matrix, "name", matrix), getattr(table, "name", table)
     types = {k: getattr(v, "name", v) for k, v in (types or {}).items()}
     hd = head_dim
     heads = heads or dim // hd
-    kv_heads = max(1, heads // 2)
+    kv_heads = kv_heads or max(1, heads // 2)
     q_dim, kv_dim = heads * hd, kv_heads * hd
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(layers), w.add_context_length(64), w.add_embedding_length(dim)
+    w.add_block_count(layers), w.add_context_length(context), w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn), w.add_head_count(heads), w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)
     w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab), w.add_key_length(hd), w.add_value_length(hd)
     if arch == "gemma3":
         w.add_sliding_window(window), w.add_sliding_window_pattern(swa_pattern)
     w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("smollm")
-    w.add_token_list((byte_tokens() + ["ĠĠ"])[:vocab]), w.add_token_types([1] * vocab)
+    filler = [f"<t{i}>" for i in range(max(0, vocab - 257))]
+    w.add_token_list((byte_tokens() + ["ĠĠ"] + filler)[:vocab]), w.add_token_types([1] * vocab)
     w.add_token_merges(["Ġ Ġ"]), w.add_eos_token_id(0), w.add_bos_token_id(0)
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,),
@@ -93,6 +97,10 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
         qtype = types.get(name, table if name == "token_embd.weight" else matrix)
         if qtype == "F32":
             w.add_tensor(name, x)
+        elif random and qtype in FORMATS:
+            size = {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(qtype, 0.01)
+            raw = random_blocks(qtype, *shape, rng, lambda n: rng.uniform(0.5, 1.0, n) * size)
+            w.add_tensor(name, raw, raw_dtype=QT[qtype])
         else:
             w.add_tensor(name, blocks(qtype, x, rng), raw_dtype=QT[qtype])
     write(w)

@@ -29,7 +29,7 @@ def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: s
     """-> (arena, layout, the proc's StepProgram): the model's pool (default: the default model)
     laid out and filled as the engine does it, in this process. paged: that many sequences of a serving batch (or,
     chunk, the paged prefill chunk program), over a KV cache of kv_dtype elements."""
-    from socllm.actors.planner import PlannerCore
+    from socllm.policies.planner import PlannerCore
     from socllm.graph.program import StepProgram
     from socllm.memory.arena import Arena
     from socllm.memory.layout import plan_layout, write_weights
@@ -66,7 +66,7 @@ def batch_rows(arena, lay, n: int, pos: int):
 def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32", model=None):
     from socllm.actors.gpu import GPUBackend
     arena, lay, prog = pool_program("gpu", "decode", 1, batch, kv_dtype, model=model)
-    gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
+    gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile, allow_discrete=True)
     units = gpu.build_units(prog, precision)
     return arena, lay, gpu, units
 
@@ -96,7 +96,8 @@ def main(argv=None):
                     help="a serving batch's KV elements (default: the service's at --precision)")
     ap.add_argument("--model", help="a GGUF, or gemma3-270m (default: the default model)")
     args = ap.parse_args(argv)
-    from socllm.actors.service import KV_DTYPE
+    if args.batch:
+        from socllm.actors.service import KV_DTYPE
     kv = args.kv or (KV_DTYPE[args.precision] if args.batch else "f32")
     for k, v in actor_env(machine_budget()).items():
         os.environ.setdefault(k, v)

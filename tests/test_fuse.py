@@ -66,7 +66,7 @@ def test_an_intermediate_read_elsewhere_is_not_dropped(model_config):
 def _pool(cfg, model_weights, program, **layout):
     """The model's first LAYERS layers in a pool (64 rows, context 128) and one of its programs."""
     from socllm.actors.gpu import GPUBackend
-    from socllm.actors.planner import PlannerCore
+    from socllm.policies.planner import PlannerCore
     from socllm.memory.arena import Arena
     from socllm.memory.layout import plan_layout, write_weights
     weights = {k: v for k, v in model_weights.items()

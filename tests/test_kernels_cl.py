@@ -18,7 +18,7 @@ import pytest
 
 cl = pytest.importorskip("pyopencl")
 
-from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
+from socllm.actors.kernels_cl import CLKernels, Mirror, discrete, make_context, wrap_arena
 from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
@@ -76,14 +76,16 @@ def dev():
     raw = np.zeros(ARENA_BYTES + 4096, np.uint8)
     start = -raw.ctypes.data % 4096                  # page-aligned, as the pool's arena is
     arena = raw[start: start + ARENA_BYTES]
-    return arena, CLKernels(ctx, queue, wrap_arena(ctx, arena))
+    # a discrete GPU (or SOCLLM_CL_DISCRETE=1 on PoCL): the arena copied whole around each run
+    mirror = Mirror(arena) if discrete(ctx) else None
+    return arena, CLKernels(ctx, queue, wrap_arena(ctx, arena), mirror=mirror)
 
 
 @pytest.fixture(scope="module")
 def dev16(dev):
     """The module's arena with kernels built for an f16 KV cache (memory/layout.py kv_dtype)."""
     arena, clk = dev
-    return arena, CLKernels(clk.ctx, clk.queue, clk.buf, kv_dtype="f16"), "f16"
+    return arena, CLKernels(clk.ctx, clk.queue, clk.buf, kv_dtype="f16", mirror=clk.mirror), "f16"
 
 
 @pytest.fixture(scope="module", params=["f32", "f16"])
@@ -280,7 +282,7 @@ def split_k(dev, request):
     """The attention a GPU gets: each row's keys split over a work-group of ATT_WG work-items (8-key
     blocks dealt round-robin), partial softmaxes merged in local memory; 7 is odd and < 8 chunks."""
     clk = dev[1]
-    return CLKernels(clk.ctx, clk.queue, clk.buf, f"-DATT_WG={request.param}")
+    return CLKernels(clk.ctx, clk.queue, clk.buf, f"-DATT_WG={request.param}", mirror=clk.mirror)
 
 
 @pytest.mark.parametrize("L", [1, 37, 1000, 2049])
@@ -323,7 +325,7 @@ def test_lm_head_logits_of_last_row(dev, lay, rng, Vs, N):
 def test_arena_buffer_is_zero_copy(dev, lay):
     """On host-unified memory the kernels write the pool itself: no map, no copy back."""
     arena, clk = dev
-    if not clk.queue.device.host_unified_memory:
+    if clk.mirror is not None:
         pytest.skip("discrete device: outputs are copied back by the caller")
     a, b, out = lay.put(np.ones(64, np.float32)), lay.put(np.full(64, 2, np.float32)), lay.zeros(64)
     clk.run("add", {"a": ("a", a), "b": ("a", b), "out": ("a", out), "D": 64}, 1, 0)
@@ -335,7 +337,8 @@ def test_gpu_tuning_and_portable_path_match_numpy(dev, lay, rng):
     """The build a GPU gets: GEMV rows split over work-items with a local-memory reduction,
     vload_half instead of the x86 F16C shortcut, another GEMM tile (odd, to hit the token tail)."""
     arena, clk = dev
-    gpuish = CLKernels(clk.ctx, clk.queue, clk.buf, "-DLIN_T=4 -DLIN_R=2 -DGEMM_TN=3 -DSOCLLM_PORTABLE")
+    gpuish = CLKernels(clk.ctx, clk.queue, clk.buf, "-DLIN_T=4 -DLIN_R=2 -DGEMM_TN=3 -DSOCLLM_PORTABLE",
+                       mirror=clk.mirror)
     assert (gpuish.lin_t, gpuish.lin_r, gpuish.gemm_tn) == (4, 2, 3)
     K, M, Vs = F, 37, 100
     x, w, table = rows(lay, rng, 7, K), lay.w4(M, K, rng), lay.w8(Vs, K, rng)
@@ -383,7 +386,7 @@ def linear_act_reference(x, qs, d, m, K, M, bits):
 def build(dev, request):
     """The x86 build (AVX2 integer dot products, F16C) and the portable one a GPU gets."""
     clk = dev[1]
-    return CLKernels(clk.ctx, clk.queue, clk.buf, request.param)
+    return CLKernels(clk.ctx, clk.queue, clk.buf, request.param, mirror=clk.mirror)
 
 
 def linear_act(clk, precision, x, w, out, K, M, pos0=0, res=None):
@@ -608,7 +611,7 @@ def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, 
     are computed, never stored."""
     arena, clk = dev[0], build
     if kv == "f16":
-        clk = CLKernels(clk.ctx, clk.queue, clk.buf, clk.options, kv_dtype="f16")
+        clk = CLKernels(clk.ctx, clk.queue, clk.buf, clk.options, kv_dtype="f16", mirror=clk.mirror)
     kvt = KV_NUMPY[kv]
     x = rng.standard_normal((N, K)).astype(np.float32)
     w = lay.w4(M, K, rng)

@@ -1,0 +1,126 @@
+"""socllm's GPU kernels on one OpenCL device, in this process (no Ray): a prompt's greedy tokens,
+and prefill and decode tokens per second, on a unified device or a discrete GPU.
+
+    python -m socllm.scripts.gpu_decode [--model FILE] [--prompt-len 128] [--decode 64]
+                                        [--precision q16] [--reps 3] [--check 16] [--json F]
+
+It lays the pool out as the engine does and runs the gpu plan's programs: the prompt as one
+prefill step, then one decode step a token (the fused decode kernels). On a discrete GPU
+(OpenCL device memory apart from the host's) the pool's bytes are copied into device memory once;
+then each step copies only its token ids up and its logits down (CLKernels.to_device / to_host):
+weights, activations and the KV cache stay on the device. --check N: the first N greedy tokens
+against the numpy oracle's (use --precision f32 for equality).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def setup(model: str | None, context: int, precision: str):
+    """-> (arena, layout, cfg, tokenizer, weights, backend, {phase: units}) for the gpu plan."""
+    from socllm.actors.gpu import GPUBackend
+    from socllm.graph.program import StepProgram
+    from socllm.memory.arena import Arena
+    from socllm.memory.layout import plan_layout, write_weights
+    from socllm.models.gguf_file import model_path, open_gguf
+    from socllm.models.llama import load_config, load_weights
+    from socllm.models.tokenizer import Tokenizer
+    from socllm.policies.buckets import MAX_CHUNK
+    from socllm.policies.planner import PlannerCore
+    from socllm.policies.threads import machine_budget
+    reader = open_gguf(model_path(model))
+    cfg = load_config(reader)
+    weights = load_weights(reader, cfg)
+    planner = PlannerCore(cfg)
+    slot_bytes = [planner.slots.nbytes(i, MAX_CHUNK) for i in range(len(planner.slots.sizes))]
+    lay = plan_layout(weights, cfg.n_layers, cfg.kv_dim, slot_bytes, MAX_CHUNK, context, cfg.vocab,
+                      max(cfg.dim, cfg.ffn_dim))
+    arena = Arena.create(lay.size, lay.readonly_bytes)
+    write_weights(arena.buf, lay, weights)
+    planner.set_layout(lay.to_dict())
+    gpu = GPUBackend(arena.buf, lay, machine_budget(), allow_discrete=True)
+    units = {}
+    for phase, bucket in (("prefill", MAX_CHUNK), ("decode", 1)):
+        prog = StepProgram.from_bytes(planner.program("gpu", phase, bucket)[1])
+        units[phase] = gpu.build_units(prog, precision if phase == "decode" else "f32")
+    return arena, lay, cfg, Tokenizer(reader), weights, gpu, units
+
+
+def step(arena, lay, gpu, units, ids: list, pos0: int, precision: str) -> np.ndarray:
+    """One step over len(ids) rows at pos0: ids up, the kernels, the last row's logits down."""
+    buf, k = arena.buf, gpu.kernels
+    lo = lay.io["ids"]
+    buf[lo: lo + 4 * len(ids)].view(np.int32)[:] = ids
+    k.to_device(buf, lo, lo + 4 * len(ids))
+    gpu.begin_step(precision)
+    for u in units:
+        u.run(len(ids), pos0)
+    gpu.finish()
+    out = lay.io["logits"]
+    k.to_host(buf, out, out + 4 * lay.vocab)
+    return buf[out: out + 4 * lay.vocab].view(np.float32)
+
+
+def generate(arena, lay, gpu, units, prompt: list, n: int, precision: str):
+    """-> (greedy tokens, prefill seconds, decode seconds per token list)"""
+    t0 = time.perf_counter()
+    logits = step(arena, lay, gpu, units["prefill"], prompt, 0, precision)
+    prefill_s = time.perf_counter() - t0
+    out, times = [int(np.argmax(logits))], []
+    for i in range(n - 1):
+        t0 = time.perf_counter()
+        logits = step(arena, lay, gpu, units["decode"], out[-1:], len(prompt) + i, precision)
+        times.append(time.perf_counter() - t0)
+        out.append(int(np.argmax(logits)))
+    return out, prefill_s, times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a GGUF, or gemma3-270m (default: the default model)")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--precision", default="q16", choices=("f32", "q16", "q8"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--check", type=int, default=0, help="compare N greedy tokens with the oracle's")
+    ap.add_argument("--json", dest="json_path")
+    a = ap.parse_args(argv)
+    from socllm.scripts.llamacpp_fixtures import texts
+    arena, lay, cfg, tok, weights, gpu, units = setup(a.model, a.prompt_len + a.decode + 8, a.precision)
+    try:
+        text = texts()["public-domain text"]
+        prompt = tok.encode(text, bos=tok.add_bos)[:a.prompt_len]
+        runs = [generate(arena, lay, gpu, units, prompt, a.decode, a.precision) for _ in range(a.reps + 1)][1:]
+        d = gpu.describe()
+        report = {"device": d["device"], "platform": d["platform"], "discrete": bool(gpu.kernels.copies),
+                  "model": cfg.arch, "precision": a.precision, "prompt_len": len(prompt),
+                  "decode": a.decode, "tokens": runs[0][0],
+                  "prefill_tok_s": [len(prompt) / p for _, p, _ in runs],
+                  "decode_tok_s": [len(t) / sum(t) for _, _, t in runs],
+                  "decode_step_ms_median": statistics.median([x for _, _, t in runs for x in t]) * 1e3}
+        if a.check:
+            from socllm.models.oracle import Oracle
+            want = Oracle(cfg, weights).greedy(prompt, a.check)
+            report["oracle_equal"] = runs[0][0][:a.check] == want
+            report["oracle_tokens"] = want
+        print(json.dumps({k: v for k, v in report.items() if k not in ("tokens", "oracle_tokens")}, indent=1))
+        print("text:", repr(tok.decode(runs[0][0])))
+        med = statistics.median
+        print(f"gpu_decode {cfg.arch} {a.precision} on {d['device']} ({'discrete' if report['discrete'] else 'unified'}): "
+              f"prefill {med(report['prefill_tok_s']):.1f} tok/s, decode {med(report['decode_tok_s']):.1f} tok/s"
+              + (f", oracle's {a.check} tokens: {'equal' if report['oracle_equal'] else 'DIFFERENT'}" if a.check else ""))
+        if a.json_path:
+            with open(a.json_path, "w") as f:
+                json.dump(report, f, indent=1)
+    finally:
+        arena.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
