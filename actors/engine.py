@@ -102,7 +102,7 @@ class Engine:
             raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
         self.context, self.model_path = context, path
         self.threads = threads or machine_budget()
-        self.stop_ids = sorted({self.tokenizer.eos_id, *self._stop_tokens()})
+        self.stop_ids = self.tokenizer.stop_ids()
         self._started_ray = ensure_ray(self.threads)
         self._actors, self.arena, self.running = [], None, None
         self._closed = False
@@ -119,14 +119,6 @@ class Engine:
         except BaseException:
             self.close()
             raise
-
-    def _stop_tokens(self):
-        ids = []
-        for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-            enc = self.tokenizer.encode(text)
-            if len(enc) == 1:
-                ids.append(enc[0])
-        return ids
 
     def _start(self, weights, procs, n_layers):
         env = {"env_vars": actor_env(self.threads)}

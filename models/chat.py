@@ -26,8 +26,7 @@ class ChatTemplate:
 
     @classmethod
     def from_reader(cls, reader: GGUFReader) -> "ChatTemplate":
-        field = reader.fields.get("tokenizer.chat_template")
-        return cls(field.contents() if field is not None else None, _special_tokens(reader))
+        return cls(_source(reader), _special_tokens(reader))
 
 
 def render_chat(reader_or_template: GGUFReader | ChatTemplate | str, messages: list[Message],
@@ -56,10 +55,39 @@ def chat_prompt(template: GGUFReader | ChatTemplate | str, user_text: str, syste
 
 
 def _template_of(reader: GGUFReader) -> str:
-    field = reader.fields.get("tokenizer.chat_template")
-    if field is None:
+    source = _source(reader)
+    if source is None:
         raise ModelError("the model file has no chat template (tokenizer.chat_template)")
-    return field.contents()
+    return source
+
+
+# A file without a template gets its family's, as llama.cpp's built-in one renders it
+# (llama-chat.cpp): Gemma has no system turn, so a system message opens the first user turn.
+BUILTIN = {"gemma3": """
+{%- set ns = namespace(system='') -%}
+{%- for m in messages -%}
+  {%- if m['role'] == 'system' -%}
+    {%- set ns.system = ns.system + (m['content'] | trim) -%}
+  {%- else -%}
+    {%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}
+    {{- '<start_of_turn>' + role + '\n' -}}
+    {%- if ns.system and role != 'model' -%}
+      {{- ns.system + '\n\n' -}}
+      {%- set ns.system = '' -%}
+    {%- endif -%}
+    {{- (m['content'] | trim) + '<end_of_turn>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"""}
+
+
+def _source(reader: GGUFReader) -> str | None:
+    """The file's chat template, or its family's built-in one, or None."""
+    field = reader.fields.get("tokenizer.chat_template")
+    if field is not None:
+        return field.contents()
+    arch = reader.fields.get("general.architecture")
+    return BUILTIN.get(arch.contents() if arch is not None else None)
 
 
 def _special_tokens(reader: GGUFReader) -> dict[str, str]:

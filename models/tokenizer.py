@@ -85,6 +85,17 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def stop_ids(self) -> list[int]:
+        """EOS and the end-of-turn tokens llama.cpp recognizes by their text (llama-vocab.cpp's
+        end-of-generation set): generation stops at any of them, and no text shows them."""
+        ids = {self.eos_id}
+        for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>", "<|end|>",
+                     "<|eom_id|>", "<|end_of_text|>"):
+            enc = self.encode(text)
+            if len(enc) == 1:
+                ids.add(enc[0])
+        return sorted(ids)
+
     def token_text(self, i: int) -> str:
         """The vocabulary entry of id `i`, as stored (byte-level 'Ġ' or SentencePiece '▁' for a
         space)."""

@@ -135,7 +135,26 @@ def run_gemma3() -> dict | None:
     for _ in range(GREEDY):
         greedy.append(int(np.argmax(m.scores[m.n_tokens - 1])))
         m.eval(greedy[-1:])
-    return {"ids": ids, "prompt": prompt, "top1": top1, "greedy": greedy}
+    return {"ids": ids, "prompt": prompt, "top1": top1, "greedy": greedy,
+            "chat": [{"messages": msgs, "add": add, "text": _llamacpp_chat(b"gemma", msgs, add)}
+                     for msgs in CHATS for add in (True, False)]}
+
+
+CHATS = [[{"role": "user", "content": "Hello!"}],
+         [{"role": "system", "content": "  Be brief.\n"}, {"role": "user", "content": "Name a colour."}],
+         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello, how can I help? "},
+          {"role": "user", "content": "Tell me a joke.\n\n"}]]
+
+
+def _llamacpp_chat(template: bytes, messages: list, add: bool) -> str:
+    """llama.cpp's built-in chat template `template` applied to messages."""
+    import ctypes
+    import llama_cpp
+    keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+    arr = (llama_cpp.llama_chat_message * len(keep))(*[llama_cpp.llama_chat_message(r, c) for r, c in keep])
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(template, arr, len(keep), add, buf, len(buf))
+    return buf.raw[:n].decode()
 
 
 def main(argv=None) -> int:

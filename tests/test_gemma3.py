@@ -73,3 +73,19 @@ def test_the_gpu_and_the_npu_give_the_oracles_greedy_tokens(gemma, oracle):
             assert got["tokens"] == want, plan
     finally:
         eng.close()
+
+
+def test_the_builtin_chat_template_renders_as_llamacpps(gemma):
+    """The file holds no chat template: socllm renders Gemma's as llama.cpp's built-in one does
+    (a system message opens the first user turn; assistant turns are the model's)."""
+    from socllm.models.chat import ChatTemplate, render_chat
+    template = ChatTemplate.from_reader(gemma[1])
+    for case in FIX["chat"]:
+        assert render_chat(template, case["messages"], add_generation_prompt=case["add"]) == case["text"]
+
+
+def test_end_of_turn_is_a_stop_token(gemma):
+    """<end_of_turn> ends Gemma's turns; it is in llama.cpp's end-of-generation set, so socllm
+    stops there too (and never shows it: the engine drops stop tokens from the text)."""
+    tok = Tokenizer(gemma[1])
+    assert tok.stop_ids() == sorted({tok.eos_id, *tok.encode("<end_of_turn>")}) == [1, 106]
