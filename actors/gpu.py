@@ -3,6 +3,12 @@
 On a device that shares host memory (an iGPU; PoCL on this machine) the buffer is the pool
 itself (CL_MEM_USE_HOST_PTR): no copies. Kernels are enqueued without waiting; the queue is
 finished only where another processor needs a result (a signal) and at the end of the step.
+
+A discrete GPU (kernels_cl.discrete) gets the pool's bytes copied into its memory once, weights
+and all. It runs steps on the GPU alone (the gpu plan, the service's paged steps): a step copies
+up what the control plane wrote for it (token ids and the rows' metadata) and down its logits;
+the KV cache and the activations stay on the device. A program that exchanges tensors with other
+processors mid-step (waits, signals) is refused there.
 """
 from __future__ import annotations
 
@@ -24,21 +30,23 @@ RECORDINGS = {"batch": None, "chunk": 8}
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, arena_buf, lay, threads: int, profile: bool = False, allow_discrete: bool = False):
-        """allow_discrete: a device with its own memory gets the pool's bytes copied into it once,
-        and the caller moves the step's inputs and outputs (CLKernels.to_device / to_host;
-        scripts/gpu_decode.py); the engine's actor does not yet, so it refuses such a device."""
-        from .kernels_cl import CLKernels, discrete, make_context, wrap_arena
+    def __init__(self, arena_buf, lay, threads: int, profile: bool = False):
+        from .kernels_cl import CLKernels, make_context, wrap_arena
         self.ctx, self.queue, self.device = make_context(profile=profile)
-        if discrete(self.ctx) and not allow_discrete:
-            raise RuntimeError(f"{self.device.name}: the GPU actor does not yet move a step's inputs "
-                               "and outputs to and from a discrete GPU's memory")
         from .fused_cl import counter_at
         # a process killed inside a fused launch leaves last_group's count half-way: the
         # restarted actor (actors/processor.py) starts from zero (before a discrete copy is made)
         arena_buf[counter_at(lay.io["rope"]):][:4].view(np.int32)[0] = 0
         self.buf = wrap_arena(self.ctx, arena_buf)
         self.kernels = CLKernels(self.ctx, self.queue, self.buf, kv_dtype=lay.kv_dtype)
+        # a discrete GPU: the host arena, what a step copies up (the control plane's writes) and
+        # what it copies down (the logits)
+        self.host, self.copies = arena_buf, self.kernels.copies
+        meta = ("ids", "pos", "rows", "seq")
+        self.step_inputs = [(lay.io[k], lay.io[k] + 4 * lay.max_rows) for k in meta] + \
+            [(lay.io["btab"], lay.io["btab"] + 4 * lay.max_seqs * lay.max_blocks)] + \
+            [(lay.double[k], lay.double[k] + 4 * lay.double_rows) for k in meta if lay.double]
+        self.step_output = (lay.io["logits"], lay.io["logits"] + 4 * lay.max_seqs * lay.vocab)
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.rows_act_off = lay.io["act_rows"]
         self.rows_act_bytes = lay.io["act"] - lay.io["act_rows"]          # the next io region
@@ -51,6 +59,9 @@ class GPUBackend:
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
         tasks = prog.tasks.get(self.name, [])
+        if self.copies and any(t.waits or t.signals for t in tasks):
+            raise ValueError(f"{self.device.name} is a discrete GPU: it runs steps on the GPU alone "
+                             "(plan gpu), not a plan that exchanges tensors with other processors")
         if prog.phase in PAGED_PHASES and not any(t.waits or t.signals for t in tasks):
             # a serving step on this processor alone: its launches recorded once per row count;
             # a decode batch of one row runs the fused decode kernels (at this precision); q8
@@ -95,11 +106,16 @@ class GPUBackend:
         return units
 
     def begin_step(self, precision: str):
-        """Nothing per step: a precision's activation format is built into its fused decode units
-        (q16: int16, q8: int8 GEMV activations; the rest f32); prefill runs in f32."""
+        """A precision's activation format is built into its fused decode units (q16: int16, q8:
+        int8 GEMV activations; the rest f32; prefill runs in f32). A discrete GPU: the step's
+        inputs up."""
+        for lo, hi in self.step_inputs if self.copies else ():
+            self.kernels.to_device(self.host, lo, hi)
 
     def finish(self):
         self.kernels.finish()
+        if self.copies:                         # a discrete GPU: the logits down
+            self.kernels.to_host(self.host, *self.step_output)
 
     def describe(self) -> dict:
         d = self.device

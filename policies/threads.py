@@ -23,8 +23,11 @@ def machine_budget() -> int:
 def actor_env(threads: int) -> dict:
     """Environment of one processor actor's process for a budget of `threads`."""
     t = str(threads)
-    return {"OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t,
-            "POCL_MAX_PTHREAD_COUNT": t, "SOCLLM_THREADS": t}
+    env = {"OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t,
+           "POCL_MAX_PTHREAD_COUNT": t, "SOCLLM_THREADS": t}
+    if os.environ.get("SOCLLM_CL_DISCRETE"):     # the GPU's copying path forced (kernels_cl.discrete)
+        env["SOCLLM_CL_DISCRETE"] = os.environ["SOCLLM_CL_DISCRETE"]
+    return env
 
 
 def split(budget: int, shares: dict) -> dict:

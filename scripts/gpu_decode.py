@@ -7,7 +7,7 @@ and prefill and decode tokens per second, on a unified device or a discrete GPU.
 It lays the pool out as the engine does and runs the gpu plan's programs: the prompt as one
 prefill step, then one decode step a token (the fused decode kernels). On a discrete GPU
 (OpenCL device memory apart from the host's) the pool's bytes are copied into device memory once;
-then each step copies only its token ids up and its logits down (CLKernels.to_device / to_host):
+then each step copies only its token ids (and rows' metadata) up and its logits down (GPUBackend):
 weights, activations and the KV cache stay on the device. --check N: the first N greedy tokens
 against the numpy oracle's (use --precision f32 for equality).
 """
@@ -43,7 +43,7 @@ def setup(model: str | None, context: int, precision: str):
     arena = Arena.create(lay.size, lay.readonly_bytes)
     write_weights(arena.buf, lay, weights)
     planner.set_layout(lay.to_dict())
-    gpu = GPUBackend(arena.buf, lay, machine_budget(), allow_discrete=True)
+    gpu = GPUBackend(arena.buf, lay, machine_budget())
     units = {}
     for phase, bucket in (("prefill", MAX_CHUNK), ("decode", 1)):
         prog = StepProgram.from_bytes(planner.program("gpu", phase, bucket)[1])
@@ -52,17 +52,16 @@ def setup(model: str | None, context: int, precision: str):
 
 
 def step(arena, lay, gpu, units, ids: list, pos0: int, precision: str) -> np.ndarray:
-    """One step over len(ids) rows at pos0: ids up, the kernels, the last row's logits down."""
-    buf, k = arena.buf, gpu.kernels
+    """One step over len(ids) rows at pos0 (a discrete GPU: the backend copies the ids up in
+    begin_step and the logits down in finish), -> the last row's logits."""
+    buf = arena.buf
     lo = lay.io["ids"]
     buf[lo: lo + 4 * len(ids)].view(np.int32)[:] = ids
-    k.to_device(buf, lo, lo + 4 * len(ids))
     gpu.begin_step(precision)
     for u in units:
         u.run(len(ids), pos0)
     gpu.finish()
     out = lay.io["logits"]
-    k.to_host(buf, out, out + 4 * lay.vocab)
     return buf[out: out + 4 * lay.vocab].view(np.float32)
 
 

@@ -58,3 +58,32 @@ def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, fo
     reader = open_gguf(path)
     cfg = load_config(reader)
     assert got == Oracle(cfg, load_weights(reader, cfg)).greedy(prompt, 10)
+
+
+def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced, ray_session):
+    """The GPU actor on a discrete device: one-shot generations of the gpu plan and the service's
+    paged steps (chunks over a block table, then a decode batch) copy only the control plane's
+    writes up and the logits down; a plan that exchanges tensors with another processor is
+    refused with one line."""
+    from socllm.actors.engine import Engine
+    from socllm.actors.runner import Runner
+    from tests.test_runner import prefill_then_decode
+    path = write_tiny(tmp_path / "m.gguf", dim=64, ffn=128, head_dim=32, matrix="Q5_0", layers=2)
+    reader = open_gguf(path)
+    cfg = load_config(reader)
+    oracle = Oracle(cfg, load_weights(reader, cfg))
+    prompts = [[5, 9, 33, 70, 100, 2, 3], [40, 41, 42]]
+    eng = Engine(model=path, context=64, threads=2, max_seqs=2,
+                 kv_mb=1, kv_dtype="f32")
+    try:
+        got = eng.generate_ids(prompts[0], plan="gpu", precision="f32", max_tokens=8, ignore_eos=True)
+        assert got["tokens"] == oracle.greedy(prompts[0], 8)
+        with pytest.raises(Exception, match="discrete GPU"):
+            eng.generate_ids(prompts[0], plan="tensor", precision="f32", max_tokens=2)
+        forced_ids = [oracle.greedy(p, 4) for p in prompts]
+        _, logits = prefill_then_decode(Runner(eng, "gpu", "f32"), prompts, forced_ids, 3)
+    finally:
+        eng.close()
+    for s, ids in enumerate(prompts):
+        ref = oracle.logits_for(ids + forced_ids[s])[len(ids) - 1: len(ids) + 3]
+        np.testing.assert_allclose(np.array(logits[s]), ref, rtol=0, atol=1e-3 * np.abs(ref).max())
