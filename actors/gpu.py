@@ -55,7 +55,11 @@ class GPUBackend:
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
         self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
-        self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"   # 0: op by op (for profiles)
+        # the fused decode kernels are built for CPUs (their epilogues and split-K attention run in
+        # single work-items): on a GPU the step runs op by op unless SOCLLM_FUSE=1 (H100: 6.0 ms
+        # op by op, 8.0 fused); 0: op by op anywhere (for profiles)
+        gpu = bool(self.device.type & 4)        # CL_DEVICE_TYPE_GPU
+        self.fuse = os.environ.get("SOCLLM_FUSE", "0" if gpu else "1") != "0"
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
         tasks = prog.tasks.get(self.name, [])

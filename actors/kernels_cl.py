@@ -425,7 +425,8 @@ class CLKernels:
             raise ValueError(f"rmsnorm: D={D} is not a multiple of 8")
         _aligned("rmsnorm", a["x"][1], a["w"][1], a["out"][1])
         N *= a.get("heads", 1)          # per-head norms: every head's row alone
-        self._go("rmsnorm", (N,), None, a["x"][1], a["w"][1], a["out"][1], D, a["eps"], N)
+        gsize, lsize = ((self.lin_t, N), (self.lin_t, 1)) if self.lin_t > 1 else ((N,), None)
+        self._go("rmsnorm", gsize, lsize, a["x"][1], a["w"][1], a["out"][1], D, a["eps"], N)
 
     def _linear(self, a, N, pos0):
         """x [N, K], W Q4_1 [M, K] -> out [N, M] (out may be a KV ref): GEMV for decode, GEMM

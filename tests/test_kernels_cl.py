@@ -351,6 +351,9 @@ def test_gpu_tuning_and_portable_path_match_numpy(dev, lay, rng):
                               "D": K}, 7, 0, [(outs["emb"], 7 * K * 4)], clk=gpuish)
     check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", outs["lm"]), "D": K,
                                 "V": Vs}, 7, 0, [(outs["lm"], Vs * 4)], clk=gpuish)
+    nw = lay.put(rng.uniform(0.5, 1.5, K).astype(np.float32))   # a row over the work-group
+    check(dev, lay, "rmsnorm", {"x": ("a", x), "w": ("wf", nw), "out": ("a", outs["emb"]), "D": K,
+                                "eps": 1e-5}, 7, 0, [(outs["emb"], 7 * K * 4)], clk=gpuish)
 
 
 def test_misaligned_offsets_raise_instead_of_faulting(dev, lay, rng):
