@@ -149,6 +149,14 @@ class Engine:
                                                                    self.threads)
                  for p in procs if p != "cpu"}
         self._actors += list(peers.values())
+        if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
+            # a discrete GPU's KV cache lives in its memory: steps of one request must not move
+            # between it and a processor writing the host's (auto would prefill on the NPU)
+            npu = peers.pop("npu")
+            ray.kill(npu)
+            self._actors.remove(npu)
+            self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
+                                  "is in the GPU's memory, not in the pool the NPU writes)"
         self.control = ControlActor.options(runtime_env=env).remote(
             self.arena.name, lay.to_dict(), self.threads, self.planner, peers, self.one_shot)
         self._actors.append(self.control)

@@ -125,7 +125,8 @@ class GPUBackend:
         d = self.device
         return {"processor": "gpu", "api": "OpenCL", "platform": d.platform.name, "device": d.name,
                 "type": "CPU (PoCL: OpenCL on the CPU, not a GPU)" if d.type & 2 else "GPU",
-                "host_unified_memory": bool(d.host_unified_memory), "threads": self.threads}
+                "host_unified_memory": bool(d.host_unified_memory), "discrete": bool(self.copies),
+                "threads": self.threads}
 
 
 def _one_row(run):

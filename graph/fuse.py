@@ -162,7 +162,7 @@ def _epilogues(units: list) -> list:
 def _fuse(prog: StepProgram, proc: str) -> list:
     tasks = prog.tasks.get(proc, [])
     readers = _readers(prog)
-    out, i, prepared, table = [], 0, None, False
+    out, i, prepared, table = [], 0, None, None
     while i < len(tasks):
         t = tasks[i]
         run = tasks[i + 1:_linears(tasks, i + 1, t.args["out"])]   # linears reading t's output
@@ -196,11 +196,12 @@ def _fuse(prog: StepProgram, proc: str) -> list:
             j = _linears(tasks, i, t.args["x"])
             f = _qkv_rope(tasks[i:j], tasks[j:j + 2], readers)
             if f is not None:
-                if not table:          # one cos/sin table per step serves every layer's RoPE
+                key = (f.args["head_dim"], f.args["theta"], f.args.get("f"))
+                if table != key:       # one cos/sin table serves every layer of the same rope
                     out.append(Fused("rope_table", {"head_dim": f.args["head_dim"],
                                                     "theta": f.args["theta"],
                                                     **({"f": f.args["f"]} if "f" in f.args else {})}))
-                    table = True
+                    table = key
                 out.append(f)
                 i = j + 2
                 continue

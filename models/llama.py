@@ -151,6 +151,10 @@ def _gemma3(reader: GGUFReader, arch: str) -> dict:
         raise ModelError("gemma3: final logit softcapping is not supported")
     if n == 62:     # the 27B scales queries by 1/sqrt(dim / heads), not 1/sqrt(head_dim)
         raise ModelError("gemma3: the 27B's query scale is not supported")
+    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    if _field(reader, f"{arch}.rope.scaling.type", "none") not in ("none", "") and factor != 1.0:
+        raise ModelError(f"gemma3: rope scaling (factor {factor:g}, the 4B-27B's global layers) "
+                         "is not supported")
     return dict(post_norms=True, act="gelu", embed_scale=float(np.sqrt(np.float32(dim))),
                 window=window, swa_layers=swa if window else (),
                 rope_theta_swa=float(_field(reader, f"{arch}.rope.freq_base_swa", 10000.0)))

@@ -42,7 +42,7 @@ def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
 
 def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, ffn=64,
                layers=1, vocab=257, table="Q8_0", head_dim=16, heads=None, window=4,
-               swa_pattern=3, kv_heads=None, random=False, context=64) -> str:
+               swa_pattern=3, kv_heads=None, random=False, context=64, meta=None) -> str:
     """matrix: the type of the layers' matrices; table: the token embedding's; types: {name:
     type} for single tensors; extra: f32 vectors beside the Llama ones (rope_freqs.weight: [hd/2];
     a name with "norm": [hd]; others [8]). heads: query heads (default dim / head_dim), kv_heads
@@ -50,7 +50,8 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     weights (fast at a real model's size: scripts/gpu_decode.py's runs); vocab beyond 257: filler
     tokens.
     gemma3: sliding-window layers of `window` keys, every swa_pattern-th layer global, rope base
-    1e6 (global layers) and llama.cpp's default 1e4 (sliding ones)."""
+    1e6 (global layers) and llama.cpp's default 1e4 (sliding ones). meta: more metadata, {key
+    after "ARCH.": a str or a float}."""
     matrix, table = getattr(matrix, "name", matrix), getattr(table, "name", table)
     types = {k: getattr(v, "name", v) for k, v in (types or {}).items()}
     hd = head_dim
@@ -64,6 +65,8 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab), w.add_key_length(hd), w.add_value_length(hd)
     if arch == "gemma3":
         w.add_sliding_window(window), w.add_sliding_window_pattern(swa_pattern)
+    for key, value in (meta or {}).items():
+        (w.add_string if isinstance(value, str) else w.add_float32)(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("smollm")
     filler = [f"<t{i}>" for i in range(max(0, vocab - 257))]
     w.add_token_list((byte_tokens() + ["ĠĠ"] + filler)[:vocab]), w.add_token_types([1] * vocab)

@@ -57,7 +57,8 @@ class Tokenizer:
         if kind == "llama":
             scores = reader.fields["tokenizer.ggml.scores"].contents()
             self._tok = _sentencepiece(tokens, scores, types,
-                                       meta.get("tokenizer.ggml.add_space_prefix", True))
+                                       meta.get("tokenizer.ggml.add_space_prefix", True),
+                                       int(meta.get("tokenizer.ggml.unknown_token_id", 0)))
         else:
             merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
             pre = meta.get("tokenizer.ggml.pre", "default")
@@ -105,7 +106,7 @@ class Tokenizer:
         return StreamDecoder(self)
 
 
-def _sentencepiece(tokens: list, scores: list, types: list, space_prefix: bool) -> HFTokenizer:
+def _sentencepiece(tokens: list, scores: list, types: list, space_prefix: bool, unk: int) -> HFTokenizer:
     """llama.cpp's SPM tokenizer as a `tokenizers` BPE (module docstring): merges from the
     vocabulary, ranked by the joined token's score (ties: the earlier token), byte fallback."""
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -119,17 +120,13 @@ def _sentencepiece(tokens: list, scores: list, types: list, space_prefix: bool) 
                 merges.append((-scores[i], i, vocab[a], vocab[b], a, b))
     merges.sort()
     bpe = models.BPE(vocab, [(a, b) for *_, a, b in merges], byte_fallback=True,
-                     unk_token=tokens[_first(types, 2, 0)], fuse_unk=True)
+                     unk_token=tokens[unk], fuse_unk=True)
     tok = HFTokenizer(bpe)
     steps = [normalizers.Prepend(SPACE)] if space_prefix else []
     tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPACE)])
     tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
                                      decoders.Fuse()] + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
     return tok
-
-
-def _first(types: list, kind: int, default: int) -> int:
-    return next((i for i, t in enumerate(types) if t == kind), default)
 
 
 class StreamDecoder:

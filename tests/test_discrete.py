@@ -61,10 +61,10 @@ def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, fo
 
 
 def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced, ray_session):
-    """The GPU actor on a discrete device: one-shot generations of the gpu plan and the service's
+    """The GPU actor on a discrete device: one-shot generations (the gpu plan, and auto, which
+    then never moves a request's steps to the NPU: its actor is not started) and the service's
     paged steps (chunks over a block table, then a decode batch) copy only the control plane's
-    writes up and the logits down; a plan that exchanges tensors with another processor is
-    refused with one line."""
+    writes up and the logits down."""
     from socllm.actors.engine import Engine
     from socllm.actors.runner import Runner
     from tests.test_runner import prefill_then_decode
@@ -76,9 +76,11 @@ def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced
     eng = Engine(model=path, context=64, threads=2, max_seqs=2,
                  kv_mb=1, kv_dtype="f32")
     try:
-        got = eng.generate_ids(prompts[0], plan="gpu", precision="f32", max_tokens=8, ignore_eos=True)
-        assert got["tokens"] == oracle.greedy(prompts[0], 8)
-        with pytest.raises(Exception, match="discrete GPU"):
+        assert eng.available == {"cpu", "gpu"} and "discrete" in eng.skipped["npu"]
+        for plan in ("gpu", None):
+            got = eng.generate_ids(prompts[0], plan=plan, precision="f32", max_tokens=8, ignore_eos=True)
+            assert got["tokens"] == oracle.greedy(prompts[0], 8)
+        with pytest.raises(ValueError, match="needs the npu"):
             eng.generate_ids(prompts[0], plan="tensor", precision="f32", max_tokens=2)
         forced_ids = [oracle.greedy(p, 4) for p in prompts]
         _, logits = prefill_then_decode(Runner(eng, "gpu", "f32"), prompts, forced_ids, 3)

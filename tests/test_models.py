@@ -167,3 +167,15 @@ def test_an_untied_output_weight_is_the_lm_head(model_config):
         head = [op for op in g.ops if op.kind == "lm_head"]
         assert len(head) == 1 and head[0].inputs["table"] == table
         assert ("output.weight" in g.tensors) == (table == "output.weight")
+
+
+def test_a_gemma3_with_rope_scaling_is_refused_with_one_line(tmp_path):
+    """The 4B-27B scale their global layers' rope positions; socllm does not, so it says so."""
+    from socllm.models.gguf_file import ModelError, open_gguf
+    from socllm.models.llama import load_config
+    from socllm.models.synthetic import write_tiny
+    path = write_tiny(tmp_path / "g.gguf", arch="gemma3", layers=2,
+                      meta={"rope.scaling.type": "linear", "rope.scaling.factor": 8.0})
+    with pytest.raises(ModelError, match="rope scaling \\(factor 8"):
+        load_config(open_gguf(path))
+    load_config(open_gguf(write_tiny(tmp_path / "ok.gguf", arch="gemma3", layers=2)))
