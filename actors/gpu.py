@@ -89,8 +89,12 @@ class GPUBackend:
                 for u in fused:
                     u.run(1, pos0)
             return [Unit([], run, [], seqs)]
-        if prog.phase != "decode" or not self.fuse:
+        if prog.phase != "decode":
             return kernel_units(self.kernels, tasks)
+        if not self.fuse:         # op by op, each launch pre-bound (no Python per op and step)
+            k = self.kernels
+            return [Unit(t.waits, _one_row(k.bind(lambda p, t=t: k.run(t.op, t.args, 1, p))),
+                         t.signals, (t.seq,)) for t in tasks]
         return self._fused_units(prog, precision)
 
     def _fused_units(self, prog: StepProgram, precision: str) -> list:

@@ -40,10 +40,14 @@ def test_a_discrete_buffer_is_a_copy_until_ranges_move(forced):
     assert (arena[512:768].view(np.float32) == 6.0).all()
 
 
+@pytest.mark.parametrize("fuse", ["1", "0"], ids=["fused", "op-by-op"])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, forced, arch):
-    """Prefill and the fused decode with only ids and logits crossing (scripts/gpu_decode.py):
-    everything else a step reads is on the device already."""
+def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, forced, monkeypatch,
+                                                                    arch, fuse):
+    """Prefill and the decode (fused, or op by op as on a GPU device, each launch pre-bound) with
+    only ids and logits crossing (scripts/gpu_decode.py): everything else a step reads is on the
+    device already. Gemma's 4-key window is crossed by prefill and decode."""
+    monkeypatch.setenv("SOCLLM_FUSE", fuse)
     from socllm.scripts.gpu_decode import generate, setup
     extra = dict(layers=3, heads=4) if arch == "gemma3" else dict(layers=2)
     path = write_tiny(tmp_path / "m.gguf", arch=arch, dim=64, ffn=128, head_dim=32, matrix="Q5_0",
