@@ -60,10 +60,16 @@ def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos
 class ControlCore(ProcessorCore):
     def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict,
                  one_shot: bool = False):
-        """one_shot: the engine serves one request and goes (the CLI's private engine): graphs
-        that `auto` would compile for later requests are never compiled."""
+        """planner, peers: the planner and processor actors, or their names (looked up in this
+        job's namespace: a restarted control actor finds them again). one_shot: the engine serves
+        one request and goes (the CLI's private engine): graphs that `auto` would compile for
+        later requests are never compiled."""
         super().__init__("cpu", arena_name, layout, threads)
-        self.planner, self.peers, self.one_shot = planner, dict(peers), one_shot
+
+        def actor(a):
+            return ray.get_actor(a) if isinstance(a, str) else a
+        self.planner, self.one_shot = actor(planner), one_shot
+        self.peers = {p: actor(a) for p, a in peers.items()}
         self.deferred: set = set()   # (phase, bucket, precision) the NPU should have compiled
         self.epoch = 0
         self.installed: dict = {}    # (plan, phase, bucket, precision) -> (pid, procs, final seqs)

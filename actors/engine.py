@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import secrets
 import time
 
 import numpy as np
@@ -122,7 +123,13 @@ class Engine:
 
     def _start(self, weights, procs, n_layers):
         env = {"env_vars": actor_env(self.threads)}
-        self.planner = Planner.options(runtime_env=env).remote(self.cfg, n_layers, self.rowcut_profile)
+        # named, so that the control actor looks them up by name: an actor handle among a
+        # restartable actor's constructor arguments sits in the object store, and Ray warns that
+        # the restart fails if that copy is lost
+        tag = f"socllm-{secrets.token_hex(6)}"
+        self._names = {"planner": f"{tag}-planner"}
+        self.planner = Planner.options(runtime_env=env, name=self._names["planner"]).remote(
+            self.cfg, n_layers, self.rowcut_profile)
         self._actors.append(self.planner)
         slot_bytes = ray.get(self.planner.slot_bytes.remote(MAX_CHUNK))
         if n_layers is not None:      # a truncated model (tests): only the first layers' weights
@@ -145,8 +152,9 @@ class Engine:
         self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
         self.ctl = Control(self.arena.buf, lay)
         ray.get(self.planner.set_layout.remote(lay.to_dict()))
-        peers = {p: ProcessorActor.options(runtime_env=env).remote(p, self.arena.name, lay.to_dict(),
-                                                                   self.threads)
+        self._names.update({p: f"{tag}-{p}" for p in procs if p != "cpu"})
+        peers = {p: ProcessorActor.options(runtime_env=env, name=self._names[p]).remote(
+                     p, self.arena.name, lay.to_dict(), self.threads)
                  for p in procs if p != "cpu"}
         self._actors += list(peers.values())
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
@@ -158,7 +166,8 @@ class Engine:
             self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
                                   "is in the GPU's memory, not in the pool the NPU writes)"
         self.control = ControlActor.options(runtime_env=env).remote(
-            self.arena.name, lay.to_dict(), self.threads, self.planner, peers, self.one_shot)
+            self.arena.name, lay.to_dict(), self.threads, self._names["planner"],
+            {p: self._names[p] for p in peers}, self.one_shot)
         self._actors.append(self.control)
         self.peers = peers
         ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached
