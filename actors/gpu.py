@@ -58,7 +58,8 @@ class GPUBackend:
         # the fused decode kernels are built for CPUs (their epilogues and split-K attention run in
         # single work-items): on a GPU the step runs op by op unless SOCLLM_FUSE=1 (H100: 6.0 ms
         # op by op, 8.0 fused); 0: op by op anywhere (for profiles)
-        gpu = bool(self.device.type & 4)        # CL_DEVICE_TYPE_GPU
+        from .opencl import cl
+        gpu = bool(self.device.type & cl.device_type.GPU)
         self.fuse = os.environ.get("SOCLLM_FUSE", "0" if gpu else "1") != "0"
 
     def build_units(self, prog: StepProgram, precision: str) -> list:

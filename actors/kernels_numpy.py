@@ -166,7 +166,7 @@ class NumpyKernels:
         g = H // KVH
         qh = q.reshape(N, KVH, g, hd).transpose(1, 2, 0, 3)            # [KVH, g, N, hd]
         s = np.einsum("kgnd,lkd->kgnl", qh, k) / np.float32(np.sqrt(hd))
-        mask = ~_visible(pos0 + np.arange(N), L, a.get("window", 0))    # [N, L]
+        mask = ~visible(pos0 + np.arange(N), L, a.get("window", 0))    # [N, L]
         s = np.where(mask, np.float32(-np.inf), s)
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         p = s / s.sum(axis=-1, keepdims=True)
@@ -189,7 +189,7 @@ class NumpyKernels:
             v = self._kv(a["v"], phys, KVH * hd).reshape(L, KVH, hd)
             qh = q[n].reshape(KVH, H // KVH, hd)
             s = np.einsum("kgd,lkd->kgl", qh, k) / np.float32(np.sqrt(hd))
-            s = np.where(_visible(pos[n:n + 1], L, a.get("window", 0))[0], s, np.float32(-np.inf))
+            s = np.where(visible(pos[n:n + 1], L, a.get("window", 0))[0], s, np.float32(-np.inf))
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             p = s / s.sum(axis=-1, keepdims=True)
             out[n] = np.einsum("kgl,lkd->kgd", p, v).reshape(H * hd)
@@ -236,7 +236,7 @@ class NumpyKernels:
             out[lo:hi] = (dots * d[lo:hi].astype(np.float32)).sum(axis=1)
 
 
-def _visible(pos: np.ndarray, L: int, window: int) -> np.ndarray:
+def visible(pos: np.ndarray, L: int, window: int) -> np.ndarray:
     """[len(pos), L]: key l is seen by the row at pos: l <= pos, and pos - l < window if any."""
     dist = np.asarray(pos)[:, None] - np.arange(L)[None, :]
     return (dist >= 0) & (dist < window) if window else dist >= 0

@@ -11,7 +11,7 @@ import openvino.opset15 as ops15
 
 from socllm.models.quant import FORMATS, QK, codes
 
-from .kernels_numpy import strided_rows
+from .kernels_numpy import strided_rows, visible
 
 F32 = np.float32
 
@@ -344,7 +344,7 @@ def _attention(g: Graph, a):
         at_step = ops.add(g.rows, g.pos0)
         k_new = k_new if k_new is not None else ops.gather(k_cache, at_step, 0).output(0)
         v_new = v_new if v_new is not None else ops.gather(v_cache, at_step, 0).output(0)
-        causal = g.mask(("causal", B, grp, win), lambda: np.tile(_band(np.arange(B), B, win), (grp, 1)))
+        causal = g.mask(("causal", B, grp, win), lambda: np.tile(visible(np.arange(B), B, win), (grp, 1)))
         if T == 0 and B >= 2 * CAUSAL_BLOCK:
             o = _causal_blocks(g, qh, heads(k_new, B), heads(v_new, B), KVH, grp, B, hd, win)
         elif T == 0:
@@ -369,12 +369,6 @@ def _attention(g: Graph, a):
 CAUSAL_BLOCK = 128   # query rows per block of a prompt's first chunk (_causal_blocks)
 
 
-def _band(rows: np.ndarray, keys: int, win: int) -> np.ndarray:
-    """[len(rows), keys]: key j is seen by row r: j <= r, and r - j < win if win."""
-    d = rows[:, None] - np.arange(keys)[None, :]
-    return (d >= 0) & (d < win) if win else d >= 0
-
-
 def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int, win: int = 0):
     """Causal attention of a chunk at pos0 = 0, query rows in blocks of CAUSAL_BLOCK: block i
     attends to keys 0..(i+1)*CAUSAL_BLOCK only, so the masked upper triangle is mostly never
@@ -391,7 +385,7 @@ def _causal_blocks(g: Graph, qh, kh, vh, KVH: int, grp: int, B: int, hd: int, wi
         keys = (i + 1) * c
         qb = ops.reshape(rows(q4, 2, i * c, keys), np.array([KVH, grp * c, hd], np.int64), False)
         mask = g.mask(("block", c, i, grp, win), lambda: np.tile(                  # [grp*c, keys]
-            _band(np.arange(i * c, keys), keys, win), (grp, 1)))
+            visible(np.arange(i * c, keys), keys, win), (grp, 1)))
         s = ops.select(mask,
                        ops.matmul(qb, rows(kh, 1, 0, keys), False, True), f32(-np.inf))
         ob = ops.matmul(ops.softmax(s, 2), rows(vh, 1, 0, keys), False, False)     # [KVH, grp*c, hd]

@@ -19,7 +19,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from .gguf_file import ModelError
 
-NORMAL, CONTROL, USER_DEFINED, BYTE = 1, 3, 4, 6  # gguf token types (llama.cpp's llama_token_type)
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # gguf token types (llama.cpp's llama_token_type)
 SPACE = "\u2581"              # "▁": a space in a SentencePiece vocabulary
 
 # From the models' tokenizer.json: Llama-3 groups digits by up to three, Qwen2 splits them singly.

@@ -4,8 +4,9 @@ and prefill and decode tokens per second, on a unified device or a discrete GPU.
     python -m socllm.scripts.gpu_decode [--model FILE] [--prompt-len 128] [--decode 64]
                                         [--precision q16] [--reps 3] [--check 16] [--json F]
 
-It lays the pool out as the engine does and runs the gpu plan's programs: the prompt as one
-prefill step, then one decode step a token (the fused decode kernels). On a discrete GPU
+It lays the pool out as the engine does (profile_decode.pool) and runs the gpu plan's programs:
+the prompt as one prefill step, then one decode step a token (the fused decode kernels on a CPU
+device, op by op on a GPU: GPUBackend). On a discrete GPU
 (OpenCL device memory apart from the host's) the pool's bytes are copied into device memory once;
 then each step copies only its token ids (and rows' metadata) up and its logits down (GPUBackend):
 weights, activations and the KV cache stay on the device. --check N: the first N greedy tokens
@@ -25,24 +26,11 @@ def setup(model: str | None, context: int, precision: str):
     """-> (arena, layout, cfg, tokenizer, weights, backend, {phase: units}) for the gpu plan."""
     from socllm.actors.gpu import GPUBackend
     from socllm.graph.program import StepProgram
-    from socllm.memory.arena import Arena
-    from socllm.memory.layout import plan_layout, write_weights
-    from socllm.models.gguf_file import model_path, open_gguf
-    from socllm.models.llama import load_config, load_weights
     from socllm.models.tokenizer import Tokenizer
     from socllm.policies.buckets import MAX_CHUNK
-    from socllm.policies.planner import PlannerCore
     from socllm.policies.threads import machine_budget
-    reader = open_gguf(model_path(model))
-    cfg = load_config(reader)
-    weights = load_weights(reader, cfg)
-    planner = PlannerCore(cfg)
-    slot_bytes = [planner.slots.nbytes(i, MAX_CHUNK) for i in range(len(planner.slots.sizes))]
-    lay = plan_layout(weights, cfg.n_layers, cfg.kv_dim, slot_bytes, MAX_CHUNK, context, cfg.vocab,
-                      max(cfg.dim, cfg.ffn_dim))
-    arena = Arena.create(lay.size, lay.readonly_bytes)
-    write_weights(arena.buf, lay, weights)
-    planner.set_layout(lay.to_dict())
+    from .profile_decode import pool
+    arena, lay, planner, reader, cfg, weights = pool(model, context)
     gpu = GPUBackend(arena.buf, lay, machine_budget())
     units = {}
     for phase, bucket in (("prefill", MAX_CHUNK), ("decode", 1)):

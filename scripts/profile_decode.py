@@ -24,29 +24,36 @@ import numpy as np
 from socllm.policies.threads import actor_env, machine_budget
 
 
-def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: str = "f32",
-                 chunk: bool = False, model: str | None = None):
-    """-> (arena, layout, the proc's StepProgram): the model's pool (default: the default model)
-    laid out and filled as the engine does it, in this process. paged: that many sequences of a serving batch (or,
-    chunk, the paged prefill chunk program), over a KV cache of kv_dtype elements."""
-    from socllm.policies.planner import PlannerCore
-    from socllm.graph.program import StepProgram
+def pool(model: str | None = None, context: int = 2048, paged: int = 0, kv_dtype: str = "f32"):
+    """-> (arena, layout, planner, reader, cfg, weights): the model's pool (default: the default
+    model) laid out and filled as the engine does it, in this process, its layout given to a
+    PlannerCore. paged: that many sequences of a serving batch, over a KV cache of kv_dtype."""
     from socllm.memory.arena import Arena
     from socllm.memory.layout import plan_layout, write_weights
     from socllm.models.gguf_file import model_path, open_gguf
     from socllm.models.llama import load_config, load_weights
     from socllm.policies.buckets import MAX_CHUNK
+    from socllm.policies.planner import PlannerCore
     reader = open_gguf(model_path(model))
     cfg = load_config(reader)
     weights = load_weights(reader, cfg)
     planner = PlannerCore(cfg)
     slot_bytes = [planner.slots.nbytes(i, MAX_CHUNK) for i in range(len(planner.slots.sizes))]
-    lay = plan_layout(weights, cfg.n_layers, cfg.n_kv_heads * cfg.head_dim, slot_bytes, MAX_CHUNK,
-                      2048, cfg.vocab, max(cfg.dim, cfg.ffn_dim), max_seqs=max(1, paged),
-                      kv_blocks=max(1, paged) * 2048 // 16, block_rows=16, kv_dtype=kv_dtype)
+    lay = plan_layout(weights, cfg.n_layers, cfg.kv_dim, slot_bytes, MAX_CHUNK, context, cfg.vocab,
+                      max(cfg.dim, cfg.ffn_dim), max_seqs=max(1, paged),
+                      kv_blocks=max(1, paged) * context // 16, block_rows=16, kv_dtype=kv_dtype)
     arena = Arena.create(lay.size, lay.readonly_bytes)
     write_weights(arena.buf, lay, weights)
     planner.set_layout(lay.to_dict())
+    return arena, lay, planner, reader, cfg, weights
+
+
+def pool_program(proc: str, phase: str, bucket: int, paged: int = 0, kv_dtype: str = "f32",
+                 chunk: bool = False, model: str | None = None):
+    """-> (arena, layout, the proc's StepProgram) over pool(): paged, the serving batch's program
+    (or, chunk, the paged prefill chunk program)."""
+    from socllm.graph.program import StepProgram
+    arena, lay, planner, *_ = pool(model, 2048, paged, kv_dtype)
     blob = planner.paged_program(proc, not chunk)[1] if paged else planner.program(proc, phase, bucket)[1]
     return arena, lay, StepProgram.from_bytes(blob)
 
