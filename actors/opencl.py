@@ -7,10 +7,12 @@ passes that name on as the target CPU. Clang then refuses every kernel: "unknown
 and PyPI has no newer PoCL.
 
 On such a CPU, socllm uses a copy of that exact library (checked by size and sha256) in which
-`llvm::sys::getHostCPUName` returns "znver3". Every Zen 5 has the znver3 features (AVX2, FMA,
-F16C, BMI2), and PoCL compiled for znver3 on the Zen 3/4 machines where socllm was measured
-before. The copy is kept under ~/.cache/socllm, beside a link to PoCL's own resources, which
-PoCL finds relative to its library. pyopencl's ICD loader is pointed at it (PYOPENCL_HOME) before
+`llvm::sys::getHostCPUName` returns a CPU that LLVM 14 knows and whose features the host has:
+"icelake-server" where the host has its AVX-512 set (VNNI among them: the int8 dot products of
+actors/cl/decode.cl and batch.cl take one vpdpbusd instead of two instructions), else "znver3"
+(AVX2, FMA, F16C, BMI2; PoCL compiled for znver3 on the Zen 3/4 machines where socllm was measured
+before). SOCLLM_POCL_CPU names one of them instead. The copy is kept under ~/.cache/socllm,
+beside a link to PoCL's own resources, which PoCL finds relative to its library. pyopencl's ICD loader is pointed at it (PYOPENCL_HOME) before
 the first platform query. On any other CPU, or with another PoCL build, nothing changes.
 """
 from __future__ import annotations
@@ -22,9 +24,15 @@ import struct
 import pyopencl as cl
 
 # libpocl of pocl-binary-distribution 3.0 in pyopencl 2026.1.4's wheel:
-# sha256 -> (getHostCPUName's offset, offset of a "znver3" string), from its symbol table
-KNOWN = {"d214aece60df73c75d8a678d33e4a51f4e5b594772dc74891b5451f909db6025": (0x42E6BC0, 0x435DFDE)}
-CPU = b"znver3"
+# sha256 -> (getHostCPUName's offset, {CPU name: offset of that string}), from its symbol table
+KNOWN = {"d214aece60df73c75d8a678d33e4a51f4e5b594772dc74891b5451f909db6025":
+         (0x42E6BC0, {"znver3": 0x435DFDE, "icelake-server": 0x435DFF0})}
+# the CPUs socllm may name, best first, with the host flags each needs (/proc/cpuinfo's names)
+TARGETS = {"icelake-server": {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512ifma",
+                              "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg",
+                              "avx512_vpopcntdq", "gfni", "vaes", "vpclmulqdq", "avx2", "fma",
+                              "f16c", "bmi2"},
+           "znver3": {"avx2", "fma", "f16c", "bmi2"}}
 LLVM14_AMD_FAMILY_MAX = 25        # Zen 3 / 4: the newest AMD family LLVM 14 names
 
 
@@ -36,24 +44,30 @@ def _cpu() -> dict:
     return dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()))
 
 
-def needs_named_cpu(info: dict | None = None) -> bool:
-    """An AMD CPU that LLVM 14 cannot name but that has znver3's features."""
+def named_cpu(info: dict | None = None) -> str | None:
+    """For an AMD CPU that LLVM 14 cannot name: the best of TARGETS whose features it has (or
+    SOCLLM_POCL_CPU's); None for any other CPU."""
     info = _cpu() if info is None else info
     flags = set(info.get("flags", "").split())
     try:
         family = int(info.get("cpu family", "0"))
     except ValueError:
-        return False
-    return (info.get("vendor_id") == "AuthenticAMD" and family > LLVM14_AMD_FAMILY_MAX
-            and {"avx2", "fma", "f16c", "bmi2"} <= flags)
+        return None
+    if info.get("vendor_id") != "AuthenticAMD" or family <= LLVM14_AMD_FAMILY_MAX:
+        return None
+    fits = [cpu for cpu, needs in TARGETS.items() if needs <= flags]
+    asked = os.environ.get("SOCLLM_POCL_CPU")
+    if asked:
+        return asked if asked in fits else None
+    return fits[0] if fits else None
 
 
-def _patched(lib: str, cache: str) -> str | None:
-    """The copy of `lib` that names the CPU, made once; None for an unknown build."""
+def _patched(lib: str, cache: str, cpu: str) -> str | None:
+    """The copy of `lib` that names `cpu`, made once; None for an unknown build."""
     st = os.stat(lib)
     stamp = f"{lib} {st.st_size} {st.st_mtime_ns}"
-    home = os.path.join(cache, "pyopencl")
-    out = os.path.join(home, ".libs", "libpocl-" + CPU.decode() + ".so")
+    home = os.path.join(cache, "pyopencl-" + cpu)
+    out = os.path.join(home, ".libs", "libpocl-" + cpu + ".so")
     marker = out + ".source"
     if os.path.exists(out) and os.path.exists(marker) and open(marker).read() == stamp:
         return home
@@ -61,7 +75,8 @@ def _patched(lib: str, cache: str) -> str | None:
     at = KNOWN.get(hashlib.sha256(data).hexdigest())
     if at is None:
         return None
-    fn, name = at
+    fn, name = at[0], at[1][cpu]
+    CPU = cpu.encode()
     if data[name: name + len(CPU) + 1] != CPU + b"\0":
         return None
     # lea rax, [rip + name]; mov edx, len; ret: a StringRef (pointer, length) in rax:rdx
@@ -84,7 +99,8 @@ def _patched(lib: str, cache: str) -> str | None:
 
 
 def _name_the_cpu():
-    if os.environ.get("SOCLLM_POCL_AS_IS") or not needs_named_cpu():
+    cpu = None if os.environ.get("SOCLLM_POCL_AS_IS") else named_cpu()
+    if cpu is None:
         return
     libs = os.path.join(os.path.dirname(cl.__file__), ".libs")
     found = [f for f in os.listdir(libs) if f.startswith("libpocl")] if os.path.isdir(libs) else []
@@ -94,7 +110,7 @@ def _name_the_cpu():
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                          "socllm", "pocl", hashlib.sha1(lib.encode()).hexdigest()[:12])   # per install
     try:
-        home = _patched(lib, cache)
+        home = _patched(lib, cache, cpu)
     except OSError:
         return
     if home:

@@ -19,6 +19,21 @@
 typedef uint uint8v __attribute__((ext_vector_type(8)));
 // sum_j q_w * q_x of block b for the tile's 8 rows: lo / hi [4] the split tile, x the row's
 // prepared block (16 evens, then 16 odds, int8)
+#ifdef VNNI
+// VNNI: one vpdpbusd sums 4 u8 x s8 products per lane into int32 (what pmaddubsw + pmaddwd do,
+// without the int16 step)
+inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
+{
+    v8si acc = __builtin_ia32_vpdpbusd256(__builtin_astype((int8)0, v8si), __builtin_astype(lo[0], v8si), __builtin_astype((int8)x[0], v8si));
+#pragma unroll
+    for (int g = 1; g < 4; g++)
+        acc = __builtin_ia32_vpdpbusd256(acc, __builtin_astype(lo[g], v8si), __builtin_astype((int8)x[g], v8si));
+#pragma unroll
+    for (int g = 0; g < 4; g++)
+        acc = __builtin_ia32_vpdpbusd256(acc, __builtin_astype(hi[g], v8si), __builtin_astype((int8)x[4 + g], v8si));
+    return __builtin_astype(acc, int8);
+}
+#else
 inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
 {
     v16hi p = __builtin_ia32_pmaddubsw256(lo[0], __builtin_astype((int8)x[0], v32qi));
@@ -31,6 +46,7 @@ inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
     const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
     return __builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8);
 }
+#endif
 #endif
 
 // linear_tile: N prepared int8 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) -> out [N, M]

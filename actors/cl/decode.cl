@@ -37,6 +37,16 @@ typedef ushort ushort8u __attribute__((ext_vector_type(8), aligned(2)));   // un
 typedef float float8u __attribute__((ext_vector_type(8), aligned(4)));
 #define HALF8(p) __builtin_ia32_vcvtph2ps256(__builtin_astype(*(const __global ushort8u*)(p), short8))
 #define LOAD8(p) (*(const __global float8u*)(p))
+// sum of 4 u8 x s8 products per int lane (a u8, b s8, both v32qi), no product pair beyond int16:
+// one vpdpbusd with AVX512-VNNI, else pmaddubsw (pairs, int16) and pmaddwd (pairs, int32)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VNNI 1
+#define DOT_U8S8(a, b) __builtin_astype(__builtin_ia32_vpdpbusd256(__builtin_astype((int8)0, v8si), \
+        __builtin_astype(a, v8si), __builtin_astype(b, v8si)), int8)
+#else
+#define DOT_U8S8(a, b) __builtin_astype(__builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(a, b), \
+        (v16hi){1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}), int8)
+#endif
 #else
 #define HALF8(p) vload_half8(0, (const __global half*)(p))
 #define LOAD8(p) vload8(0, (p))
@@ -54,10 +64,7 @@ inline int8 dot_q4q8(uchar16 v, const __global char* xb)
 #ifdef Q8_X86
     const uchar32 w = __builtin_shufflevector(v, v >> (uchar)4, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
             11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
-    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype(w & (uchar)0x0F, v32qi),
-                                                *(const __global v32qi*)xb);   // u8 * s8 pairs
-    return __builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8);
+    return DOT_U8S8(__builtin_astype(w & (uchar)0x0F, v32qi), *(const __global v32qi*)xb);
 #else
     const __global char16* x = (const __global char16*)xb;   // |p| <= 2 * 15 * 127: fits a short
     const short16 p = convert_short16(v & (uchar)0x0F) * convert_short16(x[0])
@@ -186,15 +193,12 @@ inline float8 codes_dot(uchar16 lo, uchar16 he, uchar16 ho, uchar16 mask, const 
 #endif
 #if ACT_BITS == 8 && defined(Q8_X86)
     const v32qi x = *((const __global v32qi*)act + b);                 // 16 evens, then 16 odds
-    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 #if W_ZERO    // s8 * s8: |c| times x with c's sign moved onto x (|c| <= 128, |x| <= 127)
     const v32qi c = __builtin_astype((char32)(ce, co), v32qi);
-    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(c, c),
-                                                __builtin_ia32_psignb256(x, c));
+    return CVT(DOT_U8S8(__builtin_ia32_psignb256(c, c), __builtin_ia32_psignb256(x, c)), float8);
 #else         // u8 * s8: codes of at most 6 bits, so a pair's sum fits 16 bits
-    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype((uchar32)(ce, co), v32qi), x);
+    return CVT(DOT_U8S8(__builtin_astype((uchar32)(ce, co), v32qi), x), float8);
 #endif
-    return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
 #else
     return dot_halves(CVT(ce, short16), CVT(co, short16), act, b);
 #endif
@@ -251,15 +255,12 @@ inline float8 dot32(uchar32 c, const __global uchar* act, int b)
 inline float8 dot32(uchar32 c, const __global uchar* act, int b)
 {
     const v32qi x = *((const __global v32qi*)act + b);
-    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 #if W_ZERO          // s8 * s8: |c| times x with c's sign moved onto x
     const v32qi cs = __builtin_astype(c, v32qi);
-    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(cs, cs),
-                                                __builtin_ia32_psignb256(x, cs));
+    return CVT(DOT_U8S8(__builtin_ia32_psignb256(cs, cs), __builtin_ia32_psignb256(x, cs)), float8);
 #else               // u8 * s8: 5-bit codes, a pair's sum fits 16 bits
-    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_astype(c, v32qi), x);
+    return CVT(DOT_U8S8(__builtin_astype(c, v32qi), x), float8);
 #endif
-    return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
 }
 #endif
 #endif
@@ -526,10 +527,8 @@ inline float8 block_dot_q8_0(const __global char16* q, const __global uchar* act
     // s8 * s8 with pmaddubsw (u8 * s8): |w| times x with w's sign moved onto x (llama.cpp's trick)
     const v32qi w = __builtin_astype((char32)(q0, q1), v32qi);
     const v32qi x = *((const __global v32qi*)act + b);
-    const v16hi ones = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
-    const v16hi p = __builtin_ia32_pmaddubsw256(__builtin_ia32_psignb256(w, w),   // |w| (-128: 0x80 = 128 unsigned)
-                                                __builtin_ia32_psignb256(x, w));
-    return CVT(__builtin_astype(__builtin_ia32_pmaddwd256(p, ones), int8), float8);
+    return CVT(DOT_U8S8(__builtin_ia32_psignb256(w, w),     // |w| (-128: 0x80 = 128 unsigned)
+                        __builtin_ia32_psignb256(x, w)), float8);
 #else
     return dot_halves(CVT(q0, short16), CVT(q1, short16), act, b);
 #endif
