@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
                         "path; prefill computes in f32 (default q8)")
     s.add_argument("--policy", choices=("agent", "fcfs"), default="agent",
                    help="scheduling policy (default agent: reactive requests first; fcfs: arrival order)")
+    s.add_argument("--prefill", choices=("auto", "gpu", "npu"), default="auto",
+                   help="where prompts' chunks run (default auto: whichever of the GPU's kernels and "
+                        "the NPU's static graphs ran a chunk faster at start)")
     s.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")
     s.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1 (this device only)")

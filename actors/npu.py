@@ -61,6 +61,10 @@ class NPUBackend:
         self.device = pick_device(self.core)
         self.arena = arena_buf
         self.kv_rows, self.kv_dtype = lay.kv_rows, lay.kv_dtype
+        # a paged step's graphs (a serving prefill chunk): the KV region and the block tables
+        self.pool = {"kv_dtype": lay.kv_dtype, "kv_rows": lay.kv_rows, "max_seqs": lay.max_seqs,
+                     "block_rows": lay.block_rows}
+        self.context_rows = lay.max_blocks * lay.block_rows     # a block table's rows
         self.threads = threads
         self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
         self.shared: dict = {}             # segment signature -> compiled graph (ov_segment)
@@ -72,8 +76,10 @@ class NPUBackend:
         config = {"INFERENCE_NUM_THREADS": self.threads,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_QUANT_GROUP.get(precision, 0)}
         tasks = prog.tasks.get(self.name, [])
-        if tasks and self.kv_dtype != "f32":
-            raise ValueError(f"the NPU's graphs read an f32 KV cache, this pool's is {self.kv_dtype}")
+        paged = any("btab" in t.args for t in tasks)
+        if tasks and self.kv_dtype != "f32" and not paged:
+            raise ValueError(f"the NPU's contiguous graphs read an f32 KV cache, this pool's is "
+                             f"{self.kv_dtype}")
         # row-cut halves (the tensor plan) are one linear per segment: weights as inputs let all
         # layers share one compiled graph per shape instead of compiling each half's constants
         const = const_weights(prog.phase, prog.bucket) and not any(t.rows for t in tasks)
@@ -100,14 +106,29 @@ class NPUBackend:
     def _unit(self, prog, seg, precision, config, const, cache=True) -> Unit:
         from .ov_segment import OVSegment
         seqs = {t.seq for t in seg}
+        paged = any("btab" in t.args for t in prog.tasks[self.name])
         # a whole-model graph is not cached on disk: its blob carries the weights (~105 MB), and
         # importing it costs ~80 MB more than compiling over the pool's weights (measured)
         ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
-                           segment_live_out(prog, seqs), self.kv_rows, OV_HINT.get(precision, precision),
-                           config, CACHE_DIR if cache else None, self.shared,
-                           last_row=_is_tail(seg), const_weights=const)
+                           segment_live_out(prog, seqs), self.context_rows if paged else self.kv_rows,
+                           OV_HINT.get(precision, precision), config, CACHE_DIR if cache else None,
+                           self.shared, last_row=_is_tail(seg), const_weights=const,
+                           pool=self.pool if paged else None)
         self.segments.append(ov_seg)
         return Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs)))
+
+    def release(self):
+        """Forget every compiled graph (no program uses them any more), and give their memory
+        back to the system (glibc keeps freed pages otherwise)."""
+        import ctypes
+        import gc
+        self.shared.clear()
+        self.segments.clear()
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):      # not glibc
+            pass
 
     def begin_step(self, precision: str):
         pass

@@ -24,9 +24,16 @@ class Graph:
     """SSA over arena offsets while a segment is built: a slot may be written several times (slots
     are reused across layers), so `vals` holds the latest in-graph value of each offset."""
 
-    def __init__(self, arena: np.ndarray, B: int, kv_len: int, const_weights: bool = False):
+    def __init__(self, arena: np.ndarray, B: int, kv_len: int, const_weights: bool = False,
+                 pool: dict | None = None):
+        """pool: {"kv_dtype", "kv_rows", "max_seqs"}, the KV region's element type, its rows per
+        layer and the block tables' rows: a paged step's attention gathers its rows from the
+        whole region through its sequence's block table."""
         self.arena, self.B, self.kv_len = arena, B, kv_len
         self.const_weights = const_weights
+        self.pool = pool or {"kv_dtype": "f32", "kv_rows": 0, "max_seqs": 1}
+        self.kv_type = np.float16 if self.pool["kv_dtype"] == "f16" else F32
+        self.phys = None            # a paged step's physical KV rows [kv_len] (kv_paged)
         self.pos0 = ops.parameter([1], np.int64, name="pos0")   # tokens already in the KV cache
         self.n = ops.parameter([1], np.int64, name="n")         # real rows, <= B
         self.rows = ops.constant(np.arange(B, dtype=np.int64))  # [B]
@@ -36,6 +43,8 @@ class Graph:
         self.vals = {}              # off -> (value [B, cols], deps, is_input)
         self.kv_caches = {}         # off -> Parameter [kv_len, cols]: the cache's first kv_len rows
         self.kv_new = {}            # off -> (value [B, cols] = cache rows pos0.., deps)
+        self.kv_at_rows = {}        # off -> io offset of the step's KV rows [B] (paged: the
+        #                             value's rows go to those rows of the region, ov_segment)
         self.input_readers = {}     # off -> {task}: tasks that read the arena's version of a slot
         self.task, self.deps = 0, set()
         self.act_inputs = []        # (parameter index, off, cols, dtype) of slots read from the pool
@@ -93,10 +102,43 @@ class Graph:
         self.deps |= deps
         return self.kv_caches.get(off), new
 
-    def write(self, ref, value):
+    def kv_paged(self, ref, cols: int, a) -> ov.Output:
+        """A paged step's cache rows 0 .. kv_len-1 of sequence seq[0] (a prefill chunk: one
+        sequence), gathered from the layer's whole KV region through its block table ->
+        [kv_len, cols] f32. Table entries past the sequence's blocks may hold any block id: the
+        rows they give are masked (clamped, so the gather stays in the region)."""
+        off, br, mb, T = ref[1], a["block_rows"], a["max_blocks"], self.kv_len
+        if T > mb * br:
+            raise ValueError(f"{T} KV rows exceed a block table of {mb} blocks")
+        rows = self.pool["kv_rows"]
+        if self.phys is None:
+            btab = self.param(f"btab{a['btab'][1]}",
+                              self.view(a["btab"][1], (self.pool["max_seqs"], mb), np.int32))
+            seq0 = ops.gather(self.read(a["seq"], None, np.int32), np.array([0], np.int64), 0)
+            table = ops.reshape(ops.gather(btab, seq0, 0), np.array([mb], np.int64), False)
+            j = np.arange(T)
+            blocks = ops.gather(table, ops.constant((j // br).astype(np.int32)), 0)      # [T]
+            phys = ops.add(ops.multiply(blocks, np.int32(br)), ops.constant((j % br).astype(np.int32)))
+            self.phys = ops.clamp(phys, 0, rows - 1)
+        # The region enters with its row count left dynamic: a static [rows, cols] input makes
+        # the CPU plugin allocate a region-sized buffer per compiled graph (measured: ~110 MB per
+        # KV-length bucket at 512 MB of K/V), and f16 inputs are converted whole at every run, so
+        # an f16 region enters as its bytes and only the gathered rows are decoded (half_bits).
+        half = self.kv_type == np.float16
+        view = self.view(off, (rows, cols * 2), np.uint8) if half else self.view(off, (rows, cols), F32)
+        region = ops.parameter([-1, view.shape[1]], view.dtype, name=f"kv{off}")
+        self.params.append(region)
+        self.inputs.append(view)
+        got = ops.gather(region, self.phys, 0)                              # [T, cols (x2 bytes)]
+        return (half_bits(got, cols) if half else got).output(0)
+
+    def write(self, ref, value, rows=None):
+        """rows: a paged K/V write's ref of the step's KV rows (ov_segment binds them)."""
         deps = frozenset(self.deps | {self.task})
         if ref[0] == "kv":
             self.kv_new[ref[1]] = (value.output(0), deps)
+            if rows is not None:
+                self.kv_at_rows[ref[1]] = rows[1]
         else:
             self.vals[ref[1]] = (value.output(0), deps, False)
 
@@ -236,6 +278,27 @@ class Graph:
         return q, s
 
 
+# 2^(e - 25) for an f16 exponent field e (a table: exact, where a pow kernel may round)
+_HALF_SCALE = (2.0 ** (np.arange(32) - 25)).astype(F32)
+
+
+def half_bits(raw: ov.Output, cols: int) -> ov.Node:
+    """f16 values from their little-endian bytes u8 [T, 2 cols] -> f32 [T, cols], exactly, for
+    finite values: (-1)^s (1024 + m) 2^(e - 25), or m 2^-24 where e = 0 (subnormal). In float
+    arithmetic: the CPU plugin's integer bitwise ops are slow (measured 2-3x the attention)."""
+    lo, hi = (ops.reshape(x, np.array([-1, cols], np.int64), False) for x in ops.split(
+        ops.convert(ops.reshape(raw, np.array([-1, cols, 2], np.int64), False), F32),
+        np.int64(2), 2).outputs())
+    neg = ops.greater_equal(hi, f32(128.0))
+    h = ops.select(neg, ops.subtract(hi, f32(128.0)), hi)                  # e * 4 + m's top 2 bits
+    e = ops.floor(ops.multiply(h, f32(0.25)))
+    m = ops.add(ops.multiply(ops.subtract(h, ops.multiply(e, f32(4.0))), f32(256.0)), lo)
+    scale = ops.gather(ops.constant(_HALF_SCALE), ops.convert(e, np.int32), 0)
+    mag = ops.select(ops.equal(e, f32(0.0)), ops.multiply(m, f32(2.0 ** -24)),
+                     ops.multiply(ops.add(m, f32(1024.0)), scale))
+    return ops.select(neg, ops.negative(mag), mag)
+
+
 # -- ops: one builder per op, (graph, task args) -> writes its output -----------------------------
 def _embed(g: Graph, a):
     ids = g.read(a["ids"], None, np.int32)                                  # [B]
@@ -271,7 +334,7 @@ def _linear(g: Graph, a):
     y = ops.matmul(x, g.matrix(a["w"], a["M"], a["K"]), False, True)
     if "b" in a:                           # a bias [M] (Qwen2's q, k, v)
         y = ops.add(y, g.wf(a["b"], a["M"]))
-    g.write(a["out"], y)
+    g.write(a["out"], y, a.get("rows"))    # rows: V of a paged step, to its KV rows
 
 
 def _rope(g: Graph, a):
@@ -286,14 +349,17 @@ def _rope(g: Graph, a):
     inv = F32(a["theta"]) ** (-np.arange(0, hd, 2, dtype=F32) / F32(hd))         # [hd/2]
     if "f" in a:                        # Llama 3.1's divisors: read-only weights, so constants
         inv = inv / g.view(a["f"][1], (hd // 2,), F32)
-    pos = ops.convert(ops.add(g.rows, g.pos0), F32)                              # [B]
+    if "pos" in a:                      # a paged step: each row's own position
+        pos = ops.convert(g.read(a["pos"], None, np.int32), F32)
+    else:
+        pos = ops.convert(ops.add(g.rows, g.pos0), F32)                          # [B]
     ang = ops.unsqueeze(ops.multiply(ops.unsqueeze(pos, 1), f32(inv[None])),
                         np.array([1, pair], np.int64))                            # [B, 1, ., .]
     c, s = ops.cos(ang), ops.sin(ang)
     cc, ss = ops.concat([c, c], pair), ops.concat([ops.negative(s), s], pair)
     swap = ops.gather(x, np.array([1, 0], np.int64), pair)                      # (x1, x0)
     y = ops.add(ops.multiply(x, cc), ops.multiply(swap, ss))
-    g.write(a["out"], ops.reshape(y, np.array([B, H * hd], np.int64), False))
+    g.write(a["out"], ops.reshape(y, np.array([B, H * hd], np.int64), False), a.get("rows"))
 
 
 def kv_from_cache(tasks) -> bool:
@@ -320,8 +386,13 @@ def _attention(g: Graph, a):
     win = a.get("window", 0)
     grp = H // KVH
     q = ops.multiply(g.read(a["q"], H * hd), f32(1.0 / np.sqrt(hd)))
-    k_cache, k_new = g.kv(a["k"], KVH * hd)
-    v_cache, v_new = g.kv(a["v"], KVH * hd)
+    if "btab" in a:      # paged (a prefill chunk of one sequence): rows through its block table
+        if T == 0 or a["k"][1] in g.kv_new or a["v"][1] in g.kv_new:
+            raise ValueError("a paged attention reads this step's K/V from the cache")
+        (k_cache, k_new), (v_cache, v_new) = [(g.kv_paged(a[x], KVH * hd, a), None) for x in "kv"]
+    else:
+        k_cache, k_new = g.kv(a["k"], KVH * hd)
+        v_cache, v_new = g.kv(a["v"], KVH * hd)
     # q [B, H*hd] -> [KVH, grp*B, hd]: head h reads kv head h // grp (GQA); row r = g*B + i
     qh = ops.reshape(ops.transpose(ops.reshape(q, np.array([B, KVH, grp, hd], np.int64), False),
                                    np.array([1, 2, 0, 3], np.int64)),

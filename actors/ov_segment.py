@@ -76,7 +76,7 @@ class OVSegment:
     def __init__(self, core: ov.Core, tasks, arena: np.ndarray, bucket: int, live_out: set[int],
                  kv_cap_rows: int, precision: str = "f32", config: dict | None = None,
                  cache_dir: str | None = None, shared: dict | None = None, last_row: bool = False,
-                 const_weights: bool = False):
+                 const_weights: bool = False, pool: dict | None = None):
         self.last_row = last_row
         if last_row:
             if [op for op, _ in tasks][-1] != "lm_head" or any(op not in ("rmsnorm", "add", "lm_head") for op, _ in tasks):
@@ -87,6 +87,13 @@ class OVSegment:
         self.core, self.precision, self.config, self.cache_dir = core, precision, config, cache_dir
         self.shared_graphs = {} if shared is None else shared
         self._uses_kv = any(op == "attention" for op, _ in tasks)
+        # pool: {"kv_dtype", "kv_rows", "max_seqs", "block_rows"} (ov_build.Graph). A paged step
+        # (a serving prefill chunk: rows through block tables) reads at most its real rows'
+        # positions, and writes its K/V rows block by block (_Variant.run)
+        self.pool = pool
+        self._paged = any("btab" in args or "rows" in args for _, args in tasks)
+        if self._paged and (pool is None or bucket % pool["block_rows"]):
+            raise ValueError(f"a paged NPU graph needs the pool's blocks and a bucket of whole blocks")
         self._step_rows = kv_from_cache(tasks)   # the step's own K/V rows are read from the cache
         self.variants: dict = {}                 # kv_len -> _Variant (None: no attention)
         self.compile_s = 0.0
@@ -96,7 +103,8 @@ class OVSegment:
     def kv_len(self, pos0: int) -> int:
         """The KV-length bucket a step at pos0 reads: the pos0 earlier rows, plus this step's B
         rows when they come from the cache."""
-        return kv_bucket(pos0 + (self.bucket if self._step_rows else 0), self.kv_cap)
+        rows = pos0 + (self.bucket if self._step_rows else 0)
+        return kv_bucket(min(rows, self.kv_cap) if self._paged else rows, self.kv_cap)
 
     def _variant(self, pos0: int) -> "_Variant":
         kv_len = self.kv_len(pos0)
@@ -104,7 +112,7 @@ class OVSegment:
         return v if v is not None else self._build(kv_len)
 
     def _build(self, kv_len: int | None) -> "_Variant":
-        g = Graph(self.arena, self.bucket, kv_len or 0, self.const)
+        g = Graph(self.arena, self.bucket, kv_len or 0, self.const, self.pool)
         for i, (op, args) in enumerate(self.tasks):
             g.begin(i)
             BUILDERS[op](g, args)
@@ -117,7 +125,7 @@ class OVSegment:
         if self.last_row:
             return self.variants[None].run_last_row(N, pos0)
         B = self.bucket
-        if not 0 < N <= B or (self._uses_kv and pos0 + B > self.kv_cap):
+        if not 0 < N <= B or (self._uses_kv and pos0 + (N if self._paged else B) > self.kv_cap):
             raise ValueError(f"N={N}, pos0={pos0} do not fit bucket {B}, KV capacity {self.kv_cap}")
         v = self._variant(pos0) if self._uses_kv else self.variants[None]
         v.run(N, pos0)
@@ -139,9 +147,21 @@ class _Variant:
                 racy |= not view.flags.c_contiguous      # OpenVINO writes dense tensors only
                 (self._copies if racy else self._at).append((len(results), view))
                 results.append(ops.result(val))
+        self._kv_pieces = []      # paged K/V writes: (first result, off, cols, rows' io offset)
         for off, (val, _) in g.kv_new.items():
-            self._kv_outs.append((len(results), off, val.get_shape()[1]))
+            cols = val.get_shape()[1]
+            if off in g.kv_at_rows:   # one result per block of rows, bound to its block (run)
+                br = seg.pool["block_rows"]
+                val = ops.convert(val, g.kv_type) if g.kv_type != F32 else val
+                self._kv_pieces.append((len(results), off, cols, g.kv_at_rows[off]))
+                results += [ops.result(p) for p in ops.split(val, np.int64(0), g.B // br).outputs()]
+                continue
+            self._kv_outs.append((len(results), off, cols))
             results.append(ops.result(val))
+        if self._kv_pieces:
+            self.block_rows, self.kv_esize = seg.pool["block_rows"], np.dtype(g.kv_type).itemsize
+            self._spare = {c: np.empty((self.block_rows, c), g.kv_type)    # where a block of
+                           for _, _, c, _ in self._kv_pieces}                   # padding rows goes
         config = tuple(sorted((seg.config or {}).items()))
         key = (signature(seg.tasks, seg.live_out, seg.const), g.B, kv_len, seg.precision, config)
         self.shared = key in seg.shared_graphs
@@ -182,9 +202,31 @@ class _Variant:
         for i, off, cols in self._kv_outs:  # this step's rows of the cache, in place
             view = self.arena[off + pos0 * cols * 4: off + (pos0 + B) * cols * 4].view(F32)
             self._req.set_output_tensor(i, ov.Tensor(view.reshape(B, cols), shared_memory=True))
+        if self._kv_pieces:
+            self._bind_blocks(N)
         self._req.infer()
         for i, dst in self._copies:
             np.copyto(dst, self._req.get_output_tensor(i).data)
+
+    def _bind_blocks(self, N: int):
+        """A paged step's K/V rows go to their blocks in place (Transformer-Lite §2.3): result
+        piece p (rows p*br ..) to the block holding row p*br's KV row. The rows must start a
+        block and run on within it (a chunk that starts at a block boundary); pieces of padding
+        rows only go to a spare buffer."""
+        br, esize = self.block_rows, self.kv_esize
+        for first, off, cols, rows_off in self._kv_pieces:
+            rows = self.arena[rows_off: rows_off + 4 * N].view(np.int32)
+            for p in range(self.bucket // br):
+                lo = p * br
+                if lo >= N:
+                    view = self._spare[cols]
+                else:
+                    start, n = int(rows[lo]), min(br, N - lo)
+                    if start % br or rows[lo + n - 1] != start + n - 1:
+                        raise ValueError("an NPU chunk's rows must start a block and fill it in order")
+                    view = self.arena[off + start * cols * esize: off + (start + br) * cols * esize
+                                      ].view(self._spare[cols].dtype).reshape(br, cols)
+                self._req.set_output_tensor(first + p, ov.Tensor(view, shared_memory=True))
 
     def run_last_row(self, N: int, pos0: int):
         """A row-wise tail ending in the lm-head (final norm, logits) needs row N-1 only: it is

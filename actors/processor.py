@@ -48,6 +48,16 @@ class ProcessorCore:
             self.worker.final[pid] = prog.final.get(self.kind, 0)
         return True
 
+    def uninstall(self, pid: int) -> bool:
+        """Drop a program's units; with none left, the backend's compiled graphs go too (the NPU
+        of a service whose prefill runs on the GPU: its chunk graphs were only timed)."""
+        for key in [k for k in self.worker.units if k[0] == pid]:
+            del self.worker.units[key]
+        self.worker.final.pop(pid, None)
+        if not self.worker.units and hasattr(self.backend, "release"):
+            self.backend.release()
+        return True
+
     def info(self) -> dict:
         d = self.backend.describe()
         d.update(pid=os.getpid(), steps=self.worker.steps, busy_s=self.worker.busy_s,

@@ -74,7 +74,7 @@ def serve(a) -> int:
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
                           runtime_env={"env_vars": actor_env(threads)}).remote(
         model=a.model and os.path.abspath(a.model), context=a.context, max_seqs=a.max_seqs,
-        kv_mb=a.kv_mb, policy=a.policy, threads=threads, precision=a.precision)
+        kv_mb=a.kv_mb, policy=a.policy, threads=threads, precision=a.precision, prefill=a.prefill)
     try:
         d = ray.get(svc.ready.remote())
         url = None
@@ -86,7 +86,8 @@ def serve(a) -> int:
         if isinstance(e, ray.exceptions.RayTaskError):
             raise ValueError(str(getattr(e, "cause", e)).splitlines()[0]) from None
         raise
-    print(f"socllm: serving {d['model']} (paged steps on the {d['plan']}, {d['precision']}, context "
+    print(f"socllm: serving {d['model']} (decode on the {d['plan']}, prefill chunks on the "
+          f"{d['prefill']['on']}, {d['precision']}, context "
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
           f"{d['block_rows']} rows, {d['kv_dtype']} K/V, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
     if url:
@@ -136,6 +137,10 @@ def status(a) -> int:
     print(f"model      {st['model']}  (context {st['context']}, plan {st['plan']}, {st['precision']}, "
           f"policy {st['policy']}{'' if st.get('b_rf') is None else ', b_rf ' + str(st['b_rf'])})")
     print(f"http       {st['frontends'].get('http', '-')}")
+    pf = st["prefill"]
+    timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pf["chunk_ms"].items())
+    print(f"prefill    chunks of {st['prefill_chunk']} rows on the {pf['on']} "
+          f"({'the faster at start: ' + timed if timed else 'as asked'}), decode on the {st['plan']}")
     q = st["queues"]
     classes = (f" (reactive {len(q['waiting_reactive'])}, proactive {len(q['waiting_proactive'])})"
                if "waiting_reactive" in q else "")

@@ -42,14 +42,16 @@ KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 class Service(ServingLoop):
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
                  kv_mb: float = 512, policy: str = "agent", threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8"):
+                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8", prefill: str = "auto"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
+        if prefill not in ("auto", "gpu", "npu"):
+            raise ValueError(f"prefill must be auto, gpu or npu, got {prefill!r}")
         if precision not in SERVE_PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}")
         self.opts = dict(model=model, context=context, max_seqs=max_seqs, kv_mb=kv_mb,
                          policy=policy, threads=threads, prefill_chunk=prefill_chunk,
-                         precision=precision)
+                         precision=precision, prefill=prefill)
         self.streams: dict = {}               # id -> (StreamDecoder, StopText, Sampler)
         self.slot: dict = {}                  # id -> the request's row of the block tables
         self.table: dict = {}                 # id -> Request
@@ -92,8 +94,16 @@ class Service(ServingLoop):
                                      double_rows=o["prefill_chunk"])
             # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
             self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
-            self.runner = Runner(e, self.plan, self.precision)
+            if o["prefill"] == "npu" and "npu" not in e.available:
+                raise ValueError("--prefill npu: this engine has no NPU actor")
+            npu = o["prefill"] != "gpu" and "npu" in e.available
+            self.runner = Runner(e, self.plan, self.precision, o["prefill_chunk"] if npu else 0)
             self.runner.warm(o["max_seqs"])
+            self.prefill = self._place_prefill(o["prefill"] if npu else self.plan)
+            if npu and self.prefill["on"] == "npu":
+                self.runner.warm_npu()
+            elif npu:
+                self.runner.drop_npu()
             self.step_profile = self.runner.profile_batches(o["max_seqs"])
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if o["policy"] == "agent" else {}
@@ -105,6 +115,22 @@ class Service(ServingLoop):
             return
         self.ready_event.set()
         self._serve()
+
+    def _place_prefill(self, asked: str, reps: int = 3) -> dict:
+        """Where prefill chunks run (Agent.xpu §4.3: prefill on the NPU's static graphs, decode
+        on the GPU, one KV cache): as asked, or for auto the faster at a full chunk on this
+        device (the fastest of `reps`, after warm(), on block 0 where no request holds blocks)."""
+        n, lay, ms = self.opts["prefill_chunk"], self.runner.lay, {}
+        rows = [(0, i, 0) for i in range(n)]
+        blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
+        for on in ((self.plan, "npu") if asked == "auto" else ()):
+            best = float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                self.runner.step(rows, blocks, all_rows=False, on=on)
+                best = min(best, time.perf_counter() - t)
+            ms[on] = round(1e3 * best, 1)
+        return {"on": min(ms, key=ms.get) if ms else asked, "chunk_ms": ms, "asked": asked}
 
     async def ready(self, timeout_s: float = 600.0) -> dict:
         """Waits until the model is loaded and the actors run; raises the start-up error."""
@@ -124,7 +150,8 @@ class Service(ServingLoop):
                 "b_rf": getattr(self.scheduler, "b_rf", None),
                 "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
-                "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.opts["prefill_chunk"], "pid": os.getpid(),
+                "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.opts["prefill_chunk"],
+                "prefill": self.prefill, "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
     # -- the client calls ----------------------------------------------------------------------
@@ -219,7 +246,7 @@ class Service(ServingLoop):
         n_dec = max(0, len(req.tokens) - 1)
         dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)
         return out | {"usage": req.usage(), "plan": self.plan, "precision": self.precision,
-                      "placement": {"prefill": self.plan, "decode": self.plan},
+                      "placement": {"prefill": self.prefill["on"], "decode": self.plan},
                       "timings": {"ttft_s": ttft, "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
                                   "prefill_tok_s": len(req.prompt) / ttft if ttft > 0 else 0.0}}
 

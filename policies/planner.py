@@ -76,15 +76,19 @@ class PlannerCore:
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
 
-    def paged_program(self, plan: str, all_rows: bool, buffer: int = 0):
+    def paged_program(self, plan: str, all_rows: bool, buffer: int = 0, bucket: int = 0):
         """A serving step's program (graph/build.py, paged): any N rows of any sequences, each at
         its own position over its block table; all_rows: every row's logits (a decode batch),
         else the last row's (a prefill chunk). One program serves every N: GPU and CPU kernels
-        take N at run time. NPU graphs are static, so paged programs run on the GPU or the CPU.
-        buffer 1: a prefill chunk in the second activation buffer (memory/layout.py double), which
-        may stop between layers while other steps run."""
-        if plan not in ("gpu", "cpu"):
-            raise ValueError(f"paged programs run on the gpu or the cpu, not {plan!r}")
+        take N at run time. NPU graphs are static: the npu plan runs prefill chunks of up to
+        `bucket` rows of one sequence, padded to the bucket (Agent.xpu §4.3: prefill on the NPU's
+        static graphs, decode on the GPU, one KV cache). buffer 1: a prefill chunk in the second
+        activation buffer (memory/layout.py double), which may stop between layers while other
+        steps run."""
+        if plan not in ("gpu", "cpu", "npu"):
+            raise ValueError(f"paged programs run on the gpu, the cpu or the npu, not {plan!r}")
+        if plan == "npu" and (all_rows or buffer or bucket <= 0):
+            raise ValueError("the npu runs paged prefill chunks in the first buffer, of a bucket")
         phase = "batch" if all_rows else "chunk"
         key = (plan, phase, buffer)
         if key not in self.programs:
@@ -94,7 +98,7 @@ class PlannerCore:
                 "max_seqs": lay.max_seqs, "all_rows": all_rows})
             prog = lower(graph, self.slots, self._refs(graph, buffer), lay.locations,
                          {p: lay.done(p) for p in PROCESSORS}, lambda op: plan, phase,
-                         lay.double_rows if buffer else lay.max_rows)
+                         bucket or (lay.double_rows if buffer else lay.max_rows))
             prog.buffer = buffer
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]

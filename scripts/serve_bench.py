@@ -131,7 +131,7 @@ class Socllm:
             model=gguf, max_seqs=max_seqs, threads=2, **({"precision": precision} if precision else {}))
         self.info = ray.get(self.svc.ready.remote())
         self.url = deploy("127.0.0.1", free_port())
-        self.version = f"socllm (paged GPU steps on PoCL, {self.info['precision']})"
+        self.version = f"socllm (paged GPU steps on PoCL, prefill on the {self.info['prefill']['on']}, {self.info['precision']})"
 
     def level(self, n, per_client, words, max_tokens, salt) -> dict:
         import ray

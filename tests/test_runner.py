@@ -100,3 +100,45 @@ def test_a_chunk_stopped_between_layers_resumes_without_recomputing(engine16, or
     assert float(np.abs(got - whole).max()) <= 1e-5 * scale
     with pytest.raises(ValueError, match="stages"):
         runner.step(rows(a, 2), {2: tab[2]}, all_rows=False, span=(0, 3))    # buffer 0: whole
+
+
+@pytest.fixture(scope="module")
+def engine_npu(gguf_reader, ray_session):
+    from socllm.actors.engine import Engine
+    from socllm.actors.service import KV_DTYPE
+    eng = Engine(reader=gguf_reader, context=256, processors_=("cpu", "gpu", "npu"), max_seqs=2,
+                 kv_mb=4, kv_dtype=KV_DTYPE["q8"])
+    yield eng
+    eng.close()
+
+
+def test_npu_prefill_chunks_and_gpu_decode_share_the_paged_cache(engine_npu, oracle, tokenizer):
+    """Agent.xpu §4.3: a prompt prefilled in the NPU's static 32-row chunk graphs (its K/V
+    written in place, block by block, through a block table out of order; attention gathering
+    its rows through it), the last chunk padded; then decoded on the GPU over the same f16
+    blocks. Every logit follows the oracle's (f32 linears: as the GPU's own chunks do), and a
+    chunk that does not start a block, or spans two sequences, is refused."""
+    from socllm.actors.runner import Runner
+    runner = Runner(engine_npu, "gpu", "f32", npu_chunk=32)
+    ids = tokenizer.encode("It is a truth universally acknowledged, that a single man in possession "
+                           "of a good fortune, must be in want of a wife. However little known the "
+                           "feelings or views of such a man may be on his first entering a "
+                           "neighbourhood, this truth is so well fixed in the minds of the "
+                           "surrounding families, that he is considered as the rightful property")
+    want = oracle.greedy(ids, 8)
+    assert len(ids) > 64 and len(ids) % 32
+    ref = oracle.logits_for(ids + want)[len(ids) - 1:]
+    blocks = [int(b) for b in np.random.default_rng(1).permutation(runner.lay.kv_blocks)[:8]]
+    for lo in range(0, len(ids), 32):
+        rows = [(t, lo + i, 1) for i, t in enumerate(ids[lo: lo + 32])]
+        got = [runner.step(rows, {1: blocks}, all_rows=False, on="npu")[0].copy()]
+    for i, t in enumerate(want[:-1]):
+        got.append(runner.step([(t, len(ids) + i, 1)], {1: blocks}, all_rows=True)[0].copy())
+    assert [int(g.argmax()) for g in got] == want
+    err = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(got, ref))
+    assert err <= 2e-3, err
+    with pytest.raises(ValueError, match="block boundary"):
+        runner.step([(ids[0], 3, 1)], {1: blocks}, all_rows=False, on="npu")
+    with pytest.raises(ValueError, match="one sequence"):
+        runner.step([(ids[0], 0, 0), (ids[1], 0, 1)], {0: blocks[:1], 1: blocks}, all_rows=False,
+                    on="npu")

@@ -28,11 +28,14 @@ def _segments():
 @pytest.fixture(scope="module")
 def served(ray_session):
     """`socllm serve` (f32: the oracle's greedy path; the default policy, agent, which serves
-    requests of one class as FCFS does) -> (env for CLI subprocesses, base URL)."""
+    requests of one class as FCFS does; prompts' chunks on the NPU's static graphs, decode on
+    the GPU, one paged KV cache: Agent.xpu §4.3. The agent policy's proactive chunks run on the
+    GPU in the second buffer, stopping between layers) -> (env for CLI subprocesses, base URL)."""
     env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
-                                 "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32"],
+                                 "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32",
+                                 "--prefill", "npu"],
                        env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -74,6 +77,9 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert st["kv"]["blocks"] >= 64 * 2**20 // (30 * 2 * 16 * 192 * 4) and st["memory_pss_mb"] > 100
     assert {p["processor"] for p in st["processors"]} == {"cpu", "gpu", "npu"}
     assert st["frontends"]["http"] == served[1]
+    assert st["prefill"] == {"on": "npu", "chunk_ms": {}, "asked": "npu"} and st["plan"] == "gpu"
+    r = _cli(served[0], "status")
+    assert "chunks of 128 rows on the npu (as asked), decode on the gpu" in r.stdout
 
 
 def test_status_counts_the_loops_steps(client):
