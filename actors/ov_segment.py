@@ -93,7 +93,7 @@ class OVSegment:
         self.pool = pool
         self._paged = any("btab" in args or "rows" in args for _, args in tasks)
         if self._paged and (pool is None or bucket % pool["block_rows"]):
-            raise ValueError(f"a paged NPU graph needs the pool's blocks and a bucket of whole blocks")
+            raise ValueError("a paged NPU graph needs the pool's blocks and a bucket of whole blocks")
         self._step_rows = kv_from_cache(tasks)   # the step's own K/V rows are read from the cache
         self.variants: dict = {}                 # kv_len -> _Variant (None: no attention)
         self.compile_s = 0.0
