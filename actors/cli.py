@@ -1,4 +1,4 @@
-"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models.
+"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models, simulate.
 
 Bad input (a missing model, an empty prompt, a bad option value) gets one line on stderr and
 exit status 2, before any actor or segment exists, or after all of them are torn down.
@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     m = sub.add_parser("models", help="the model families and tensor types this build runs, per processor")
     m.add_argument("--json", action="store_true")
+    from .simulate_cli import add_parser
+    add_parser(sub)
     return p
 
 
@@ -218,6 +220,9 @@ def main(argv=None) -> int:
             return _inspect(a)
         if a.cmd == "models":
             return _models(a)
+        if a.cmd == "simulate":
+            from .simulate_cli import run
+            return run(a)
         return _info(a)
     except UsageError as e:
         print(f"socllm: error: {e}", file=sys.stderr)

@@ -8,6 +8,7 @@ from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
 from socllm.graph.lower import lower
 from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
+from socllm.graph.program import StepProgram
 from socllm.memory.layout import PROCESSORS, PoolLayout
 from socllm.policies.placement import placement
 from socllm.policies.rowcut import plan_rows
@@ -75,6 +76,17 @@ class PlannerCore:
                          place or placement(plan, phase, bucket), phase, bucket)
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]
+
+    def placed_program(self, name: str, place, phase: str, bucket: int) -> StepProgram:
+        """A program whose ops go where `place(op)` says (a layer-level placement chosen
+        elsewhere: the simulated SoCs' per-op choice), cached under `name`."""
+        key = (name, phase, bucket)
+        if key not in self.programs:
+            lay = self.lay
+            prog = lower(self.graph, self.slots, self._refs(self.graph), lay.locations,
+                         {p: lay.done(p) for p in PROCESSORS}, place, phase, bucket)
+            self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
+        return StepProgram.from_bytes(self.programs[key][1])
 
     def paged_program(self, plan: str, all_rows: bool, buffer: int = 0, bucket: int = 0):
         """A serving step's program (graph/build.py, paged): any N rows of any sequences, each at

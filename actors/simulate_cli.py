@@ -1,0 +1,86 @@
+"""`socllm simulate`: socllm's planner, solver and step programs on a simulated SoC, for a model
+known by its published shape (models/published.py). Every figure it prints is simulated, beside
+the papers' published ones where they exist."""
+from __future__ import annotations
+
+import json
+
+
+def add_parser(sub):
+    from socllm.models.published import PUBLISHED
+    from socllm.policies.soc import WEIGHTS, soc_names
+    s = sub.add_parser("simulate", help="socllm's plans on a simulated phone SoC (HeteroLLM's strategies)")
+    s.add_argument("--soc", choices=soc_names(), default="snapdragon-8gen3")
+    s.add_argument("--model", dest="sim_model", choices=sorted(PUBLISHED), default="llama-8b",
+                   help="a model by its published configuration (no weights needed)")
+    s.add_argument("--prompt-len", type=int, default=256)
+    s.add_argument("--weights", choices=sorted(WEIGHTS), default="w4a16",
+                   help="the weights' storage: w4a16 (HeteroLLM's, default) or q4_1 (socllm's)")
+    s.add_argument("--no-fast-sync", action="store_true",
+                   help="synchronize through the driver (HeteroLLM §5.4's baseline)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--plot", default=None, metavar="F.png", help="prefill time of each strategy")
+
+
+def run(a) -> int:
+    from socllm.models.published import PUBLISHED, shape_weights
+    from socllm.policies.buckets import MAX_CHUNK
+    from socllm.policies.soc import load_soc
+    from socllm.policies.soc_plans import (DECODE, PREFILL, against_published, cut_rows, decode,
+                                           planner_for, prefill)
+    if not 0 < a.prompt_len < 4096:
+        raise ValueError(f"--prompt-len must be in [1, 4095], got {a.prompt_len}")
+    soc = load_soc(a.soc)
+    fast = not a.no_fast_sync
+    planners = {m: planner_for(cfg, shape_weights(cfg), soc, context=4096) for m, cfg in PUBLISHED.items()}
+    pl = planners[a.sim_model]
+    out = {"soc": soc.name, "title": soc.title, "simulated": True, "source": soc.source,
+           "model": a.sim_model, "weights": a.weights, "fast_sync": fast, "prompt_len": a.prompt_len,
+           "prefill": [prefill(soc, pl, s, a.prompt_len, fast, a.weights) for s in PREFILL
+                       if a.prompt_len <= MAX_CHUNK or s not in ("npu-padding", "online-prepare")],
+           "decode": [decode(soc, pl, s, a.prompt_len, fast, a.weights) for s in DECODE],
+           "cuts": {ph: {p: list(v) for p, v in cut_rows(pl, ph).items()} for ph in ("prefill", "decode")},
+           "published": against_published(soc, planners) if fast else []}
+    if a.json:
+        print(json.dumps(out, indent=1))
+    else:
+        _print(out)
+    if a.plot:
+        _plot(out, a.plot)
+    return 0
+
+
+def _print(out):
+    print(f"SIMULATED: {out['title']} ({out['source']}), {out['model']} (published shape), "
+          f"{out['weights']} weights, {'fast' if out['fast_sync'] else 'driver'} synchronization")
+    print(f"prefill of {out['prompt_len']} tokens:")
+    best = min(r["seconds"] for r in out["prefill"])
+    for r in out["prefill"]:
+        print(f"  {r['strategy']:15s} {r['seconds'] * 1e3:8.1f} ms  {r['tok_s']:8.1f} tok/s  "
+              f"{r['steps']} step(s){'  (best)' if r['seconds'] == best else ''}")
+    print(f"decode after {out['prompt_len']} tokens:")
+    for r in out["decode"]:
+        print(f"  {r['strategy']:15s} {r['tok_s']:8.2f} tok/s  {r['bandwidth_gbs']:5.1f} GB/s")
+    cuts = out["cuts"]["decode"]
+    print("  hetero-tensor's decode cuts (rows on the npu / rows): " +
+          ", ".join(f"{p} {r}/{m}" for p, (r, m) in cuts.items()))
+    if out["published"]:
+        print("published (HeteroLLM, Snapdragon 8 Gen 3) beside simulated (w4a16):")
+        print(f"  {'what':36s} {'model':14s} {'strategy':14s} {'len':>5s} {'published':>10s} "
+              f"{'simulated':>10s} {'ratio':>6s}")
+        for r in out["published"]:
+            print(f"  {r['what']:36s} {r['model']:14s} {r['strategy']:14s} {r['prompt_len']:5d} "
+                  f"{r['published']:10.2f} {r['simulated']:10.2f} {r['ratio']:6.2f}  {r['source']}")
+
+
+def _plot(out, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [r["strategy"] for r in out["prefill"]]
+    ax.barh(names, [r["seconds"] * 1e3 for r in out["prefill"]])
+    ax.set(xlabel="prefill latency (ms)",
+           title=f"SIMULATED {out['title']}: {out['model']}, {out['prompt_len']} tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
