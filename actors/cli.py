@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill", choices=("auto", "gpu", "npu"), default="auto",
                    help="where prompts' chunks run (default auto: whichever of the GPU's kernels and "
                         "the NPU's static graphs ran a chunk faster at start)")
+    s.add_argument("--abandon-s", type=float, default=30.0,
+                   help="cancel a running request whose client has not asked for its text this "
+                        "long: the client is gone (default 30)")
     s.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")
     s.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1 (this device only)")

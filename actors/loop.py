@@ -42,6 +42,7 @@ class ServingLoop:
                         self.slot[req.id] = self.slots.pop()
             if not batch or time.monotonic() >= next_check:    # a death outside the steps
                 next_check = time.monotonic() + 1.0               # (idle, or an unused actor)
+                self._cancel_abandoned()
                 lost = self.engine.lost()
                 if lost:
                     self._recover(lost, [])
@@ -64,6 +65,17 @@ class ServingLoop:
             except Exception as ex:   # one bad step fails its requests, never the service
                 traceback.print_exc()
                 self._fail(step, ex)
+
+    def _cancel_abandoned(self):
+        """Cancel the running requests whose client is gone: no poll open and none for
+        abandon_s (actors/service.py ABANDON_S)."""
+        now, limit = time.monotonic(), self.opts["abandon_s"]
+        with self.cv:
+            for req in self.scheduler.running:
+                polled = self.polled.get(req.id)
+                if polled is not None and not polled[0] and now - polled[1] > limit:
+                    self.cancelled.add(req.id)
+                    self.abandoned += 1
 
     def _fail(self, step: list, ex: Exception):
         if self.part is not None:
@@ -231,6 +243,7 @@ class ServingLoop:
                 self.slots.append(self.slot.pop(req.id))
             self.cancelled.discard(req.id)
             self.streams.pop(req.id, None)
+            self.polled.pop(req.id, None)
             self.metrics.ended(req)
             ended = [r for r in self.table.values() if r.ended]
             for old in ended[:max(0, len(ended) - KEEP_ENDED)]:

@@ -74,7 +74,8 @@ def serve(a) -> int:
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
                           runtime_env={"env_vars": actor_env(threads)}).remote(
         model=a.model and os.path.abspath(a.model), context=a.context, max_seqs=a.max_seqs,
-        kv_mb=a.kv_mb, policy=a.policy, threads=threads, precision=a.precision, prefill=a.prefill)
+        kv_mb=a.kv_mb, policy=a.policy, threads=threads, precision=a.precision, prefill=a.prefill,
+        abandon_s=a.abandon_s)
     try:
         d = ray.get(svc.ready.remote())
         url = None

@@ -29,6 +29,10 @@ NAMESPACE, NAME = "socllm", "service"
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others runs between chunks
+# a running request whose text nobody has asked for this long (no poll open, none returned since)
+# has lost its client: a Python driver that died, or an HTTP disconnect that Serve's proxy did not
+# pass on (actors/http.py). Clients poll continuously (every poll returns within its 10 s).
+ABANDON_S = 30.0
 # a decode step's linears at this precision: q8 (the default) int8 activations, llama.cpp's own
 # for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
 # q16 int16 for one or two rows, f32 for more (actors/kernels_cl.py INT_ROWS_MAX says why); f32
@@ -42,7 +46,8 @@ KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 class Service(ServingLoop):
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
                  kv_mb: float = 512, policy: str = "agent", threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8", prefill: str = "auto"):
+                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8", prefill: str = "auto",
+                 abandon_s: float = ABANDON_S):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
         if prefill not in ("auto", "gpu", "npu"):
@@ -51,7 +56,10 @@ class Service(ServingLoop):
             raise ValueError(f"precision must be one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}")
         self.opts = dict(model=model, context=context, max_seqs=max_seqs, kv_mb=kv_mb,
                          policy=policy, threads=threads, prefill_chunk=prefill_chunk,
-                         precision=precision, prefill=prefill)
+                         precision=precision, prefill=prefill, abandon_s=abandon_s)
+        if not abandon_s > 0:
+            raise ValueError(f"abandon_s must be positive, got {abandon_s}")
+        self.polled: dict = {}                # id -> [polls open, when the last one returned]
         self.streams: dict = {}               # id -> (StreamDecoder, StopText, Sampler)
         self.slot: dict = {}                  # id -> the request's row of the block tables
         self.table: dict = {}                 # id -> Request
@@ -68,6 +76,7 @@ class Service(ServingLoop):
                                          "decode_steps", "decode_rows", "decode_s",
                                          "decode_kernels_s"), 0)
         self.recoveries: list = []   # processor actors that died and came back (actors/loop.py)
+        self.abandoned = 0           # requests cancelled because their client stopped polling
         self.last_step = time.monotonic()   # when the loop's last step ended
         self.doing = "idle"          # the loop's step now: what a new request waits behind
         self.part = None             # a prefill chunk stopped between spans (actors/loop.py)
@@ -171,6 +180,7 @@ class Service(ServingLoop):
         self.streams[req.id] = (self.engine.tokenizer.stream(), StopText(req.stop),
                                 Sampler(req.params))
         req.arrived_during = self.doing
+        self.polled[req.id] = [0, time.monotonic()]
         with self.cv:
             self.scheduler.add(req)              # raises for a request that could never fit
             self.table[req.id] = req
@@ -211,13 +221,21 @@ class Service(ServingLoop):
             raise KeyError(f"no request {rid}")
         ev = self.events[rid]
         ev.clear()
-        if len(self.pieces[rid]) <= seen and not req.ended:
-            try:
-                await asyncio.wait_for(ev.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
-        if seen and not req.ended and coalesce_s > 0:
-            await asyncio.sleep(coalesce_s)
+        polled = self.polled.setdefault(rid, [0, time.monotonic()])
+        polled[0] += 1
+        try:
+            if len(self.pieces[rid]) <= seen and not req.ended:
+                try:
+                    await asyncio.wait_for(ev.wait(), timeout_s)
+                except asyncio.TimeoutError:
+                    pass
+            if seen and not req.ended and coalesce_s > 0:
+                await asyncio.sleep(coalesce_s)
+        finally:
+            polled[0] -= 1
+            polled[1] = time.monotonic()
+            if req.ended:
+                self.polled.pop(rid, None)
         pieces = self.pieces[rid][seen:]
         return {"pieces": pieces, "seen": seen + len(pieces), "state": req.state,
                 "finish_reason": req.finish_reason, "error": req.error, "usage": req.usage()}
@@ -287,6 +305,7 @@ class Service(ServingLoop):
                 "tokens_per_s_1min": round(len(self.token_times) / min(60.0, max(uptime, 1e-3)), 2),
                 "loop": {k: round(v, 3) for k, v in self.loop_times.items()},
                 "recoveries": self.recoveries[-10:], "recoveries_total": len(self.recoveries),
+                "abandoned_total": self.abandoned,
                 "memory_pss_mb": round(pss_mb(self.pids()), 1),
                 "memory_pss_mb_by_process": {k: round(pss_mb([p]), 1)
                                              for k, p in self.processes(info).items()}}

@@ -35,7 +35,7 @@ def served(ray_session):
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
                                  "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32",
-                                 "--prefill", "npu"],
+                                 "--prefill", "npu", "--abandon-s", "2"],
                        env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -259,27 +259,43 @@ def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
 
 
 def test_an_http_client_that_disconnects_cancels_its_request(served, client):
-    """A streaming client that closes its connection after the first token: its request is
-    cancelled, not run to its 400 tokens. Serve's proxy does not always pass the disconnect on
-    (measured: 1-3 of 20 requests ran to the end, see actors/http.py), so up to 3 clients try."""
+    """Streaming clients that close their connection after the first token: their requests are
+    cancelled, not run to their 400 tokens (f32: ~25 s each). Serve's proxy does not always pass
+    the disconnect on (measured: 1-3 of 20, see actors/http.py); a request nobody polls is then
+    cancelled after --abandon-s (2 s here)."""
     import ray
     import requests
+    rids = []
     for _ in range(3):
         with requests.post(served[1] + "/v1/completions", stream=True, timeout=60,
                            json={"prompt": COUNT, "max_tokens": 400, "stream": True}) as r:
             it = r.iter_lines()
             lines = [line for line in (next(it) for _ in range(3)) if line]
-        rid = int(json.loads(lines[0][6:])["id"].split("-")[1])
-        _until(lambda: ray.get(client.service.request.remote(rid))["state"] in
-               ("finished", "cancelled", "failed"), 30)
-        out = ray.get(client.service.request.remote(rid))
-        if out["state"] == "cancelled":
-            break
-    assert out["state"] == "cancelled" and len(out["tokens"]) < 400
+        rids.append(int(json.loads(lines[0][6:])["id"].split("-")[1]))
+    state = lambda rid: ray.get(client.service.request.remote(rid))
+    _until(lambda: all(state(rid)["state"] in ("finished", "cancelled", "failed") for rid in rids), 40)
+    for rid in rids:
+        out = state(rid)
+        assert out["state"] == "cancelled" and len(out["tokens"]) < 400, out
     metrics = requests.get(served[1] + "/metrics", timeout=10).text
     assert 'socllm_requests_ended_total{state="cancelled"}' in metrics
     assert "socllm_time_to_first_token_seconds_bucket" in metrics
     assert 'socllm_pending_seconds_count{priority="proactive"}' in metrics
+
+
+def test_a_request_nobody_polls_is_cancelled_as_abandoned(client):
+    """A client that submits and then never asks for its text (its process died): the request is
+    cancelled once --abandon-s (2 s) pass with no poll, and its blocks are free."""
+    import ray
+    before = ray.get(client.service.status.remote())["abandoned_total"]
+    rid = ray.get(client.service.submit.remote(prompt=COUNT, max_tokens=400))
+    t0 = time.time()
+    _until(lambda: ray.get(client.service.request.remote(rid))["state"] != "waiting" and
+           ray.get(client.service.request.remote(rid))["state"] in ("cancelled", "finished"), 40)
+    out = ray.get(client.service.request.remote(rid))
+    assert out["state"] == "cancelled" and len(out["tokens"]) < 400 and time.time() - t0 >= 2
+    st = ray.get(client.service.status.remote())
+    assert st["abandoned_total"] == before + 1 and st["kv"]["blocks_used"] == 0
 
 
 def test_a_killed_gpu_actor_comes_back_and_its_generations_equal_the_oracle(client, oracle, tokenizer):
