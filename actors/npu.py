@@ -14,7 +14,7 @@ from socllm.graph.program import StepProgram, segment_live_out
 
 from socllm.policies.buckets import const_weights, whole_graph
 
-from .worker import Unit
+from .worker import Unit, part_rows
 
 # q8 / q16 (int8 / int16 activations in the GPU's decode GEMVs) have no OpenVINO hint of their own:
 # the NPU's graphs stay f32. q8 also turns on OpenVINO's dynamic quantization of FullyConnected
@@ -35,6 +35,8 @@ def segments(tasks: list, per_layer: bool = True) -> list:
     segs, cur = [], []
     for i, t in enumerate(tasks):
         layer_break = per_layer and t.layer != cur[-1].layer if cur else False
+        # a sequence-cut part's rows are a graph of their own (graph/seqcut.py)
+        layer_break = layer_break or bool(cur) and t.args.get("seq_lo") != cur[-1].args.get("seq_lo")
         att_break = cur and (t.op == "attention" or cur[-1].op == "attention")
         # the final norm + lm-head: the one-row tail every bucket shares (ov_segment last_row)
         tail = t.op == "lm_head" and cur[-1].op != "rmsnorm" or \
@@ -88,7 +90,8 @@ class NPUBackend:
         segs = segments(tasks, per_layer=not const)
         tail = segs[-1:] if segs and _is_tail(segs[-1]) else []
         body = segs[:len(segs) - len(tail)]
-        if whole_graph(prog.phase, prog.bucket) and len(body) > 1 and _straight(body):
+        seq_cut = any("seq_n" in t.args for t in tasks)
+        if whole_graph(prog.phase, prog.bucket) and len(body) > 1 and _straight(body) and not seq_cut:
             # a prompt's first chunk: the whole model as one graph (policies/buckets.const_weights);
             # the per-layer graphs of later chunks are compiled when one first comes
             whole = self._unit(prog, [t for seg in body for t in seg], precision, config, True,
@@ -109,13 +112,18 @@ class NPUBackend:
         paged = any("btab" in t.args for t in prog.tasks[self.name])
         # a whole-model graph is not cached on disk: its blob carries the weights (~105 MB), and
         # importing it costs ~80 MB more than compiling over the pool's weights (measured)
-        ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, prog.bucket,
+        # a sequence-cut part (graph/seqcut.py) is a static graph of its own rows
+        bucket = seg[0].args.get("seq_n", prog.bucket)
+        ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, bucket,
                            segment_live_out(prog, seqs), self.context_rows if paged else self.kv_rows,
                            OV_HINT.get(precision, precision), config, CACHE_DIR if cache else None,
                            self.shared, last_row=_is_tail(seg), const_weights=const,
                            pool=self.pool if paged else None)
         self.segments.append(ov_seg)
-        return Unit(seg[0].waits, ov_seg.run, seg[-1].signals, tuple(sorted(seqs)))
+        run = ov_seg.run
+        if "seq_n" in seg[0].args:
+            run = lambda n, pos0, a=seg[0].args: ov_seg.run(*part_rows(a, n, pos0))
+        return Unit(seg[0].waits, run, seg[-1].signals, tuple(sorted(seqs)))
 
     def release(self):
         """Forget every compiled graph (no program uses them any more), and give their memory

@@ -27,10 +27,18 @@ class Unit:
         self.stage, self.spans = stage, spans
 
 
+def part_rows(args: dict, n: int, pos0: int) -> tuple:
+    """(N, pos0) of a task: the step's, or a sequence-cut part's rows of it (graph/seqcut.py:
+    seq_n rows from the step's row seq_lo)."""
+    if "seq_n" in args:
+        return args["seq_n"], pos0 + args["seq_lo"]
+    return n, pos0
+
+
 def kernel_units(kernels, tasks: list) -> list:
     """One unit per task for backends that launch kernels one by one (CPU, GPU)."""
-    return [Unit(t.waits, (lambda n, p, t=t: kernels.run(t.op, t.args, n, p)), t.signals, (t.seq,),
-                 stage) for t, stage in zip(tasks, stage_of(tasks))]
+    return [Unit(t.waits, (lambda n, p, t=t: kernels.run(t.op, t.args, *part_rows(t.args, n, p))),
+                 t.signals, (t.seq,), stage) for t, stage in zip(tasks, stage_of(tasks))]
 
 
 class Worker:

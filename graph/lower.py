@@ -15,12 +15,14 @@ from __future__ import annotations
 from .ir import Graph
 from .liveness import SlotPlan
 from .program import StepProgram, Task, cut_rows
+from .seqcut import SEP
 
 
 def location(g: Graph, slots: SlotPlan, name: str) -> str | None:
     kind = g.tensors[name].kind
-    if kind == "act":
-        return f"slot.{slots.assign[name]}"
+    if kind == "act":        # a sequence-cut part's rows of a slot are a location of their own
+        base, sep, lo = name.partition(SEP)
+        return f"slot.{slots.assign[base]}{sep}{lo}"
     if kind == "weight":
         return None
     return name  # kv caches and io tensors are their own locations

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from socllm.models.quant import MATRIX_TYPES
 
-PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "auto")
+from .buckets import PREFILL_BUCKETS
+
+PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "auto")
 
 # The weight formats each processor's kernels read (models/quant.py): the layers' matrices, and
 # the token embedding / output table. A processor that cannot read every weight of a model is not
@@ -66,7 +68,7 @@ def placement(plan: str, phase: str, bucket: int | None = None):
 def processors(plan: str, available: set = frozenset()) -> set:
     if plan == "auto":
         return {"gpu", "npu"} & set(available) or {"cpu"}
-    return {"hetero": {"gpu", "npu"}, "tensor": {"gpu", "npu"}}.get(plan, {plan})
+    return {"hetero": {"gpu", "npu"}, "tensor": {"gpu", "npu"}, "seqcut": {"gpu", "npu"}}.get(plan, {plan})
 
 
 # Measured on the 2-core dev machine (PoCL's OpenCL and OpenVINO both on the CPU;
@@ -99,9 +101,37 @@ HETERO_SPLIT_FROM = None  # bucket from which hetero splits a layer (attention o
 #   halves contend 2-4.7x for the same cores (scripts/profile_rowcut.py), so auto never picks it.
 
 
+SEQ_MARGIN = 64   # rows the GPU takes beside the NPU's static chunks in a sequence-length cut
+
+
+def seq_parts(rows: int) -> list:
+    """HeteroLLM §4.1.1: a prefill step's rows as [(lo, hi, processor)]: static NPU chunks of the
+    prefill buckets, one after the other, and a margin of at most SEQ_MARGIN rows on the GPU at
+    the same time. Each NPU chunk is the largest bucket that fits, unless a smaller one leaves a
+    margin the GPU takes: 300 -> 256 + 44 (gpu), 600 -> 512 + 32 + 56 (gpu), 256 -> 256."""
+    parts, lo = [], 0
+    while rows - lo > SEQ_MARGIN:
+        fits = [b for b in PREFILL_BUCKETS if b <= rows - lo]
+        if not fits:
+            break
+        take = next((b for b in fits if rows - lo - b <= SEQ_MARGIN), fits[-1])
+        parts.append((lo, lo + take, "npu"))
+        lo += take
+    if lo < rows:
+        parts.append((lo, rows, "gpu"))
+    return parts
+
+
 def resolve(plan: str, phase: str, bucket: int, available: set) -> str:
     """A concrete plan for one step: `auto` picks, per phase and chunk bucket, the plan measured
-    fastest here; it never picks a plan measured slower than the best single processor."""
+    fastest here; it never picks a plan measured slower than the best single processor.
+    `seqcut` (bucket: the step's rows) cuts prefill steps between the NPU and the GPU where it
+    has both and the rows make two parts; decode runs on the GPU."""
+    if plan == "seqcut":
+        procs = {p for _, _, p in seq_parts(bucket)} if phase == "prefill" else {"gpu"}
+        if not procs <= available:
+            return "gpu" if "gpu" in available else "cpu"
+        return "seqcut" if len(procs) > 1 else procs.pop()
     if plan != "auto":
         return plan
     if phase == "prefill" and bucket >= NPU_PREFILL_FROM and "npu" in available:

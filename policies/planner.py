@@ -9,8 +9,9 @@ from socllm.graph.liveness import assign_slots
 from socllm.graph.lower import lower
 from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
 from socllm.graph.program import StepProgram
+from socllm.graph.seqcut import base_name, seq_cut
 from socllm.memory.layout import PROCESSORS, PoolLayout
-from socllm.policies.placement import placement
+from socllm.policies.placement import placement, seq_parts
 from socllm.policies.rowcut import plan_rows
 
 
@@ -55,14 +56,15 @@ class PlannerCore:
                 raise ValueError("this pool has no second activation buffer")
             io, slots = {**lay.io, **lay.double}, lay.double["slots"]
         for name, t in graph.tensors.items():
+            base, lo = base_name(name)      # a sequence-cut part's rows: from row lo (graph/seqcut.py)
             if t.kind == "weight":
                 refs[name] = lay.weights[name]
             elif t.kind == "kv":
                 refs[name] = ("kv", lay.kv[name])
             elif t.kind in ("input", "output"):
-                refs[name] = ("a", io[name])
+                refs[name] = ("a", io[base] + lo * t.nbytes(N=1))
             else:
-                refs[name] = ("a", slots[self.slots.assign[name]])
+                refs[name] = ("a", slots[self.slots.assign[base]] + lo * t.nbytes(N=1))
         return refs
 
     def program(self, plan: str, phase: str, bucket: int):
@@ -71,6 +73,10 @@ class PlannerCore:
             graph, place = self.graph, None
             if plan == "tensor":
                 graph, place = self.partitioned(phase), placed
+            elif plan == "seqcut":          # bucket: the step's rows, cut between NPU and GPU
+                if phase != "prefill":
+                    raise ValueError("seqcut cuts a prefill step's rows")
+                graph, place = seq_cut(self.graph, seq_parts(bucket)), placed
             prog = lower(graph, self.slots, self._refs(graph), self.lay.locations,
                          {p: self.lay.done(p) for p in PROCESSORS},
                          place or placement(plan, phase, bucket), phase, bucket)

@@ -85,7 +85,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def engine(model_path, gguf_reader, ray_session):
     from socllm.actors.engine import Engine
-    eng = Engine(reader=gguf_reader, context=512)
+    eng = Engine(reader=gguf_reader, context=640)     # a 600-row prompt fits (test_seqcut)
     yield eng
     eng.close()
 
