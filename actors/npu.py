@@ -11,10 +11,10 @@ import os
 import time
 
 from socllm.graph.program import StepProgram, segment_live_out
-
+from socllm.graph.seqcut import part_rows
 from socllm.policies.buckets import const_weights, whole_graph
 
-from .worker import Unit, part_rows
+from .worker import Unit
 
 # q8 / q16 (int8 / int16 activations in the GPU's decode GEMVs) have no OpenVINO hint of their own:
 # the NPU's graphs stay f32. q8 also turns on OpenVINO's dynamic quantization of FullyConnected

@@ -57,7 +57,8 @@ def _print(out):
     best = min(r["seconds"] for r in out["prefill"])
     for r in out["prefill"]:
         print(f"  {r['strategy']:15s} {r['seconds'] * 1e3:8.1f} ms  {r['tok_s']:8.1f} tok/s  "
-              f"{r['steps']} step(s){'  (best)' if r['seconds'] == best else ''}")
+              f"{r['steps']} step(s){'  (best)' if r['seconds'] == best else ''}"
+              f"{'  = ' + r['chose'] if 'chose' in r else ''}")
     print(f"decode after {out['prompt_len']} tokens:")
     for r in out["decode"]:
         print(f"  {r['strategy']:15s} {r['tok_s']:8.2f} tok/s  {r['bandwidth_gbs']:5.1f} GB/s")

@@ -12,6 +12,7 @@ import time
 import traceback
 
 from socllm.graph.program import stage_of
+from socllm.graph.seqcut import part_rows
 from socllm.memory.layout import W_ERROR, Control, PoolLayout
 from socllm.memory.ready import STEP, ReadyWords, SleepPredictor
 
@@ -25,14 +26,6 @@ class Unit:
     def __init__(self, waits, run, signals, seqs=(), stage=None, spans=False):
         self.waits, self.run, self.signals, self.seqs = waits, run, signals, seqs
         self.stage, self.spans = stage, spans
-
-
-def part_rows(args: dict, n: int, pos0: int) -> tuple:
-    """(N, pos0) of a task: the step's, or a sequence-cut part's rows of it (graph/seqcut.py:
-    seq_n rows from the step's row seq_lo)."""
-    if "seq_n" in args:
-        return args["seq_n"], pos0 + args["seq_lo"]
-    return n, pos0
 
 
 def kernel_units(kernels, tasks: list) -> list:

@@ -12,7 +12,7 @@ wrote in the same layer, so the lowering orders each layer's K/V writes (graph/l
 after write) and the later part's attention after them. The final norm and the lm-head (the last
 row's logits) run in the last part only. Kernels never ask whether they are cut: a part's tasks
 carry `seq_lo` and `seq_n` (the part's first row in the step and its row count), which the
-processor actors apply to the step's pos0 and N (actors/worker.part_rows).
+processor actors apply to the step's pos0 and N (part_rows).
 """
 from __future__ import annotations
 
@@ -53,3 +53,11 @@ def seq_cut(g: Graph, parts: list) -> Graph:
             out.ops.append(replace(op, inputs=rename(op.inputs), outputs=rename(op.outputs),
                                    attrs={**op.attrs, "on": proc, "seq_lo": lo, "seq_n": hi - lo}))
     return out
+
+
+def part_rows(args: dict, n: int, pos0: int) -> tuple:
+    """(N, pos0) of a task: the step's, or its sequence-cut part's rows of the step (seq_n rows
+    from the step's row seq_lo)."""
+    if "seq_n" in args:
+        return args["seq_n"], pos0 + args["seq_lo"]
+    return n, pos0

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from socllm.graph.partition import DOMINANT
 from socllm.graph.program import StepProgram
+from socllm.graph.seqcut import part_rows
 
 from .soc import WEIGHT_BYTES, SoC, task_time
 
@@ -75,7 +76,8 @@ def simulate_step(prog: StepProgram, soc: SoC, n: int, pos0: int, fast_sync: boo
             if start <= t:
                 task = q.pop(0)
                 del pending[p]
-                c, b = task_time(soc.processors[p], task.op, task.args, n, pos0, weight_bytes)
+                c, b = task_time(soc.processors[p], task.op, task.args,
+                                 *part_rows(task.args, n, pos0), weight_bytes)
                 running[p] = _Running(task, c, b, soc.processors[p].kernel_s, t)
         if not running:
             if not pending:

@@ -17,7 +17,9 @@ from .planner import PlannerCore
 from .simulate import simulate_step
 from .soc import WEIGHTS, SoC, prepare_time, task_time
 
-PREFILL = ("gpu", "npu-padding", "npu-pipe", "online-prepare", "hetero-layer", "hetero-tensor")
+PREFILL = ("gpu", "npu-padding", "npu-pipe", "online-prepare", "hetero-layer", "row-cut", "seq-cut",
+           "hetero-tensor")
+CUTS = ("row-cut", "seq-cut")     # the tensor-level strategies hetero-tensor chooses among
 DECODE = ("gpu", "npu", "hetero-tensor")
 
 
@@ -98,9 +100,17 @@ def prefill(soc: SoC, planner: PlannerCore, strategy: str, length: int, fast_syn
       npu-pipe       the NPU alone, chunks of buckets with little padding (buckets.prefill_chunks)
       online-prepare the NPU alone, a graph prepared for exactly this length (its time counted)
       hetero-layer   each op on its predicted-faster processor, pipe chunks
-      hetero-tensor  row-cut linears (the solver's cuts), pipe chunks"""
-    if length > MAX_CHUNK and strategy in ("npu-padding", "online-prepare"):
-        raise ValueError(f"{strategy} runs one graph of at most {MAX_CHUNK} rows")
+      row-cut        row-cut linears (the solver's cuts), pipe chunks
+      seq-cut        static NPU chunks and a GPU margin at once (the seqcut plan, graph/seqcut.py)
+      hetero-tensor  whichever of the cuts the simulation predicts faster (HeteroLLM §5.2.2:
+                     "decides the partition strategy according to the computational power")"""
+    if length > MAX_CHUNK and strategy in ("npu-padding", "online-prepare", "seq-cut"):
+        raise ValueError(f"{strategy} runs one step of at most {MAX_CHUNK} rows")
+    if strategy == "hetero-tensor":
+        tried = [prefill(soc, planner, s, length, fast_sync, weights) for s in CUTS
+                 if length <= MAX_CHUNK or s != "seq-cut"]
+        best = min(tried, key=lambda r: r["seconds"])
+        return {**best, "strategy": strategy, "chose": best["strategy"]}
     steps, extra = [], 0.0
     if strategy == "gpu":
         steps = [("gpu", length, length)]
@@ -108,8 +118,10 @@ def prefill(soc: SoC, planner: PlannerCore, strategy: str, length: int, fast_syn
         steps = [("npu", length, bucket_for(length))]
     elif strategy == "online-prepare":
         steps, extra = [("npu", length, length)], prepare_time(soc.processors["npu"], length)
+    elif strategy == "seq-cut":
+        steps = [("seqcut", length, length)]
     else:
-        plan = {"npu-pipe": "npu", "hetero-layer": "layer", "hetero-tensor": "tensor"}[strategy]
+        plan = {"npu-pipe": "npu", "hetero-layer": "layer", "row-cut": "tensor"}[strategy]
         steps = [(plan, rows, bucket) for rows, bucket in prefill_chunks(length)]
     total, pos0, byts, busy = extra, 0, 0.0, {}
     for plan, rows, bucket in steps:
@@ -117,8 +129,8 @@ def prefill(soc: SoC, planner: PlannerCore, strategy: str, length: int, fast_syn
             prog = planner.placed_program("hetero-layer", layer_placement(soc, bucket), "prefill", bucket)
         else:
             prog = _program(planner, plan, "prefill", bucket)
-        r = simulate_step(prog, soc, bucket if plan != "gpu" else rows, pos0, fast_sync,
-                          weight_bytes=WEIGHTS[weights])
+        r = simulate_step(prog, soc, bucket if plan not in ("gpu", "seqcut") else rows, pos0,
+                          fast_sync, weight_bytes=WEIGHTS[weights])
         total += r.seconds + soc.sync_s           # the host's go and done words
         byts += sum(r.bytes.values())
         for p, s in r.busy.items():

@@ -125,3 +125,15 @@ def test_socllm_simulate_prints_json_and_refuses_bad_input():
     assert r.returncode == 2 and "prompt-len" in r.stderr
     r = subprocess.run(cli + ["--soc", "nokia-3310"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
+
+
+@pytest.mark.parametrize("length", [300, 525])
+def test_figure_14s_ranking_at_misaligned_lengths(planners, length):
+    """HeteroLLM §5.2.2, Figure 14 (Llama-8B): Hetero-tensor (here the faster of socllm's row-cut
+    and seq-cut, which wins) is the fastest; Pipe beats Padding and Online-prepare."""
+    from socllm.policies.soc_plans import PREFILL, prefill
+    soc, pl = planners
+    t = {s: prefill(soc, pl["llama-8b"], s, length, weights="w4a16")["seconds"] for s in PREFILL}
+    assert t["hetero-tensor"] == min(t.values()) == t["seq-cut"]
+    assert t["npu-pipe"] < t["npu-padding"] and t["npu-pipe"] < t["online-prepare"]
+    assert t["gpu"] == max(t.values())
