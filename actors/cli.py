@@ -1,4 +1,4 @@
-"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models, simulate.
+"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models, plan, simulate.
 
 Bad input (a missing model, an empty prompt, a bad option value) gets one line on stderr and
 exit status 2, before any actor or segment exists, or after all of them are torn down.
@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     from .simulate_cli import add_parser
     add_parser(sub)
+    from .plan_cli import add_parser as add_plan
+    add_plan(sub)
     return p
 
 
@@ -223,6 +225,9 @@ def main(argv=None) -> int:
             return _inspect(a)
         if a.cmd == "models":
             return _models(a)
+        if a.cmd == "plan":
+            from .plan_cli import run as plan
+            return plan(a)
         if a.cmd == "simulate":
             from .simulate_cli import run
             return run(a)

@@ -1,0 +1,85 @@
+"""`socllm plan`: what the solver chooses for one step, op by op, from a device's profile: this
+machine's (scripts/profile_ops.py, through the prediction mode of policies/predict.py) or a
+simulated SoC's (policies/soc.py)."""
+from __future__ import annotations
+
+import json
+
+
+def add_parser(sub):
+    from socllm.policies.soc import soc_names
+    p = sub.add_parser("plan", help="the solver's choice for a step, op by op, with predicted times")
+    p.add_argument("--prompt-len", type=int, required=True)
+    p.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
+    p.add_argument("--soc", choices=soc_names(), default=None,
+                   help="a simulated SoC instead of this machine (its profile from the papers)")
+    p.add_argument("--model", dest="plan_model", default=None,
+                   help="with --soc: a published model (default llama-8b); else a GGUF file "
+                        "(default: the default model)")
+    p.add_argument("--profile", default=None, help="this machine's op profile (default: "
+                   "~/.cache/socllm/op-profile.json, from python -m socllm.scripts.profile_ops)")
+    p.add_argument("--json", action="store_true")
+
+
+def run(a) -> int:
+    from socllm.graph.program import StepProgram
+    from socllm.policies.buckets import MAX_CHUNK
+    from socllm.policies.plan_report import plan_step
+    from socllm.policies.soc_plans import planner_for
+    if not 0 < a.prompt_len <= (MAX_CHUNK if a.phase == "prefill" else 4095):
+        raise ValueError(f"--prompt-len must be in [1, {MAX_CHUNK}] for one prefill step "
+                         f"(4095 for decode), got {a.prompt_len}")
+    if a.soc:
+        from socllm.models.published import PUBLISHED, shape_weights
+        from socllm.policies.soc import WEIGHTS, load_soc, task_time
+        name = a.plan_model or "llama-8b"
+        if name not in PUBLISHED:
+            raise ValueError(f"--model with --soc is one of {', '.join(sorted(PUBLISHED))}")
+        cfg, soc = PUBLISHED[name], load_soc(a.soc)
+        weights = shape_weights(cfg)
+
+        def cost(p, op, args, n, pos0):
+            proc = soc.processors[p]
+            c, b = task_time(proc, op, args, n, pos0, WEIGHTS["w4a16"])
+            return max(c, b / proc.bandwidth) + proc.kernel_s
+        device, sync_s, source = f"SIMULATED {soc.title}", soc.sync_s, soc.source
+        # memory-bound decode shares the SoC's bandwidth; compute-bound prefill hardly contends
+        # (Agent.xpu §3.1, Figure 3)
+        gpu, npu = soc.processors["gpu"], soc.processors["npu"]
+        contention = max(1.0, (gpu.bandwidth + npu.bandwidth) / soc.bandwidth_total) \
+            if a.phase == "decode" else 1.0
+    else:
+        from socllm.models.gguf_file import model_path, open_gguf
+        from socllm.models.llama import load_config, load_weights
+        from socllm.policies.predict import load_predictor
+        pred = load_predictor(a.profile)
+        reader = open_gguf(model_path(a.plan_model))
+        cfg = load_config(reader)
+        weights, name = load_weights(reader, cfg), reader.path if hasattr(reader, "path") else "model"
+        cost, sync_s, contention = pred.seconds, pred.sync_s, pred.contention
+        device = f"this machine: gpu {pred.device.get('gpu', '?')}, npu {pred.device.get('npu', '?')}"
+        source = f"op profile, prediction mode ({a.profile or 'default path'})"
+    planner = planner_for(cfg, weights, context=max(2048, a.prompt_len + 1))
+    bucket = a.prompt_len if a.phase == "prefill" else 1
+    tasks = StepProgram.from_bytes(planner.program("gpu", a.phase, bucket)[1]).tasks["gpu"]
+    out = {"device": device, "simulated": bool(a.soc), "source": source,
+           **plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention)}
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['device']} ({out['source']})")
+    print(f"contention of two processors at once {out['contention']:.2f}x, a synchronization "
+          f"{out['sync_s'] * 1e6:.0f} us")
+    print(f"{a.phase} of {a.prompt_len} tokens: the solver keeps {out['strategy']!r}, predicted "
+          f"{out['predicted_total_s'] * 1e3:.2f} ms; " + ", ".join(
+              f"{k} {v * 1e3:.2f}" for k, v in out["alternatives_total_s"].items()))
+    print(f"{'op':10s} {'layer':>5s} {'strategy':9s} {'parts':32s} {'predicted us':>12s}  alternatives (us)")
+    for e in out["ops"]:
+        if e["layer"] > 0:
+            continue
+        parts = " ".join(p["processor"] + (f"{p['rows']}" if "rows" in p else f"{p['seq']}" if "seq" in p else "")
+                         for p in e["parts"])
+        alts = " ".join(f"{k} {v * 1e6:.0f}" for k, v in e["alternatives"].items())
+        print(f"{e['op']:10s} {e['layer']:5d} {e['strategy']:9s} {parts:32s} {e['predicted_s'] * 1e6:12.1f}  {alts}")
+    print("(layers 1.. as layer 0; --json lists every op)")
+    return 0
