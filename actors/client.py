@@ -78,6 +78,9 @@ class Client:
                 self.last = out
             if out["state"] == "failed":
                 raise RuntimeError(f"request {rid} failed: {out['error']}")
+            if out["finish_reason"] == "abandoned":
+                raise RuntimeError(f"request {rid} was cancelled as abandoned: its text went "
+                                   f"unread for longer than the service's --abandon-s")
         finally:
             if not done:
                 self.service.cancel.remote(rid)
@@ -93,6 +96,9 @@ class Client:
                 self.last = out
             if out["state"] == "failed":
                 raise RuntimeError(f"request {rid} failed: {out['error']}")
+            if out["finish_reason"] == "abandoned":
+                raise RuntimeError(f"request {rid} was cancelled as abandoned: its text went "
+                                   f"unread for longer than the service's --abandon-s")
         finally:
             if not done:          # break, aclose() or the task cancelled: cancel the request
                 self.service.cancel.remote(rid)

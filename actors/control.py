@@ -16,8 +16,8 @@ import ray
 from socllm.memory.kvcache import KVCache
 from socllm.memory.layout import W_FIRST_LOC, W_TOKENS
 from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
-from socllm.policies.buckets import DECODE_BUCKET, MAX_CHUNK, prefill_chunks
-from socllm.policies.placement import online_prepare, resolve
+from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
+from socllm.policies.placement import online_prepare, resolve, seqcut_steps
 from socllm.policies.sampling import Sampler, SamplingParams
 
 from .processor import MAX_RESTARTS, ProcessorCore
@@ -137,9 +137,7 @@ class ControlCore(ProcessorCore):
             self.ctl["request"], self.ctl["finished"] = request_id, 0
             out, t0 = [], time.perf_counter()
             pos = 0
-            # seqcut: a step of up to MAX_CHUNK rows, its rows cut between the NPU and the GPU
-            chunks = [(min(MAX_CHUNK, len(prompt) - lo),) * 2 for lo in range(0, len(prompt), MAX_CHUNK)] \
-                if plan == "seqcut" else prefill_chunks(len(prompt))
+            chunks = seqcut_steps(len(prompt)) if plan == "seqcut" else prefill_chunks(len(prompt))
             for rows, bucket in chunks:
                 if self.ctl["cancel"] == request_id:
                     break

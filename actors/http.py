@@ -198,7 +198,7 @@ class OpenAIServer:
                 text += "".join(out["pieces"])
         if out["state"] == "failed":
             return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
-        reason = "stop" if out["finish_reason"] in ("stop", "cancelled") else out["finish_reason"]
+        reason = "stop" if out["finish_reason"] in ("stop", "cancelled", "abandoned") else out["finish_reason"]
         choice = {"index": 0, "finish_reason": reason, "logprobs": None}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
         return {**meta, "object": "chat.completion" if chat else "text_completion",
@@ -242,7 +242,7 @@ class OpenAIServer:
                                          "type": "server_error", "param": None, "code": None}}
                         yield f"data: {json.dumps(err)}\n\n"
                     else:
-                        reason = ("stop" if out["finish_reason"] in ("stop", "cancelled")
+                        reason = ("stop" if out["finish_reason"] in ("stop", "cancelled", "abandoned")
                                   else out["finish_reason"])
                         yield event(None, reason, out["usage"])
         yield "data: [DONE]\n\n"

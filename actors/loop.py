@@ -29,6 +29,8 @@ class ServingLoop:
             with self.cv:
                 for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
                     self._end(req, "cancelled", "cancelled")
+                for req in [r for r in self.scheduler.running if r.id in self.abandoned_ids]:
+                    self._end(req, "cancelled", "abandoned")
                 batch = self.scheduler.schedule()
                 for req in batch.preempted:
                     req.state = "waiting"
@@ -74,7 +76,7 @@ class ServingLoop:
             for req in self.scheduler.running:
                 polled = self.polled.get(req.id)
                 if polled is not None and not polled[0] and now - polled[1] > limit:
-                    self.cancelled.add(req.id)
+                    self.abandoned_ids.add(req.id)
                     self.abandoned += 1
 
     def _fail(self, step: list, ex: Exception):
@@ -242,6 +244,7 @@ class ServingLoop:
             if req.id in self.slot:
                 self.slots.append(self.slot.pop(req.id))
             self.cancelled.discard(req.id)
+            self.abandoned_ids.discard(req.id)
             self.streams.pop(req.id, None)
             self.polled.pop(req.id, None)
             self.metrics.ended(req)

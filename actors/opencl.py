@@ -57,8 +57,13 @@ def named_cpu(info: dict | None = None) -> str | None:
         return None
     fits = [cpu for cpu, needs in TARGETS.items() if needs <= flags]
     asked = os.environ.get("SOCLLM_POCL_CPU")
-    if asked:
-        return asked if asked in fits else None
+    if asked and asked not in fits:
+        import sys
+        print(f"socllm: SOCLLM_POCL_CPU={asked!r} is not one of this CPU's targets "
+              f"({', '.join(fits) or 'none'}); using {fits[0] if fits else 'PoCL as it is'}",
+              file=sys.stderr)
+    elif asked:
+        return asked
     return fits[0] if fits else None
 
 
@@ -67,6 +72,10 @@ def _patched(lib: str, cache: str, cpu: str) -> str | None:
     st = os.stat(lib)
     stamp = f"{lib} {st.st_size} {st.st_mtime_ns}"
     home = os.path.join(cache, "pyopencl-" + cpu)
+    old = os.path.join(cache, "pyopencl")             # the copy's place before there were targets
+    if os.path.isdir(old):
+        import shutil
+        shutil.rmtree(old, ignore_errors=True)
     out = os.path.join(home, ".libs", "libpocl-" + cpu + ".so")
     marker = out + ".source"
     if os.path.exists(out) and os.path.exists(marker) and open(marker).read() == stamp:

@@ -77,6 +77,7 @@ class Service(ServingLoop):
                                          "decode_kernels_s"), 0)
         self.recoveries: list = []   # processor actors that died and came back (actors/loop.py)
         self.abandoned = 0           # requests cancelled because their client stopped polling
+        self.abandoned_ids: set = set()    # ... and those the loop has yet to end
         self.last_step = time.monotonic()   # when the loop's last step ended
         self.doing = "idle"          # the loop's step now: what a new request waits behind
         self.part = None             # a prefill chunk stopped between spans (actors/loop.py)
@@ -180,9 +181,9 @@ class Service(ServingLoop):
         self.streams[req.id] = (self.engine.tokenizer.stream(), StopText(req.stop),
                                 Sampler(req.params))
         req.arrived_during = self.doing
-        self.polled[req.id] = [0, time.monotonic()]
         with self.cv:
             self.scheduler.add(req)              # raises for a request that could never fit
+            self.polled[req.id] = [0, time.monotonic()]
             self.table[req.id] = req
             self.pieces[req.id] = []
             self.events[req.id] = asyncio.Event()

@@ -50,7 +50,7 @@ def run(a) -> int:
     out = {"soc": soc.name, "title": soc.title, "simulated": True, "source": soc.source,
            "model": a.sim_model, "weights": a.weights, "fast_sync": fast, "prompt_len": a.prompt_len,
            "prefill": [prefill(soc, pl, s, a.prompt_len, fast, a.weights) for s in PREFILL
-                       if a.prompt_len <= MAX_CHUNK or s not in ("npu-padding", "online-prepare")],
+                       if a.prompt_len <= MAX_CHUNK or s not in ("npu-padding", "online-prepare", "seq-cut")],
            "decode": [decode(soc, pl, s, a.prompt_len, fast, a.weights) for s in DECODE],
            "cuts": {ph: {p: list(v) for p, v in cut_rows(pl, ph).items()} for ph in ("prefill", "decode")},
            "published": against_published(soc, planners) if fast else []}
@@ -101,19 +101,23 @@ def _plot(out, path):
 
 
 def _workload(a, soc) -> int:
-    from socllm.models.gguf_file import default_model_path, open_gguf
+    import os
+
     from socllm.models.published import PUBLISHED, shape_weights
-    from socllm.models.tokenizer import Tokenizer
     from socllm.policies.soc_plans import planner_for
     from socllm.policies.soc_serving import serve, summary
-    from socllm.scripts.agents import trace
+    from socllm.policies.workload import trace
     if not (a.minutes > 0 and a.reactive_rate >= 0 and a.proactive_rate >= 0):
         raise ValueError("--minutes must be positive and the rates not negative")
     cfg = PUBLISHED[a.sim_model]
     planner = planner_for(cfg, shape_weights(cfg), soc, context=4096)
-    tok = Tokenizer(open_gguf(default_model_path()))       # prompts' lengths, as scripts/agents.py
+    # scripts/agents.py's trace, from the same text; a prompt's tokens ~1.3 a word (no tokenizer:
+    # the simulated models' are not here)
+    text = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "data", "pride_and_prejudice_ch1-2.txt")
     items = [(t, c, n_prompt, n_out) for t, c, _, n_out, n_prompt in
-             trace(a.minutes, {"reactive": a.reactive_rate, "proactive": a.proactive_rate}, a.seed, tok)]
+             trace(a.minutes, {"reactive": a.reactive_rate, "proactive": a.proactive_rate}, a.seed,
+                   open(text).read().split(), lambda s: round(1.3 * len(s.split())))]
     runs = {how: summary(serve(soc, planner, items, how)) for how in ("fcfs-gpu", "agent")}
     out = {"soc": soc.name, "title": soc.title, "simulated": True, "model": a.sim_model,
            "workload": {"reactive_rate": a.reactive_rate, "proactive_rate": a.proactive_rate,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from socllm.models.quant import MATRIX_TYPES
 
-from .buckets import PREFILL_BUCKETS
+from .buckets import MAX_CHUNK, PREFILL_BUCKETS
 
 PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "auto")
 
@@ -120,6 +120,21 @@ def seq_parts(rows: int) -> list:
     if lo < rows:
         parts.append((lo, rows, "gpu"))
     return parts
+
+
+def seqcut_steps(rows: int) -> list:
+    """The seqcut plan's prefill steps, [(rows, bucket)]: a step of up to MAX_CHUNK rows cut
+    between the NPU and the GPU (bucket: its rows), or, where the cut leaves no GPU margin, its
+    NPU chunks as steps of their own (each a prepared bucket)."""
+    steps = []
+    for lo in range(0, rows, MAX_CHUNK):
+        n = min(MAX_CHUNK, rows - lo)
+        parts = seq_parts(n)
+        if len({p for *_, p in parts}) > 1:
+            steps.append((n, n))
+        else:
+            steps += [(hi - a, hi - a) for a, hi, _ in parts]
+    return steps
 
 
 def resolve(plan: str, phase: str, bucket: int, available: set) -> str:

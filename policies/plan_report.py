@@ -78,7 +78,8 @@ def plan_step(cost, tasks: list, phase: str, prompt_len: int, sync_s: float,
                 M = t.args["M"]
                 entry.update(strategy="row-cut", predicted_s=s, parts=[
                     {"processor": dom, "rows": [0, M - r]}, {"processor": other, "rows": [M - r, M]}])
-        on = entry["parts"][0]["processor"] if entry["strategy"] != "row-cut" else "both"
+        # a row-cut's own sync joins its halves on the dominant processor, which runs on
+        on = entry["parts"][0]["processor"] if entry["strategy"] != "row-cut" else DOMINANT[phase]
         mixed += entry["predicted_s"] + (sync_s if prev is not None and on != prev else 0.0)
         prev = on
         if len({p for *_, p in seq}) > 1:        # the parts at once: NPU chunks in turn, GPU margin

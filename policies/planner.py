@@ -108,7 +108,7 @@ class PlannerCore:
         if plan == "npu" and (all_rows or buffer or bucket <= 0):
             raise ValueError("the npu runs paged prefill chunks in the first buffer, of a bucket")
         phase = "batch" if all_rows else "chunk"
-        key = (plan, phase, buffer)
+        key = (plan, phase, buffer, bucket)
         if key not in self.programs:
             lay = self.lay
             graph = build_graph(self.cfg, self.n_layers, paged={

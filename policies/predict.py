@@ -71,9 +71,6 @@ class Predictor:
             raise KeyError(f"the profile has no {op} on the {proc}")
         return float(features(proc, op, args, n, pos0) @ c)
 
-    def procs(self) -> set:
-        return {p for p, _ in self.coef}
-
 
 def load_predictor(path: str | None = None) -> Predictor:
     path = path or PROFILE_PATH

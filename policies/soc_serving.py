@@ -10,7 +10,9 @@ Two ways to serve, as Agent.xpu §6.1 compares them:
              static chunks and decode on the GPU, the two pipelines at once (disaggregated),
              sharing the KV cache in place; reactive requests first, capped mixed batches
 The processors' shared bandwidth is not modelled between the two pipelines' steps (each step is
-simulated alone): the disaggregated figures are an upper bound of what overlap gives.
+simulated alone): the disaggregated figures are an upper bound of what overlap gives. A decode
+batch is timed as the decode program over its rows at their mean position, plus every other
+row's own K/V read.
 """
 from __future__ import annotations
 
@@ -42,13 +44,21 @@ def _timer(soc, planner, weights: str):
     from socllm.graph.program import StepProgram
     cache: dict = {}
 
+    cfg = planner.cfg
+
     def step(plan, phase, rows, pos0):
         bucket = bucket_for(rows) if phase == "prefill" and plan == "npu" else (1 if phase == "decode" else rows)
         n = bucket if plan == "npu" else rows        # the NPU computes its padded bucket
         key = (plan, phase, bucket, n, pos0 // 64)
         if key not in cache:
             prog = StepProgram.from_bytes(planner.program(plan, phase, bucket)[1])
-            cache[key] = simulate_step(prog, soc, n, pos0 // 64 * 64, weight_bytes=WEIGHTS[weights]).seconds + soc.sync_s
+            s = simulate_step(prog, soc, n, pos0 // 64 * 64, weight_bytes=WEIGHTS[weights]).seconds
+            if phase == "decode":
+                # the program's attention reads one sequence's K/V; a batch's rows each read
+                # their own (f16, every layer): the other rows' reads at the processor's bandwidth
+                kv = (rows - 1) * (pos0 // 64 * 64) * 2 * cfg.kv_dim * 2 * cfg.n_layers
+                s += kv / soc.processors[plan].bandwidth
+            cache[key] = s + soc.sync_s
         return cache[key]
     return step
 

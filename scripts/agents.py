@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import statistics
 import sys
 import threading
@@ -33,36 +31,18 @@ import time
 import psutil
 import requests
 
+from socllm.policies import workload
+
 from .serve_bench import DATA, LlamaServer, free_port, pct
 
-# (median, log-sigma, low, high): prompt words and output tokens per class (Figure 7's shapes)
-LENGTHS = {"reactive": {"words": (40, 1.0, 4, 700), "tokens": (72, 0.8, 8, 400)},
-           "proactive": {"words": (320, 0.6, 60, 1000), "tokens": (96, 0.5, 16, 256)}}
 MAX_SEQS = 16              # socllm's sequences at once and llama-server's --parallel
 
 
 def trace(minutes: float, rates: dict, seed: int, tokenizer) -> list:
-    """[(arrival s, class, prompt text, output tokens, prompt tokens)], arrivals of each class Poisson at its
-    rate per minute, generated independently (§6.1)."""
-    rng = random.Random(seed)
-    words = open(DATA).read().split()
-    out = []
-    for cls in ("reactive", "proactive"):
-        t, rate = 0.0, rates[cls] / 60.0
-        while rate > 0:
-            t += rng.expovariate(rate)
-            if t >= minutes * 60:
-                break
-            n = _draw(rng, *LENGTHS[cls]["words"])
-            start = rng.randrange(0, len(words) - n)
-            text = " ".join(words[start:start + n])
-            out.append((t, cls, text, _draw(rng, *LENGTHS[cls]["tokens"]),
-                        len(tokenizer.encode(text))))
-    return sorted(out)
-
-
-def _draw(rng, median, sigma, lo, hi) -> int:
-    return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
+    """policies/workload.trace over the repository's public-domain text, prompts counted with
+    `tokenizer`."""
+    return workload.trace(minutes, rates, seed, open(DATA).read().split(),
+                          lambda text: len(tokenizer.encode(text)))
 
 
 # -- replaying a trace over HTTP ---------------------------------------------------------------
@@ -361,7 +341,7 @@ def main(argv=None) -> int:
             print(table([res]).splitlines()[-1], flush=True)
     report = {"device": "2-core CPU: socllm's gpu actor is OpenCL on PoCL (the CPU)",
               "versions": {e.name: e.version for e in engines if hasattr(e, "version")},
-              "missing": missing, "settings": vars(a), "lengths": LENGTHS, "results": results,
+              "missing": missing, "settings": vars(a), "lengths": workload.LENGTHS, "results": results,
               "requests": raw}
     print(table(results))
     print(preemption(results))

@@ -57,19 +57,33 @@ def _tasks():
     return [_Task("rmsnorm", {"D": 576}), _Task("linear", lin), _Task("add", {"D": 576})]
 
 
-@pytest.mark.parametrize("ratio", [0.3, 1.0, 3.0])
-def test_the_solver_never_keeps_a_plan_predicted_slower_than_one_processor(ratio):
-    """Hand-made costs: the NPU `ratio` times the GPU's for every op."""
+def _cost(npu_over_gpu: float):
+    """Hand-made costs: time grows with the rows of the step and of the weight; the NPU takes
+    `npu_over_gpu` times the GPU's for every op."""
     def cost(p, op, args, n, pos0):
-        base = 1e-6 * n * (args.get("M", 100) / 100)
-        return base * (ratio if p == "npu" else 1.0)
-    for phase, L in (("prefill", 300), ("decode", 300)):
-        out = plan_step(cost, _tasks(), phase, L, sync_s=50e-6, contention=1.5)
-        alone = min(v for k, v in out["alternatives_total_s"].items() if k.endswith(" alone"))
-        assert out["predicted_total_s"] <= alone
-        assert out["predicted_total_s"] == pytest.approx(sum(e["predicted_s"] for e in out["ops"]), rel=0.5)
-    assert {e["parts"][0]["processor"] for e in plan_step(cost, _tasks(), "decode", 1, 0.0, 1.0)["ops"]} \
-        <= {"gpu", "npu"}
+        return 1e-6 * n * args.get("M", 100) / 100 * (npu_over_gpu if p == "npu" else 1.0)
+    return cost
+
+
+@pytest.mark.parametrize("ratio,kept", [(0.3, "npu alone"), (3.0, "gpu alone")])
+def test_one_much_faster_processor_takes_every_op(ratio, kept):
+    out = plan_step(_cost(ratio), _tasks(), "decode", 300, sync_s=50e-6, contention=1.5)
+    assert out["strategy"] == kept
+    assert out["predicted_total_s"] == pytest.approx(sum(e["predicted_s"] for e in out["ops"]))
+    assert {e["strategy"] for e in out["ops"]} == {kept.split()[0]}
+
+
+def test_a_row_cut_is_kept_only_where_it_beats_both_processors():
+    """Equal processors, no sync, no contention: the linear is cut in half (each half takes half
+    the time) and the step beats either processor alone; with contention 2 the cut gains
+    nothing and the solver keeps one processor."""
+    out = plan_step(_cost(1.0), _tasks(), "decode", 300, sync_s=0.0, contention=1.0)
+    lin = out["ops"][1]
+    assert lin["strategy"] == "row-cut" and [p["rows"] for p in lin["parts"]] == [[0, 768], [768, 1536]]
+    assert lin["predicted_s"] == pytest.approx(lin["alternatives"]["gpu"] / 2)
+    assert out["strategy"] == "per op" and out["predicted_total_s"] < out["alternatives_total_s"]["gpu alone"]
+    slow = plan_step(_cost(1.0), _tasks(), "decode", 300, sync_s=0.0, contention=2.0)
+    assert slow["strategy"].endswith(" alone") and all(e["strategy"] != "row-cut" for e in slow["ops"])
 
 
 def test_socllm_plan_json_for_a_simulated_soc_and_this_machine():

@@ -35,7 +35,7 @@ def served(ray_session):
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
                                  "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32",
-                                 "--prefill", "npu", "--abandon-s", "2"],
+                                 "--prefill", "npu", "--abandon-s", "3"],
                        env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -139,8 +139,12 @@ def test_a_reactive_request_overtakes_a_long_proactive_prefill(client, oracle, t
         assert time.monotonic() < deadline, "the proactive prefill never started"
         time.sleep(0.01)
     time.sleep(0.05)                                              # its first chunk is running
+    texts = {}                    # p's text is read as it comes (a request nobody polls ends)
+    reader = threading.Thread(target=lambda: texts.update({p: "".join(client.pieces(p))}))
+    reader.start()
     r = client.submit(prompt=FRANCE, max_tokens=4, priority="reactive")
-    texts = {rid: "".join(client.pieces(rid)) for rid in (r, p)}
+    texts[r] = "".join(client.pieces(r))
+    reader.join(60)
     info = {rid: ray.get(client.service.request.remote(rid)) for rid in (r, p)}
     assert info[r]["priority"] == "reactive" and info[p]["priority"] == "proactive"
     assert info[r]["first_token"] < info[p]["first_token"]
@@ -262,7 +266,7 @@ def test_an_http_client_that_disconnects_cancels_its_request(served, client):
     """Streaming clients that close their connection after the first token: their requests are
     cancelled, not run to their 400 tokens (f32: ~25 s each). Serve's proxy does not always pass
     the disconnect on (measured: 1-3 of 20, see actors/http.py); a request nobody polls is then
-    cancelled after --abandon-s (2 s here)."""
+    cancelled after --abandon-s (3 s here)."""
     import ray
     import requests
     rids = []
@@ -285,7 +289,8 @@ def test_an_http_client_that_disconnects_cancels_its_request(served, client):
 
 def test_a_request_nobody_polls_is_cancelled_as_abandoned(client):
     """A client that submits and then never asks for its text (its process died): the request is
-    cancelled once --abandon-s (2 s) pass with no poll, and its blocks are free."""
+    cancelled once --abandon-s (3 s) pass with no poll, and its blocks are free; a poll after
+    that says so."""
     import ray
     before = ray.get(client.service.status.remote())["abandoned_total"]
     rid = ray.get(client.service.submit.remote(prompt=COUNT, max_tokens=400))
@@ -293,7 +298,10 @@ def test_a_request_nobody_polls_is_cancelled_as_abandoned(client):
     _until(lambda: ray.get(client.service.request.remote(rid))["state"] != "waiting" and
            ray.get(client.service.request.remote(rid))["state"] in ("cancelled", "finished"), 40)
     out = ray.get(client.service.request.remote(rid))
-    assert out["state"] == "cancelled" and len(out["tokens"]) < 400 and time.time() - t0 >= 2
+    assert out["state"] == "cancelled" and len(out["tokens"]) < 400 and time.time() - t0 >= 3
+    assert out["finish_reason"] == "abandoned"
+    with pytest.raises(RuntimeError, match="abandoned"):
+        "".join(client.pieces(rid))
     st = ray.get(client.service.status.remote())
     assert st["abandoned_total"] == before + 1 and st["kv"]["blocks_used"] == 0
 
