@@ -17,7 +17,7 @@ from socllm.memory.kvcache import KVCache
 from socllm.memory.layout import W_FIRST_LOC, W_TOKENS
 from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
 from socllm.policies.buckets import DECODE_BUCKET, prefill_chunks
-from socllm.policies.placement import online_prepare, resolve, seqcut_steps
+from socllm.policies.placement import hybrid_steps, online_prepare, resolve, seqcut_steps
 from socllm.policies.sampling import Sampler, SamplingParams
 
 from .processor import MAX_RESTARTS, ProcessorCore
@@ -137,7 +137,7 @@ class ControlCore(ProcessorCore):
             self.ctl["request"], self.ctl["finished"] = request_id, 0
             out, t0 = [], time.perf_counter()
             pos = 0
-            chunks = seqcut_steps(len(prompt)) if plan == "seqcut" else prefill_chunks(len(prompt))
+            chunks = {"seqcut": seqcut_steps, "hybrid": hybrid_steps}.get(plan, prefill_chunks)(len(prompt))
             for rows, bucket in chunks:
                 if self.ctl["cancel"] == request_id:
                     break

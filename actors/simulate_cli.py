@@ -50,7 +50,7 @@ def run(a) -> int:
     out = {"soc": soc.name, "title": soc.title, "simulated": True, "source": soc.source,
            "model": a.sim_model, "weights": a.weights, "fast_sync": fast, "prompt_len": a.prompt_len,
            "prefill": [prefill(soc, pl, s, a.prompt_len, fast, a.weights) for s in PREFILL
-                       if a.prompt_len <= MAX_CHUNK or s not in ("npu-padding", "online-prepare", "seq-cut")],
+                       if a.prompt_len <= MAX_CHUNK or s not in ("npu-padding", "online-prepare", "seq-cut", "hybrid")],
            "decode": [decode(soc, pl, s, a.prompt_len, fast, a.weights) for s in DECODE],
            "cuts": {ph: {p: list(v) for p, v in cut_rows(pl, ph).items()} for ph in ("prefill", "decode")},
            "published": against_published(soc, planners) if fast else []}

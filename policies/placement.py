@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from socllm.models.quant import MATRIX_TYPES
 
-from .buckets import MAX_CHUNK, PREFILL_BUCKETS
+from .buckets import MAX_CHUNK, PREFILL_BUCKETS, bucket_for
 
-PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "auto")
+PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid", "auto")
 
 # The weight formats each processor's kernels read (models/quant.py): the layers' matrices, and
 # the token embedding / output table. A processor that cannot read every weight of a model is not
@@ -68,7 +68,8 @@ def placement(plan: str, phase: str, bucket: int | None = None):
 def processors(plan: str, available: set = frozenset()) -> set:
     if plan == "auto":
         return {"gpu", "npu"} & set(available) or {"cpu"}
-    return {"hetero": {"gpu", "npu"}, "tensor": {"gpu", "npu"}, "seqcut": {"gpu", "npu"}}.get(plan, {plan})
+    return {"hetero": {"gpu", "npu"}, "tensor": {"gpu", "npu"}, "seqcut": {"gpu", "npu"},
+            "hybrid": {"gpu", "npu"}}.get(plan, {plan})
 
 
 # Measured on the 2-core dev machine (PoCL's OpenCL and OpenVINO both on the CPU;
@@ -137,11 +138,23 @@ def seqcut_steps(rows: int) -> list:
     return steps
 
 
+def hybrid_steps(rows: int) -> list:
+    """The hybrid plan's prefill steps, [(rows, bucket)] (HeteroLLM §4.1.1's hybrid cut): a step
+    of up to MAX_CHUNK rows padded to one static NPU bucket, its linears row-cut with the GPU
+    (the tensor plan's program at that bucket)."""
+    return [(min(MAX_CHUNK, rows - lo), bucket_for(min(MAX_CHUNK, rows - lo)))
+            for lo in range(0, rows, MAX_CHUNK)]
+
+
 def resolve(plan: str, phase: str, bucket: int, available: set) -> str:
     """A concrete plan for one step: `auto` picks, per phase and chunk bucket, the plan measured
     fastest here; it never picks a plan measured slower than the best single processor.
     `seqcut` (bucket: the step's rows) cuts prefill steps between the NPU and the GPU where it
     has both and the rows make two parts; decode runs on the GPU."""
+    if plan == "hybrid":                 # padding + row-cut for prefill; decode on the GPU
+        if not {"gpu", "npu"} <= available:
+            return "gpu" if "gpu" in available else "cpu"
+        return "tensor" if phase == "prefill" else "gpu"
     if plan == "seqcut":
         procs = {p for _, _, p in seq_parts(bucket)} if phase == "prefill" else {"gpu"}
         if not procs <= available:

@@ -18,8 +18,8 @@ from .simulate import simulate_step
 from .soc import WEIGHTS, SoC, prepare_time, task_time
 
 PREFILL = ("gpu", "npu-padding", "npu-pipe", "online-prepare", "hetero-layer", "row-cut", "seq-cut",
-           "hetero-tensor")
-CUTS = ("row-cut", "seq-cut")     # the tensor-level strategies hetero-tensor chooses among
+           "hybrid", "hetero-tensor")
+CUTS = ("row-cut", "seq-cut", "hybrid")   # the tensor-level strategies hetero-tensor chooses among
 DECODE = ("gpu", "npu", "hetero-tensor")
 
 
@@ -102,13 +102,14 @@ def prefill(soc: SoC, planner: PlannerCore, strategy: str, length: int, fast_syn
       hetero-layer   each op on its predicted-faster processor, pipe chunks
       row-cut        row-cut linears (the solver's cuts), pipe chunks
       seq-cut        static NPU chunks and a GPU margin at once (the seqcut plan, graph/seqcut.py)
+      hybrid         the prompt padded to one NPU bucket, its linears row-cut with the GPU
       hetero-tensor  whichever of the cuts the simulation predicts faster (HeteroLLM §5.2.2:
                      "decides the partition strategy according to the computational power")"""
-    if length > MAX_CHUNK and strategy in ("npu-padding", "online-prepare", "seq-cut"):
+    if length > MAX_CHUNK and strategy in ("npu-padding", "online-prepare", "seq-cut", "hybrid"):
         raise ValueError(f"{strategy} runs one step of at most {MAX_CHUNK} rows")
     if strategy == "hetero-tensor":
         tried = [prefill(soc, planner, s, length, fast_sync, weights) for s in CUTS
-                 if length <= MAX_CHUNK or s != "seq-cut"]
+                 if length <= MAX_CHUNK or s == "row-cut"]
         best = min(tried, key=lambda r: r["seconds"])
         return {**best, "strategy": strategy, "chose": best["strategy"]}
     steps, extra = [], 0.0
@@ -120,6 +121,8 @@ def prefill(soc: SoC, planner: PlannerCore, strategy: str, length: int, fast_syn
         steps, extra = [("npu", length, length)], prepare_time(soc.processors["npu"], length)
     elif strategy == "seq-cut":
         steps = [("seqcut", length, length)]
+    elif strategy == "hybrid":
+        steps = [("tensor", length, bucket_for(length))]
     else:
         plan = {"npu-pipe": "npu", "hetero-layer": "layer", "row-cut": "tensor"}[strategy]
         steps = [(plan, rows, bucket) for rows, bucket in prefill_chunks(length)]

@@ -54,6 +54,21 @@ def test_the_lowered_cut_syncs_only_on_the_kv_cache(engine):
     assert len(waiting) == 2 * engine.n_layers
 
 
+def test_hybrid_steps_pad_to_one_bucket_and_row_cut():
+    from socllm.policies.placement import hybrid_steps
+    assert hybrid_steps(300) == [(300, 512)] and hybrid_steps(1100) == [(1024, 1024), (76, 128)]
+    assert resolve("hybrid", "prefill", 512, {"cpu", "gpu", "npu"}) == "tensor"
+    assert resolve("hybrid", "decode", 1, {"cpu", "gpu", "npu"}) == "gpu"
+
+
+def test_hybrid_prefill_gives_the_oracles_greedy_tokens(engine, oracle, tokenizer):
+    """300 rows padded to the NPU's 512 bucket, its linears row-cut with the GPU, f32."""
+    ids = tokenizer.encode(open(TEXT).read())[:300]
+    out = engine.generate_ids(ids, plan="hybrid", precision="f32", max_tokens=8)
+    assert out["placement"] == {"prefill": "tensor", "decode": "gpu"}
+    assert out["tokens"] == oracle.greedy(ids, 8)
+
+
 @pytest.mark.parametrize("rows", [300, 600])
 def test_seqcut_prefill_gives_the_oracles_greedy_tokens(engine, oracle, tokenizer, rows):
     """300 = 256 (NPU) + 44 (GPU) and 600 = 512 + 32 (NPU) + 56 (GPU), f32."""

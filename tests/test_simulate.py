@@ -136,7 +136,7 @@ def test_figure_14s_ranking_at_misaligned_lengths(planners, length):
     from socllm.policies.soc_plans import PREFILL, prefill
     soc, pl = planners
     t = {s: prefill(soc, pl["llama-8b"], s, length, weights="w4a16")["seconds"] for s in PREFILL}
-    assert t["hetero-tensor"] == min(t.values()) == t["seq-cut"]
+    assert t["hetero-tensor"] == min(t.values()) == t["seq-cut"] < t["hybrid"]
     assert t["npu-pipe"] < t["npu-padding"] and t["npu-pipe"] < t["online-prepare"]
     assert t["gpu"] == max(t.values())
 
