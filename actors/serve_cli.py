@@ -113,8 +113,12 @@ def stop(a) -> int:
     if not _join():
         print(f"socllm: {NO_CLUSTER}; nothing to stop")
         return 0
-    from .http import undeploy
-    undeploy()
+    try:
+        from .http import undeploy
+    except ImportError:        # no ray[serve] in this install: it deployed no HTTP front end
+        undeploy = None
+    if undeploy is not None:
+        undeploy()
     svc = _service()
     if svc is None:
         print("socllm: no service is running")
