@@ -29,9 +29,15 @@ class Unit:
 
 
 def kernel_units(kernels, tasks: list) -> list:
-    """One unit per task for backends that launch kernels one by one (CPU, GPU)."""
-    return [Unit(t.waits, (lambda n, p, t=t: kernels.run(t.op, t.args, *part_rows(t.args, n, p))),
-                 t.signals, (t.seq,), stage) for t, stage in zip(tasks, stage_of(tasks))]
+    """One unit per task for backends that launch kernels one by one (CPU, GPU); a sequence-cut
+    part's task takes its own rows (graph/seqcut.part_rows), the others the step's as they are."""
+    def unit(t, stage):
+        if "seq_n" in t.args:
+            run = lambda n, p: kernels.run(t.op, t.args, *part_rows(t.args, n, p))
+        else:
+            run = lambda n, p: kernels.run(t.op, t.args, n, p)
+        return Unit(t.waits, run, t.signals, (t.seq,), stage)
+    return [unit(t, stage) for t, stage in zip(tasks, stage_of(tasks))]
 
 
 class Worker:

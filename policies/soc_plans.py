@@ -9,7 +9,7 @@ simulated.
 from __future__ import annotations
 
 from socllm.graph.partition import ALIGN, CUTTABLE, DOMINANT, part_of
-from socllm.graph.program import Task
+from socllm.graph.program import StepProgram, Task
 from socllm.memory.layout import plan_layout
 
 from .buckets import MAX_CHUNK, bucket_for, prefill_chunks
@@ -42,7 +42,6 @@ def _linear_s(soc: SoC, proc: str, K: int, M: int, n: int) -> float:
 
 def _cut_s(soc: SoC, dom: str, other: str, K: int, M: int, r: int, n: int) -> float:
     """A linear cut r rows to `other`, both halves at once (simulated: shared bandwidth)."""
-    from .simulate import StepProgram
     w = 1 << 20
     half = lambda m: {"K": K, "M": m, "w": ("w4",)}
     prog = StepProgram("sim", n, {other: [Task("linear", half(r), signals=[(w, 1)])],
@@ -158,7 +157,6 @@ def decode(soc: SoC, planner: PlannerCore, strategy: str, pos: int, fast_sync: b
 
 
 def _program(planner: PlannerCore, plan: str, phase: str, bucket: int):
-    from socllm.graph.program import StepProgram
     return StepProgram.from_bytes(planner.program(plan, phase, bucket)[1])
 
 

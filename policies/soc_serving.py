@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from socllm.graph.program import StepProgram
 from socllm.memory.blocks import BlockPool
 
 from .agent import AgentPolicy, b_rf_from_profile
@@ -41,7 +42,6 @@ class _Clock:
 
 def _timer(soc, planner, weights: str):
     """step(plan, phase, rows, pos0) -> simulated seconds, cached by shape."""
-    from socllm.graph.program import StepProgram
     cache: dict = {}
 
     cfg = planner.cfg

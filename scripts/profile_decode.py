@@ -24,6 +24,15 @@ import numpy as np
 from socllm.policies.threads import actor_env, machine_budget
 
 
+def apply_budget() -> int:
+    """This machine's thread budget, given to this process's PoCL, OpenVINO and BLAS (as the
+    actors get it: policies/threads.actor_env) unless the environment sets them already."""
+    budget = machine_budget()
+    for k, v in actor_env(budget).items():
+        os.environ.setdefault(k, v)
+    return budget
+
+
 def pool(model: str | None = None, context: int = 2048, paged: int = 0, kv_dtype: str = "f32"):
     """-> (arena, layout, planner, reader, cfg, weights): the model's pool (default: the default
     model) laid out and filled as the engine does it, in this process, its layout given to a
@@ -106,8 +115,7 @@ def main(argv=None):
     if args.batch:
         from socllm.actors.service import KV_DTYPE
     kv = args.kv or (KV_DTYPE[args.precision] if args.batch else "f32")
-    for k, v in actor_env(machine_budget()).items():
-        os.environ.setdefault(k, v)
+    apply_budget()
     out = {}
     for profile in (False, True):
         arena, lay, gpu, units = build(args.precision, profile, args.batch, kv, args.model)

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from socllm.policies.predict import PROFILE_PATH
-from socllm.policies.threads import actor_env, machine_budget
+from .profile_decode import apply_budget
 
 
 def shape_args(args: dict) -> dict:
@@ -66,9 +66,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=PROFILE_PATH)
     a = ap.parse_args(argv)
-    budget = machine_budget()
-    for k, v in actor_env(budget).items():
-        os.environ.setdefault(k, v)
+    budget = apply_budget()
     import openvino as ov
 
     from socllm.actors.gpu import GPUBackend

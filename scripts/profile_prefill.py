@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import time
 
 import numpy as np
 
-from socllm.policies.threads import actor_env, machine_budget
+from socllm.policies.threads import machine_budget
+
+from .profile_decode import apply_budget
 
 
 def build(bucket: int, per_layer: bool):
@@ -41,8 +42,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--per-layer", action="store_true", help="per-layer graphs even at pos0 = 0")
     args = ap.parse_args(argv)
-    for k, v in actor_env(machine_budget()).items():
-        os.environ.setdefault(k, v)
+    apply_budget()
     import psutil
     arena, lay, units, names, build_s = build(args.bucket, args.per_layer)
     try:

@@ -22,7 +22,7 @@ import threading
 import time
 
 from socllm.policies.rowcut import PROFILE_PATH
-from socllm.policies.threads import actor_env, machine_budget
+from .profile_decode import apply_budget
 
 PARTS = {"attn_q": "blk.0.attn_q.weight", "attn_k": "blk.0.attn_k.weight",
          "attn_output": "blk.0.attn_output.weight", "ffn_gate": "blk.0.ffn_gate.weight",
@@ -45,9 +45,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=PROFILE_PATH)
     args = ap.parse_args(argv)
-    budget = machine_budget()
-    for k, v in actor_env(budget).items():
-        os.environ.setdefault(k, v)
+    budget = apply_budget()
     import openvino as ov
 
     from socllm.actors.gpu import GPUBackend

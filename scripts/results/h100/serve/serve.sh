@@ -1,17 +1,7 @@
 # socllm's service on the lent NVIDIA machine: ray start, socllm serve (f32, no HTTP), the Python
 # client's greedy text against the oracle's, 1 and 8 concurrent streams, status, stop.
 set -u
-cat /tmp/parts/part.aa .rayB/part.ab > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl .rayB/*.whl /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl || exit 1
-mkdir -p /etc/OpenCL/vendors && echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
-mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/socllm
-export PYTHONPATH=/tmp/pkg:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-python3 - <<'PY'
-from socllm.models.synthetic import write_tiny
-write_tiny("/tmp/smollm2-shaped.gguf", matrix="Q4_1", dim=576, ffn=1536, layers=30, heads=9,
-           kv_heads=3, head_dim=64, vocab=49152, random=True, context=4096)
-PY
+source scripts/results/h100/device_env.sh
 RAY_worker_niceness=0 ray start --head --disable-usage-stats --include-dashboard=false > $OUT/ray.txt 2>&1
 /usr/bin/time -f "serve: wall %e s" python3 -m socllm.actors.cli serve --http-port 0 --model /tmp/smollm2-shaped.gguf \
     --precision f32 --max-seqs 8 --kv-mb 256 --context 1024 2>&1 | tee $OUT/serve.txt
