@@ -22,9 +22,9 @@ from .worker import Unit, kernel_units
 
 PAGED_PHASES = ("chunk", "batch")     # actors/planner.py paged_program
 ACT_BITS = {"q16": 16, "q8": 8}       # a decode batch's linears in integers (cl/paged.cl)
-# row counts whose launches a paged program keeps recorded: a decode batch has at most max_seqs,
-# prefill chunks come in every length (a stress run grew PSS by ~100s of MB keeping them all)
-RECORDINGS = {"batch": None, "chunk": 8}
+# row counts whose launches a paged program keeps recorded: a decode batch has at most max_seqs;
+# prefill chunks walk their tasks at every step (kernels_cl.py replay: as fast, nothing kept)
+RECORDINGS = {"batch": None, "chunk": 0}
 
 
 class GPUBackend:

@@ -207,6 +207,7 @@ class CLKernels:
         self._prepared = None         # the input those rows hold (while recording a replay)
         self.rope_rows = None         # (offset, bytes): a step's table of its rows' cos and sin
         self._rope_table = None       # the positions that table holds (while recording a replay)
+        self._one_step = False        # replay() walks one step's tasks: they share a rope table
 
     def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None,
                  extra: str = "") -> dict:
@@ -304,7 +305,9 @@ class CLKernels:
         rows_act = (offset, bytes, bits): the linears of more than one row take their rows
         prepared in int16 (bits 16) or int8 (8) in that scratch (decode batches at q16 / q8).
         keep: recordings kept at most, the least recently used dropped (each is a few hundred
-        kernel objects: prefill chunks come in every length, decode batches in max_seqs).
+        kernel objects); 0: none, every step walks its tasks (prefill chunks: in every length,
+        and the walk's ~2 ms of Python is within 1-3 % of a recording's time for 20-128 rows,
+        where recording a length costs ~100 ms, which a reactive arrival behind it waited for).
         rope_rows: (offset, bytes) of the step's cos / sin table (default: the kernels' own).
         stages: each task's stage (graph/program.py stage_of): run(n, span=(lo, hi)) enqueues
         only the launches of stages lo .. hi-1 (every stage prepares its own inputs)."""
@@ -324,25 +327,41 @@ class CLKernels:
                 self.starts = {}                        # stage -> index of its first launch
                 self.state = (None, None)               # (_prepared, _rope_table) between parts
 
-        def record(rec: Recording, n: int, upto: int):
-            """Records tasks until the first of stage >= upto (the same launches, in the same
-            order, as recording them all at once: the state carries from one part to the next)."""
-            saved = (self._recording, self.rows_act, self._prepared, self._rope_table, self.rope_rows)
-            self._recording, self.rows_act, self.rope_rows = [], rows_act, table
-            self._prepared, self._rope_table = rec.state
-            first = len(rec.bound)
+        def walk(n: int, state: tuple, select) -> tuple:
+            """Runs the tasks select(i, stage) takes, in order, for n rows (launches go to
+            self._recording where one is open), from the carried (_prepared, _rope_table) state;
+            -> that state after them."""
+            saved = (self.rows_act, self._prepared, self._rope_table, self.rope_rows, self._one_step)
+            self.rows_act, self.rope_rows, self._one_step = rows_act, table, True
+            self._prepared, self._rope_table = state
             try:
-                while rec.next < len(tasks) and stages[rec.next] < upto:
-                    t, stage = tasks[rec.next], stages[rec.next]
-                    rec.starts.setdefault(stage, first + len(self._recording))
+                for i, (t, stage) in enumerate(zip(tasks, stages)):
+                    if not select(i, stage):
+                        continue
                     self.run(t.op, t.args, n, 0)
                     if self._prepared and t.args.get("out", (None, None))[1] == self._prepared[0]:
                         self._prepared = None          # its input was overwritten
-                    rec.next += 1
-                recs, rec.state = self._recording, (self._prepared, self._rope_table)
+                return self._prepared, self._rope_table
             finally:
-                (self._recording, self.rows_act, self._prepared, self._rope_table,
-                 self.rope_rows) = saved
+                self.rows_act, self._prepared, self._rope_table, self.rope_rows, self._one_step = saved
+
+        def record(rec: Recording, n: int, upto: int):
+            """Records tasks until the first of stage >= upto (the same launches, in the same
+            order, as recording them all at once: the state carries from one part to the next)."""
+            saved, self._recording = self._recording, []
+            first = len(rec.bound)
+
+            def select(i, stage):
+                if i < rec.next or stage >= upto:
+                    return False
+                rec.starts.setdefault(stage, first + len(self._recording))
+                rec.next = i + 1
+                return True
+            try:
+                rec.state = walk(n, rec.state, select)
+                recs = self._recording
+            finally:
+                self._recording = saved
             for name, gsize, lsize, args, ks in recs:
                 rec.bound.append((name, self._clone(ks, name, args), gsize, lsize))
 
@@ -354,14 +373,20 @@ class CLKernels:
 
         mirror = self.mirror
 
+        walked: dict = {}          # n -> (_prepared, _rope_table) between a walked chunk's spans
+
         def run(n, pos0=0, span=None):
             if mirror is not None:
                 self.upload()
+            lo, hi = (0, last + 1) if span is None else (min(k, last + 1) for k in span)
+            if keep == 0:
+                walked[n] = walk(n, walked.get(n, (None, None)) if lo else (None, None),
+                                 lambda i, stage: lo <= stage < hi)
+                return
             rec = recorded.pop(n, None) or Recording()
             recorded[n] = rec                          # the most recently used last
             if keep is not None and len(recorded) > keep:
                 del recorded[next(iter(recorded))]
-            lo, hi = (0, last + 1) if span is None else (min(k, last + 1) for k in span)
             if rec.next < len(tasks) and stages[rec.next] < hi:
                 record(rec, n, hi)
             launches = rec.bound if span is None else rec.bound[bound_of(rec, lo): bound_of(rec, hi)]
@@ -509,10 +534,10 @@ class CLKernels:
 
     def _rope_rows(self, a, N) -> int:
         """Offset of this step's cos / sin table for rows at positions a["pos"], computed by the
-        first rope of a recorded step (positions are data: only a recording knows that one step
-        holds them fixed); 0: none, the kernel computes its own."""
+        first rope of a recorded or walked step (positions are data: only replay() knows that one
+        step holds them fixed); 0: none, the kernel computes its own."""
         hd = a["head_dim"]
-        if self._recording is None or self.rope_rows is None or N * hd * 4 > self.rope_rows[1]:
+        if (self._recording is None and not self._one_step) or self.rope_rows is None or N * hd * 4 > self.rope_rows[1]:
             return 0
         f = a["f"][1] if "f" in a else 0
         key = (a["pos"][1], N, hd, a["theta"], f)
