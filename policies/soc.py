@@ -26,7 +26,9 @@ WEIGHT_BYTES = {"w4": 0.625, "wq": 0.625, "w8": 1.0625, "wt": 2.0, "wf": 4.0}
 # HeteroLLM's W4A16 storage (§5.1), taken as 4-bit codes with one f16 scale per 128 weights (the
 # paper does not give its group): what its published decode rates read per token
 W4A16_BYTES = {**WEIGHT_BYTES, "w4": 4.125 / 8, "w8": 4.125 / 8}
-WEIGHTS = {"q4_1": WEIGHT_BYTES, "w4a16": W4A16_BYTES}
+# Agent.xpu's W8A16 (§6.1, round-to-nearest, OpenVINO's per-channel int8: a byte a weight)
+W8A16_BYTES = {**WEIGHT_BYTES, "w4": 1.0, "w8": 1.0}
+WEIGHTS = {"q4_1": WEIGHT_BYTES, "w4a16": W4A16_BYTES, "w8a16": W8A16_BYTES}
 
 
 @dataclass
@@ -52,6 +54,7 @@ class SoC:
     bandwidth_total: float           # bytes/s all processors reach at once
     sync_s: float                    # a cross-processor wait with the pool's ready flags
     sync_copy_s: float               # ... and without them (copy through the driver)
+    weights: str = "w4a16"           # the storage its paper's models used (WEIGHTS)
     simulated: bool = True
     notes: dict = field(default_factory=dict)
     published: list = field(default_factory=list)   # the papers' results, to compare against
@@ -73,7 +76,8 @@ def load_soc(name: str) -> SoC:
         notes.update({f"{p}.{k}": v for k, v in spec.items() if k.endswith("_note")})
         procs[p] = Processor(p, **{k: v for k, v in spec.items() if not k.endswith("_note")})
     return SoC(d["name"], d["title"], d["source"], procs, d["bandwidth_total"], d["sync_s"],
-               d["sync_copy_s"], notes=notes, published=d.get("published", []))
+               d["sync_copy_s"], weights=d.get("weights", "w4a16"), notes=notes,
+               published=d.get("published", []))
 
 
 def _pad(x: int, tile: int) -> int:

@@ -175,9 +175,12 @@ def cut_rows(planner: PlannerCore, phase: str) -> dict:
 def against_published(soc: SoC, planners: dict, weights: str = "w4a16") -> list:
     """The SoC's published results (policies/socs/*.json "published") beside the simulated ones.
     planners: model name -> planner_for(...). Rows: {what, model, strategy, prompt_len, source,
-    published, simulated, ratio (simulated / published)}."""
+    published, simulated, ratio (simulated / published)}. A workload's figures (they name rates)
+    are the workload simulation's (actors/simulate_cli.py --workload)."""
     rows = []
     for e in soc.published:
+        if "reactive_rate" in e:
+            continue
         pl, s, L = planners[e["model"]], e["strategy"], e["prompt_len"]
         if e["what"] == "decode tok/s":
             sim = decode(soc, pl, s, L, weights=weights)["tok_s"]

@@ -186,15 +186,37 @@ class LlamaServerFIFO:
 
 
 # -- the report --------------------------------------------------------------------------------
+def stats(xs: list) -> dict | None:
+    return {"n": len(xs), "mean": statistics.fmean(xs), "p50": pct(xs, 50), "p90": pct(xs, 90),
+            "p99": pct(xs, 99), "max": max(xs)} if xs else None
+
+
+def preemption_latency(recs: list) -> tuple:
+    """Agent.xpu §4.4 ②: a reactive request preempts proactive work at the next kernel or span,
+    but "reactive tasks do not preempt each other and run sequentially": its pending time
+    (arrival -> first prefill kernel) is its preemption latency unless another reactive request
+    was still waiting or prefilling when it arrived (then it queued behind that one).
+    -> (preemption latencies, times queued behind a reactive prefill), seconds."""
+    react = [r for r in recs if r["class"] == "reactive" and not r["error"]
+             and r.get("queue_s") is not None]
+    pre, behind = [], []
+    for r in react:
+        queued = any(q is not r and q["arrival_s"] <= r["arrival_s"] < q["arrival_s"] + q["ttft_s"]
+                     for q in react)
+        (behind if queued else pre).append(r["queue_s"])
+    return pre, behind
+
+
 def summarize(recs: list, t_span: float, busy0: dict, busy1: dict) -> dict:
     out = {"requests": len(recs), "errors": [r["error"] for r in recs if r["error"]]}
     for cls in ("reactive", "proactive"):
         ok = [r for r in recs if r["class"] == cls and not r["error"]]
         m = {"n": len(ok)}
         for key in ("e2e_s", "ttft_s", "tpot_s", "queue_s"):
-            xs = [r[key] for r in ok if r.get(key) is not None]
-            m[key] = {"mean": statistics.fmean(xs), "p50": pct(xs, 50), "p90": pct(xs, 90),
-                      "p99": pct(xs, 99), "max": max(xs)} if xs else None
+            m[key] = stats([r[key] for r in ok if r.get(key) is not None])
+        if cls == "reactive":
+            pre, behind = preemption_latency(recs)
+            m["preemption_s"], m["behind_reactive_s"] = stats(pre), stats(behind)
         # what the loop ran when they arrived: a decode step, a chunk, a span of one, idle
         by: dict = {}
         for r in ok:
@@ -228,6 +250,11 @@ def preemption(results: list) -> str:
         parts = ", ".join(f"{k} n={v['n']} p50 {1e3 * v['p50']:.0f} / p99 {1e3 * v['p99']:.0f} ms"
                           for k, v in by.items())
         q = r["proactive"].get("queue_s") or {}
+        pre, behind = r["reactive"].get("preemption_s"), r["reactive"].get("behind_reactive_s")
+        parts += (f"; preemption latency n={pre['n']} p50 {1e3 * pre['p50']:.0f} / p90 "
+                  f"{1e3 * pre['p90']:.0f} / p99 {1e3 * pre['p99']:.0f} / max {1e3 * pre['max']:.0f} ms"
+                  if pre else "") + (f"; queued behind another reactive prefill n={behind['n']}, "
+                                     f"max {1e3 * behind['max']:.0f} ms" if behind else "")
         lines.append(f"{r['level']} {r['engine']}: reactive pending behind {parts}; longest proactive "
                      f"wait {q.get('max', 0):.1f} s (aging {AGING_S:g} s); b_rf {r.get('b_rf')}")
     return "\n".join(lines)
@@ -235,13 +262,13 @@ def preemption(results: list) -> str:
 
 def table(results: list) -> str:
     rows = ["| level R:P /min | engine | reactive e2e mean / P90 s | reactive TTFT P90 s | "
-            "reactive queue P50 / P99 ms | proactive e2e mean / P90 s | proactive tok/s | "
+            "reactive preemption P50 / P99 ms | proactive e2e mean / P90 s | proactive tok/s | "
             "normalized s/token R / P | busy share |", "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         r, p = res["reactive"], res["proactive"]
         f = lambda m, k, q, s=1.0: f"{m[k][q] * s:.2f}" if m.get(k) else "n/a"
-        q = lambda m: f"{m['queue_s']['p50'] * 1e3:.0f} / {m['queue_s']['p99'] * 1e3:.0f}" \
-            if m.get("queue_s") else "n/a"
+        q = lambda m: f"{m['preemption_s']['p50'] * 1e3:.0f} / {m['preemption_s']['p99'] * 1e3:.0f}" \
+            if m.get("preemption_s") else "n/a"
         norm = lambda m: f"{m['normalized_s_per_token']:.3f}" if m.get("normalized_s_per_token") else "n/a"
         rows.append(f"| {res['level']} | {res['engine']} | {f(r, 'e2e_s', 'mean')} / {f(r, 'e2e_s', 'p90')} | "
                     f"{f(r, 'ttft_s', 'p90')} | {q(r)} | {f(p, 'e2e_s', 'mean')} / {f(p, 'e2e_s', 'p90')} | "

@@ -159,3 +159,23 @@ def test_the_agent_policy_on_the_simulated_soc_serves_reactive_requests_first(pl
     assert serve(soc, pl["llama-3b"], items, "agent") == agent
     with pytest.raises(ValueError, match="serve"):
         serve(soc, pl["llama-3b"], items, "lifo")
+
+
+def test_the_simulated_core_ultra_serves_agents_with_agent_xpus_published_figure_beside():
+    """`socllm simulate --soc core-ultra --workload agents`: Agent.xpu's testbed, its W8A16
+    weights by default; the JSON carries the simulated reduction of the reactive mean latency
+    (agent against fcfs on the iGPU, positive: the agent policy is faster) beside the published
+    one for the same model and rates; the SoC's workload figures stay out of the per-step table."""
+    cli = [sys.executable, "-m", "socllm.actors.cli", "simulate", "--soc", "core-ultra"]
+    r = subprocess.run(cli + ["--workload", "agents", "--model", "llama-3b", "--minutes", "3",
+                              "--reactive-rate", "3", "--proactive-rate", "6", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["simulated"] is True and out["weights"] == "w8a16"
+    assert out["published_reduction"] == 0.9384
+    assert 0 < out["reactive_mean_reduction"] < 1
+    r = subprocess.run(cli + ["--model", "llama-3b", "--prompt-len", "256", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["published"] == []
