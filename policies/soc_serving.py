@@ -9,10 +9,11 @@ Two ways to serve, as Agent.xpu §6.1 compares them:
   agent      Agent.xpu §4.3-4.5: the agent policy (policies/agent.py) with prefill on the NPU's
              static chunks and decode on the GPU, the two pipelines at once (disaggregated),
              sharing the KV cache in place; reactive requests first, capped mixed batches
-The processors' shared bandwidth is not modelled between the two pipelines' steps (each step is
-simulated alone): the disaggregated figures are an upper bound of what overlap gives. A decode
-batch is timed as the decode program over its rows at their mean position, plus every other
-row's own K/V read.
+Each step is simulated alone (its seconds and bytes); while the two pipelines' steps overlap
+they share the SoC's total bandwidth as a fluid (HeteroLLM §3.3, Agent.xpu §3.1 Figure 3): when
+the bytes per second they draw alone add up to more than it, both progress that much slower. A
+decode batch is timed as the decode program over its rows at their mean position, plus every
+other row's own K/V read.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class _Clock:
 
 
 def _timer(soc, planner, weights: str):
-    """step(plan, phase, rows, pos0) -> simulated seconds, cached by shape."""
+    """step(plan, phase, rows, pos0) -> (simulated seconds alone, bytes moved), cached by shape."""
     cache: dict = {}
 
     cfg = planner.cfg
@@ -52,13 +53,14 @@ def _timer(soc, planner, weights: str):
         key = (plan, phase, bucket, n, pos0 // 64)
         if key not in cache:
             prog = StepProgram.from_bytes(planner.program(plan, phase, bucket)[1])
-            s = simulate_step(prog, soc, n, pos0 // 64 * 64, weight_bytes=WEIGHTS[weights]).seconds
+            res = simulate_step(prog, soc, n, pos0 // 64 * 64, weight_bytes=WEIGHTS[weights])
+            s, nbytes = res.seconds, sum(res.bytes.values())
             if phase == "decode":
                 # the program's attention reads one sequence's K/V; a batch's rows each read
                 # their own (f16, every layer): the other rows' reads at the processor's bandwidth
                 kv = (rows - 1) * (pos0 // 64 * 64) * 2 * cfg.kv_dim * 2 * cfg.n_layers
-                s += kv / soc.processors[plan].bandwidth
-            cache[key] = s + soc.sync_s
+                s, nbytes = s + kv / soc.processors[plan].bandwidth, nbytes + kv
+            cache[key] = (s + soc.sync_s, nbytes)
         return cache[key]
     return step
 
@@ -71,7 +73,7 @@ def serve(soc, planner, items: list, how: str, chunk: int = 128, weights: str = 
     clock = _Clock()
     kv = BlockPool(MAX_SEQS * context // 16)
     if how == "agent":
-        profile = {b: step("gpu", "decode", b, 256) for b in range(1, MAX_SEQS + 1)}
+        profile = {b: step("gpu", "decode", b, 256)[0] for b in range(1, MAX_SEQS + 1)}
         policy = AgentPolicy(MAX_SEQS, context, kv, b_rf=b_rf_from_profile(profile), clock=clock)
         pre, dec = "npu", "gpu"
     elif how == "fcfs-gpu":
@@ -80,8 +82,8 @@ def serve(soc, planner, items: list, how: str, chunk: int = 128, weights: str = 
         raise ValueError(f"unknown way to serve {how!r} (agent, fcfs-gpu)")
     todo = sorted(items)
     reqs, out = {}, []
-    busy = {"npu": 0.0, "gpu": 0.0}          # when each pipeline's current step ends
-    inflight = {}                            # processor -> (kind, requests, rows)
+    inflight = {}                            # processor -> [kind, requests, rows, seconds left
+                                             # at full speed, bytes/s it draws alone]
     i, last = 0, "decode"
     while i < len(todo) or any(not r.ended for r in reqs.values()):
         now = clock.t
@@ -101,20 +103,25 @@ def serve(soc, planner, items: list, how: str, chunk: int = 128, weights: str = 
             rows = min(chunk, r.rows - r.computed)
             if r.prefill_start is None:
                 r.prefill_start = now
-            busy[pre] = now + step(pre, "prefill", rows, r.computed)
-            inflight[pre] = ("prefill", [r], rows)
+            s, nbytes = step(pre, "prefill", rows, r.computed)
+            inflight[pre] = ["prefill", [r], rows, s, nbytes / s]
             last = "prefill"
         if decode and dec not in inflight:
             last = "decode"
             pos = sum(r.computed for r in decode) // len(decode)
-            busy[dec] = now + step(dec, "decode", len(decode), pos)
-            inflight[dec] = ("decode", decode, 1)
-        nxt = [busy[p] for p in inflight] + ([todo[i][0]] if i < len(todo) else [])
+            s, nbytes = step(dec, "decode", len(decode), pos)
+            inflight[dec] = ["decode", decode, 1, s, nbytes / s]
+        # the pipelines' steps at once share the SoC's bandwidth (fluid): both slow by its excess
+        draw = sum(f[4] for f in inflight.values())
+        speed = min(1.0, soc.bandwidth_total / draw) if len(inflight) > 1 and draw else 1.0
+        nxt = [now + f[3] / speed for f in inflight.values()] + ([todo[i][0]] if i < len(todo) else [])
         if not nxt:
             break
         clock.t = max(now, min(nxt))
-        for p in [p for p in inflight if busy[p] <= clock.t]:
-            kind, rs, rows = inflight.pop(p)
+        for f in inflight.values():
+            f[3] -= (clock.t - now) * speed
+        for p in [p for p, f in inflight.items() if f[3] <= 1e-9]:
+            kind, rs, rows, _, _ = inflight.pop(p)
             for r in rs:
                 if r.ended or r not in policy.running:
                     continue

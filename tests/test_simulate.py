@@ -159,6 +159,13 @@ def test_the_agent_policy_on_the_simulated_soc_serves_reactive_requests_first(pl
     assert serve(soc, pl["llama-3b"], items, "agent") == agent
     with pytest.raises(ValueError, match="serve"):
         serve(soc, pl["llama-3b"], items, "lifo")
+    # the two pipelines share the SoC's bandwidth: with less of it for both at once, the agent
+    # policy's overlapping steps slow down; fcfs, one pipeline, never overlaps
+    import dataclasses
+    narrow = dataclasses.replace(soc, bandwidth_total=soc.processors["gpu"].bandwidth)
+    assert serve(narrow, pl["llama-3b"], items, "fcfs-gpu") == fcfs
+    slowed = summary(serve(narrow, pl["llama-3b"], items, "agent"))
+    assert slowed["proactive"]["e2e_mean_s"] > summary(agent)["proactive"]["e2e_mean_s"]
 
 
 def test_the_simulated_core_ultra_serves_agents_with_agent_xpus_published_figure_beside():
