@@ -146,6 +146,11 @@ def status(a) -> int:
     timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pf["chunk_ms"].items())
     print(f"prefill    chunks of {st['prefill_chunk']} rows on the {pf['on']} "
           f"({'the faster at start: ' + timed if timed else 'as asked'}), decode on the {st['plan']}")
+    pre = st.get("preemption")
+    if pre:
+        npu = f", a whole npu chunk {pre['npu_chunk_ms']:.0f} ms" if pre["npu_chunk_ms"] else ""
+        print(f"preemption proactive chunks stop between {pre['proactive']} (bound "
+              f"{pre['bound_ms']:.0f} ms{npu}: the npu runs {pre['npu_runs']}); reactive ones run whole")
     q = st["queues"]
     classes = (f" (reactive {len(q['waiting_reactive'])}, proactive {len(q['waiting_proactive'])})"
                if "waiting_reactive" in q else "")

@@ -21,7 +21,7 @@ import ray
 
 from socllm.policies.request import Request, StopText, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.agent import POLICIES, b_rf_from_profile
+from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, SLICE_S, b_rf_from_profile
 
 from .loop import ServingLoop
 
@@ -161,8 +161,17 @@ class Service(ServingLoop):
                 "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
                 "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.opts["prefill_chunk"],
-                "prefill": self.prefill, "pid": os.getpid(),
+                "prefill": self.prefill, "preemption": self._preemption(), "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
+
+    def _preemption(self) -> dict | None:
+        """What a reactive arrival waits for (Agent.xpu §4.4 ②), against PREEMPT_BOUND_S."""
+        if self.scheduler.slice_s is None:
+            return None
+        npu = self.prefill["chunk_ms"].get("npu")
+        return {"bound_ms": 1e3 * PREEMPT_BOUND_S, "proactive": f"gpu spans of ~{1e3 * SLICE_S:.0f} ms",
+                "npu_chunk_ms": npu,
+                "npu_runs": "reactive chunks only" if self.prefill["on"] == "npu" else "no chunks"}
 
     # -- the client calls ----------------------------------------------------------------------
     async def submit(self, prompt: str | None = None, messages: list | None = None,

@@ -36,6 +36,11 @@ B_RF = 3          # rows of a batch mixing the classes: Agent.xpu's value, where
 REACTIVE_SLOWDOWN = 0.25
 AGING_S = 30.0    # seconds after which a proactive request is promoted
 SLICE_S = 0.02    # a proactive prefill chunk's span of layers: a reactive arrival waits for one
+# the longest a reactive arrival should wait for the work it preempts (arrival -> its first prefill
+# kernel): no piece of proactive work that cannot stop midway may take longer. Proactive chunks
+# run as GPU spans of SLICE_S; a whole NPU chunk graph cannot stop midway, so only reactive
+# chunks run there (no reactive request preempts another, §4.4 ②)
+PREEMPT_BOUND_S = 0.05
 
 
 def b_rf_from_profile(step_s: dict, slowdown: float = REACTIVE_SLOWDOWN) -> int:

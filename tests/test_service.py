@@ -78,8 +78,13 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert {p["processor"] for p in st["processors"]} == {"cpu", "gpu", "npu"}
     assert st["frontends"]["http"] == served[1]
     assert st["prefill"] == {"on": "npu", "chunk_ms": {}, "asked": "npu"} and st["plan"] == "gpu"
+    # no proactive work runs where a reactive arrival could not stop it within the bound
+    assert st["preemption"] == {"bound_ms": 50.0, "proactive": "gpu spans of ~20 ms",
+                                "npu_chunk_ms": None, "npu_runs": "reactive chunks only"}
     r = _cli(served[0], "status")
     assert "chunks of 128 rows on the npu (as asked), decode on the gpu" in r.stdout
+    assert "preemption proactive chunks stop between gpu spans of ~20 ms (bound 50 ms: the npu " \
+        "runs reactive chunks only); reactive ones run whole" in r.stdout
 
 
 def test_status_counts_the_loops_steps(client):
