@@ -388,7 +388,11 @@ class CLKernels:
             if keep is not None and len(recorded) > keep:
                 del recorded[next(iter(recorded))]
             if rec.next < len(tasks) and stages[rec.next] < hi:
-                record(rec, n, hi)
+                try:
+                    record(rec, n, hi)
+                except Exception:          # a part recorded half-way: none of it is kept
+                    recorded.pop(n, None)
+                    raise
             launches = rec.bound if span is None else rec.bound[bound_of(rec, lo): bound_of(rec, hi)]
             for name, knl, gsize, lsize in launches:
                 ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)

@@ -149,7 +149,8 @@ def status(a) -> int:
     pre = st.get("preemption")
     if pre:
         npu = f", a whole npu chunk {pre['npu_chunk_ms']:.0f} ms" if pre["npu_chunk_ms"] else ""
-        print(f"preemption proactive chunks stop between {pre['proactive']} (bound "
+        stop = "stop between" if pre["proactive"].startswith("gpu spans") else "run as"
+        print(f"preemption proactive chunks {stop} {pre['proactive']} (bound "
               f"{pre['bound_ms']:.0f} ms{npu}: the npu runs {pre['npu_runs']}); reactive ones run whole")
     q = st["queues"]
     classes = (f" (reactive {len(q['waiting_reactive'])}, proactive {len(q['waiting_proactive'])})"

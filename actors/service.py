@@ -21,7 +21,7 @@ import ray
 
 from socllm.policies.request import Request, StopText, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, SLICE_S, b_rf_from_profile
+from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 
 from .loop import ServingLoop
 
@@ -169,7 +169,9 @@ class Service(ServingLoop):
         if self.scheduler.slice_s is None:
             return None
         npu = self.prefill["chunk_ms"].get("npu")
-        return {"bound_ms": 1e3 * PREEMPT_BOUND_S, "proactive": f"gpu spans of ~{1e3 * SLICE_S:.0f} ms",
+        spans = f"gpu spans of ~{1e3 * self.scheduler.slice_s:.0f} ms" if self.runner.meta[1:] \
+            else "whole chunks (no second activation buffer)"
+        return {"bound_ms": 1e3 * PREEMPT_BOUND_S, "proactive": spans,
                 "npu_chunk_ms": npu,
                 "npu_runs": "reactive chunks only" if self.prefill["on"] == "npu" else "no chunks"}
 

@@ -51,7 +51,7 @@ def run(a) -> int:
                        if a.prompt_len <= MAX_CHUNK or s not in ("npu-padding", "online-prepare", "seq-cut", "hybrid")],
            "decode": [decode(soc, pl, s, a.prompt_len, fast, a.weights) for s in DECODE],
            "cuts": {ph: {p: list(v) for p, v in cut_rows(pl, ph).items()} for ph in ("prefill", "decode")},
-           "published": against_published(soc, planners, a.weights) if fast else []}
+           "published": against_published(soc, planners, soc.weights) if fast else []}
     if a.json:
         print(json.dumps(out, indent=1))
     else:
@@ -77,7 +77,7 @@ def _print(out):
     print("  hetero-tensor's decode cuts (rows on the npu / rows): " +
           ", ".join(f"{p} {r}/{m}" for p, (r, m) in cuts.items()))
     if out["published"]:
-        print(f"published ({out['source'].split(',')[0]}) beside simulated ({out['weights']}):")
+        print(f"published ({out['source'].split(',')[0]}) beside simulated (the paper's weights):")
         print(f"  {'what':36s} {'model':14s} {'strategy':14s} {'len':>5s} {'published':>10s} "
               f"{'simulated':>10s} {'ratio':>6s}")
         for r in out["published"]:

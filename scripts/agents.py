@@ -197,12 +197,14 @@ def preemption_latency(recs: list) -> tuple:
     (arrival -> first prefill kernel) is its preemption latency unless another reactive request
     was still waiting or prefilling when it arrived (then it queued behind that one).
     -> (preemption latencies, times queued behind a reactive prefill), seconds."""
-    react = [r for r in recs if r["class"] == "reactive" and not r["error"]
-             and r.get("queue_s") is not None]
+    react = [r for r in recs if r["class"] == "reactive" and not r["error"]]
+    sent = lambda r: r["arrival_s"] + r.get("late_s", 0.0)   # ttft_s counts from the send
     pre, behind = [], []
-    for r in react:
-        queued = any(q is not r and q["arrival_s"] <= r["arrival_s"] < q["arrival_s"] + q["ttft_s"]
-                     for q in react)
+    for i, r in enumerate(react):
+        if r.get("queue_s") is None:      # its timing left the service's table: not counted
+            continue
+        queued = any(sent(q) < sent(r) < sent(q) + q["ttft_s"] or (sent(q) == sent(r) and j < i)
+                     for j, q in enumerate(react) if q is not r)
         (behind if queued else pre).append(r["queue_s"])
     return pre, behind
 
