@@ -541,7 +541,8 @@ class CLKernels:
         first rope of a recorded or walked step (positions are data: only replay() knows that one
         step holds them fixed); 0: none, the kernel computes its own."""
         hd = a["head_dim"]
-        if (self._recording is None and not self._one_step) or self.rope_rows is None or N * hd * 4 > self.rope_rows[1]:
+        one_step = self._recording is not None or self._one_step
+        if not one_step or self.rope_rows is None or N * hd * 4 > self.rope_rows[1]:
             return 0
         f = a["f"][1] if "f" in a else 0
         key = (a["pos"][1], N, hd, a["theta"], f)
