@@ -17,7 +17,7 @@ class CPUBackend:
     def build_units(self, prog: StepProgram, precision: str) -> list:
         return kernel_units(self.kernels, prog.tasks.get(self.name, []))
 
-    def begin_step(self, precision: str):
+    def begin_step(self, precision: str, pos0: int):
         pass
 
     def finish(self):

@@ -21,19 +21,29 @@ def counter_at(rope_off: int) -> int:
     return rope_off + 4096 - 64
 
 
+def pos_word_at(rope_off: int) -> int:
+    """the step's position word (an int32 the GPU backend writes before each step), beside it"""
+    return counter_at(rope_off) + 8
+
+
 class FusedCL:
     def __init__(self, kernels: CLKernels, act_off: int, rope_off: int, precision: str = "f32",
-                 att_off: int | None = None, att_bytes: int = 0):
+                 att_off: int | None = None, att_bytes: int = 0, pos_word: bool = False):
         """att_off / att_bytes: the scratch of split-K attention's partials (none: no
-        attention_split)."""
+        attention_split). pos_word: the kernels read pos0 from pos_word_at(rope_off), which the
+        caller writes before each step, so no launch's arguments move with pos0 (setting an
+        argument again costs ~15 us a launch on NVIDIA's OpenCL: scripts/launch_cost.py)."""
         if act_off % 64 or rope_off % 64 or (att_off or 0) % 64:
             raise ValueError("the act, rope and att scratch areas must be 64-byte aligned")
         self.k, self.act, self.table = kernels, act_off, rope_off
         self.att, self.att_bytes = att_off, att_bytes
         self.counter = counter_at(rope_off)
+        self.pw = pos_word_at(rope_off) if pos_word else 0
         self.bits = ACT_BITS.get(precision, 32)
         self.ks = kernels._kernels(64, self.bits)
-        self.lin_r = kernels.lin_r
+        # a GPU (LIN_T > 1) shares a GEMV row pair over LIN_T work-items, runs an epilogue over
+        # its last work-group and attention a work-group per head (decode.cl, epilogue.cl)
+        self.lin_t, self.lin_r, self.att_wg = kernels.lin_t, kernels.lin_r, kernels.att_wg
 
     def run(self, f, N: int, pos0: int):
         if N != 1:
@@ -50,8 +60,8 @@ class FusedCL:
         self.k._go(name, gsize, lsize, *args, ks=ks)
 
     def _rows(self, m: int):
-        """global and local size for kernels where a work-item takes 2 rows of m"""
-        return (_up(-(-m // 2), self.lin_r),), (self.lin_r,)
+        """global and local size of the kernels over row pairs of m (decode.cl ROW_PAIR)"""
+        return (self.lin_t, _up(-(-m // 2), self.lin_r)), (self.lin_t, self.lin_r)
 
     def _prep(self, a, pos0):
         """x [K] -> act"""
@@ -67,19 +77,22 @@ class FusedCL:
         if D % QK:
             raise ValueError(f"norm_prep: D={D} is not a multiple of {QK}")
         _aligned("norm_prep", a["x"][1], a["w"][1], a["out"][1])
-        self._go("norm_prep", (1,), (1,), a["x"][1], a["w"][1], self.act, a["out"][1], D,
+        g = (self.lin_t,) if self.lin_t > 1 else (1,)
+        self._go("norm_prep", g, g, a["x"][1], a["w"][1], self.act, a["out"][1], D,
                  a["eps"], int(a["store"]), int(a.get("natural", False)))
 
     def _rope_table(self, a, pos0):
         """cos, sin [head_dim / 2] of position pos0 -> the rope scratch"""
         hd = a["head_dim"]
-        self._go("rope_table", (hd // 2,), None, self.table, hd, a["theta"], pos0,
-                 a["f"][1] if "f" in a else 0)
+        self._go("rope_table", (hd // 2,), None, self.table, hd, a["theta"], 0 if self.pw else pos0,
+                 a["f"][1] if "f" in a else 0, self.pw)
 
     def _linear_act(self, a, pos0):
         """act [K], W [M, K] -> out [M] (+ res [M])"""
         M, ((qs, d, m), _) = a["M"], weight_build(a["w"])
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: KV row rows[0]
+        if not rows and self.pw and a["out"][0] == "kv" and a.get("ld", M) == M:
+            rows = self.pw                                  # a contiguous cache: KV row pos0
         out = a["out"][1] if rows else _out_off(a["out"], pos0, a.get("ld", M), self.k.kv_half)
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
@@ -91,13 +104,16 @@ class FusedCL:
         if Mq % 2 or Mk % 2 or hd % 2:
             raise ValueError(f"qkv_rope: Mq={Mq}, Mk={Mk}, head_dim={hd} must be even")
         ws = [x for w in ("wq", "wk", "wv") for x in weight_build(a[w])[0]]
-        if "rows" in a:         # paged KV: the kernel reads the row from the pool
+        rows = a["rows"][1] if "rows" in a else 0
+        if not rows and self.pw and a["k_out"][0] == a["v_out"][0] == "kv":
+            rows = self.pw      # a contiguous cache: KV row pos0, read from the position word
+        if rows:                # the kernel reads the K/V row from the pool
             outs = [a["q_out"][1], a["k_out"][1], a["v_out"][1]]
         else:
             outs = [_out_off(a[o], pos0, m, self.k.kv_half)
                     for o, m in (("q_out", Mq), ("k_out", Mk), ("v_out", Mk))]
         self._go("qkv_rope", *self._rows(Mq + 2 * Mk), self.act, *ws, *outs, self.table,
-                 a["K"], Mq, Mk, hd, a["rows"][1] if "rows" in a else 0, w=a["wq"])
+                 a["K"], Mq, Mk, hd, rows, w=a["wq"])
 
     def _gate_up_silu(self, a, pos0):
         """act [K] -> out [M] = silu(W_gate act) * (W_up act)"""
@@ -111,7 +127,9 @@ class FusedCL:
         if D % QK:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
         _aligned("lm_head", qs, to=16)
-        self._go("lm_head_act", (_up(V, 64),), (64,), self.act, qs, d, a["out"][1], D, V)
+        g, l = ((self.lin_t, _up(V, self.lin_r)), (self.lin_t, self.lin_r)) if self.lin_t > 1 \
+            else ((_up(V, 64),), (64,))
+        self._go("lm_head_act", g, l, self.act, qs, d, a["out"][1], D, V)
 
     def _attention_split(self, a, pos0, launch: bool = True):
         """q [H*hd], K/V cache rows 0 .. pos0 -> partials [H, ATT_SPLITS, hd + 2] in att
@@ -160,9 +178,12 @@ class FusedCL:
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
         self._attention_split(a, pos0, launch=False)
         _aligned("attention_merge", a["out"][1])
-        self.k._go("attention_merge", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
-                   self.att, H, KVH, pos0, self.act, a["out"][1], int(a["store"]), self.counter,
-                   *_pages(a), a.get("window", 0), ks=self.k._kernels(hd, self.bits))
+        g, l = ((self.att_wg, H), (self.att_wg, 1)) if self.att_wg > 1 and self.lin_t > 1 \
+            else ((ATT_SPLITS,), (1,))
+        self.k._go("attention_merge", g, l, a["q"][1], a["k"][1], a["v"][1],
+                   self.att, H, KVH, 0 if self.pw else pos0, self.act, a["out"][1], int(a["store"]),
+                   self.counter, *_pages(a), a.get("window", 0), self.pw,
+                   ks=self.k._kernels(hd, self.bits))
 
 
 def _pages(a: dict) -> tuple:

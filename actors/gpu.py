@@ -30,22 +30,25 @@ RECORDINGS = {"batch": None, "chunk": 0}
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, arena_buf, lay, threads: int, profile: bool = False):
+    def __init__(self, arena_buf, lay, threads: int, profile: bool = False, build_options: str = ""):
+        """build_options: kernels.cl's tuning macros, e.g. a GPU's work shapes on PoCL (tests)"""
         from .kernels_cl import CLKernels, make_context, wrap_arena
         self.ctx, self.queue, self.device = make_context(profile=profile)
-        from .fused_cl import counter_at
+        from .fused_cl import counter_at, pos_word_at
         # a process killed inside a fused launch leaves last_group's count half-way: the
         # restarted actor (actors/processor.py) starts from zero (before a discrete copy is made)
         arena_buf[counter_at(lay.io["rope"]):][:4].view(np.int32)[0] = 0
+        self.pos_word = pos_word_at(lay.io["rope"])
         self.buf = wrap_arena(self.ctx, arena_buf)
-        self.kernels = CLKernels(self.ctx, self.queue, self.buf, kv_dtype=lay.kv_dtype)
+        self.kernels = CLKernels(self.ctx, self.queue, self.buf, build_options, kv_dtype=lay.kv_dtype)
         # a discrete GPU: the host arena, what a step copies up (the control plane's writes) and
         # what it copies down (the logits)
         self.host, self.copies = arena_buf, self.kernels.copies
         meta = ("ids", "pos", "rows", "seq")
         self.step_inputs = [(lay.io[k], lay.io[k] + 4 * lay.max_rows) for k in meta] + \
             [(lay.io["btab"], lay.io["btab"] + 4 * lay.max_seqs * lay.max_blocks)] + \
-            [(lay.double[k], lay.double[k] + 4 * lay.double_rows) for k in meta if lay.double]
+            [(lay.double[k], lay.double[k] + 4 * lay.double_rows) for k in meta if lay.double] + \
+            [(self.pos_word, self.pos_word + 4)]
         self.step_output = (lay.io["logits"], lay.io["logits"] + 4 * lay.max_seqs * lay.vocab)
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.rows_act_off = lay.io["act_rows"]
@@ -55,12 +58,9 @@ class GPUBackend:
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
         self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
-        # the fused decode kernels are built for CPUs (their epilogues and split-K attention run in
-        # single work-items): on a GPU the step runs op by op unless SOCLLM_FUSE=1 (H100: 6.0 ms
-        # op by op, 8.0 fused); 0: op by op anywhere (for profiles)
-        from .opencl import cl
-        gpu = bool(self.device.type & cl.device_type.GPU)
-        self.fuse = os.environ.get("SOCLLM_FUSE", "0" if gpu else "1") != "0"
+        # decode runs the fused kernels (5 launches a layer), in a GPU's work shapes on a GPU
+        # (fused_cl.py); SOCLLM_FUSE=0: op by op (for profiles)
+        self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
         tasks = prog.tasks.get(self.name, [])
@@ -103,7 +103,7 @@ class GPUBackend:
         from socllm.graph.fuse import Fused, fuse_decode
         from .fused_cl import FusedCL
         fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision, self.att_off,
-                        self.att_bytes)
+                        self.att_bytes, pos_word=True)
         units, k = [], self.kernels
         for f in fuse_decode(prog, self.name):
             if isinstance(f, Fused):
@@ -114,10 +114,11 @@ class GPUBackend:
             units.append(Unit(f.waits, _one_row(run), f.signals, seqs))
         return units
 
-    def begin_step(self, precision: str):
+    def begin_step(self, precision: str, pos0: int):
         """A precision's activation format is built into its fused decode units (q16: int16, q8:
-        int8 GEMV activations; the rest f32; prefill runs in f32). A discrete GPU: the step's
-        inputs up."""
+        int8 GEMV activations; the rest f32; prefill runs in f32). The fused units read pos0 from
+        the position word. A discrete GPU: the step's inputs up."""
+        self.host[self.pos_word:][:4].view(np.int32)[0] = pos0
         for lo, hi in self.step_inputs if self.copies else ():
             self.kernels.to_device(self.host, lo, hi)
 

@@ -63,8 +63,8 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "merge_prep": [u64] * 3 + [i32, i32],
     "linear_act_norm": [u64] * 6 + [i32, i32, i32] + [u64, u64, f32, i32, i32, u64],
     "gate_up_silu_prep": [u64] * 8 + [i32, i32, u64],
-    "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64] + [u64, u64, i32, i32, i32],
-    "rope_table": [u64] + [i32, f32, i32, u64],
+    "attention_merge": [u64] * 4 + [i32, i32, i32, u64, u64, i32, u64] + [u64, u64, i32, i32, i32, u64],
+    "rope_table": [u64] + [i32, f32, i32, u64, u64],
     "linear_act": [u64] * 6 + [i32, i32, i32, u64],
     "qkv_rope": [u64] * 14 + [i32] * 4 + [u64],
     "gate_up_silu": [u64] * 8 + [i32, i32],
@@ -83,6 +83,10 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
 # rows (LIN_R rows a group; 16 measured worse than 8 on 2 threads) and vectorizes inside them
 _KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4, "ATT_WG": 64},
           "cpu": {"LIN_T": 1, "LIN_R": 8, "GEMM_TN": 8, "ATT_WG": 1}}
+# a GPU's work shapes, small enough for PoCL: the tests build the GPU forms of the kernels with
+# these options (a GEMV row pair over LIN_T work-items, epilogues over the last work-group,
+# attention over ATT_WG), so those forms run on this machine too
+GPU_SHAPED = "-DSOCLLM_PORTABLE -DLIN_T=8 -DLIN_R=2 -DATT_WG=4"
 _KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN|ATT_WG)=(\d+)")
 
 

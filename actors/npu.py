@@ -138,7 +138,7 @@ class NPUBackend:
         except (OSError, AttributeError):      # not glibc
             pass
 
-    def begin_step(self, precision: str):
+    def begin_step(self, precision: str, pos0: int):
         pass
 
     def finish(self):

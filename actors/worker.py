@@ -84,7 +84,7 @@ class Worker:
         lo, hi = ctl["span_lo"], ctl["span_hi"]
         span = (lo, hi) if hi else None
         units = self.units[(pid, prec)]
-        self.backend.begin_step(self.precisions[prec])
+        self.backend.begin_step(self.precisions[prec], pos0)
         t0 = time.perf_counter()
         for k, u in enumerate(units):
             for w, v in u.waits:

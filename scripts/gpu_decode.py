@@ -5,8 +5,8 @@ and prefill and decode tokens per second, on a unified device or a discrete GPU.
                                         [--precision q16] [--reps 3] [--check 16] [--json F]
 
 It lays the pool out as the engine does (profile_decode.pool) and runs the gpu plan's programs:
-the prompt as one prefill step, then one decode step a token (the fused decode kernels on a CPU
-device, op by op on a GPU: GPUBackend). On a discrete GPU
+the prompt as one prefill step, then one decode step a token (the fused decode kernels, in the
+device's work shapes; SOCLLM_FUSE=0: op by op). On a discrete GPU
 (OpenCL device memory apart from the host's) the pool's bytes are copied into device memory once;
 then each step copies only its token ids (and rows' metadata) up and its logits down (GPUBackend):
 weights, activations and the KV cache stay on the device. --check N: the first N greedy tokens
@@ -45,7 +45,7 @@ def step(arena, lay, gpu, units, ids: list, pos0: int, precision: str) -> np.nda
     buf = arena.buf
     lo = lay.io["ids"]
     buf[lo: lo + 4 * len(ids)].view(np.int32)[:] = ids
-    gpu.begin_step(precision)
+    gpu.begin_step(precision, pos0)
     for u in units:
         u.run(len(ids), pos0)
     gpu.finish()

@@ -90,7 +90,7 @@ def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32", 
 def run_steps(gpu, units, precision, pos, steps, batch=0):
     walls = []
     for s in range(steps):
-        gpu.begin_step(precision)
+        gpu.begin_step(precision, 0 if batch else pos + s)
         t0 = time.perf_counter()
         for u in units:
             if batch:

@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
     points = []
     try:
         gpu = GPUBackend(arena.buf, lay, budget)
-        gpu.begin_step("f32")
+        gpu.begin_step("f32", 0)
         core, shared = ov.Core(), {}
         config = {"INFERENCE_NUM_THREADS": budget}
         for t in layer0:

@@ -90,9 +90,28 @@ def pool(model_config, model_weights):
     yield from _pool(model_config, model_weights, lambda p: p.program("gpu", "decode", 1))
 
 
+@pytest.fixture(scope="module", params=["cpu-shaped", "gpu-shaped"])
+def shaped(request):
+    """-> a pool's GPU backend: the build for this machine (a CPU's work shapes), or the one with
+    a GPU's (kernels_cl.GPU_SHAPED: a GEMV row pair over a group, epilogues over the last group,
+    attention a group per head), both on PoCL"""
+    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.kernels_cl import GPU_SHAPED
+    made = {}
+
+    def backend(pool):
+        arena, lay, _, gpu = pool
+        if request.param == "cpu-shaped":
+            return gpu
+        if id(pool) not in made:
+            made[id(pool)] = GPUBackend(arena.buf, lay, 2, build_options=GPU_SHAPED)
+        return made[id(pool)]
+    return backend
+
+
 def _step(gpu, prog, precision, pos0, fuse):
     gpu.fuse = fuse
-    gpu.begin_step(precision)
+    gpu.begin_step(precision, pos0)
     for u in gpu.build_units(prog, precision):
         u.run(1, pos0)
     gpu.finish()
@@ -100,9 +119,10 @@ def _step(gpu, prog, precision, pos0, fuse):
 
 @pytest.mark.parametrize("precision,rtol,pos0", [("f32", 1e-5, 37), ("f32", 1e-5, 150),
                                                 ("q16", 1e-3, 37), ("q8", 5e-2, 37)])
-def test_fused_decode_step_computes_the_op_by_op_step(pool, precision, rtol, pos0):
+def test_fused_decode_step_computes_the_op_by_op_step(pool, shaped, precision, rtol, pos0):
     """pos0 37: three of the eight attention splits are empty; 150: all hold keys."""
-    arena, lay, prog, gpu = pool
+    arena, lay, prog, _ = pool
+    gpu = shaped(pool)
     rng = np.random.default_rng(1)
     cols = lay.kv_cols
     buf = arena.buf
@@ -139,12 +159,13 @@ def kv_caches(buf, lay) -> list:
 
 
 @pytest.mark.parametrize("precision,rtol", [("f32", 1e-5), ("q16", 1e-3)])
-def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, precision, rtol):
+def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, shaped, precision, rtol):
     """A decode batch of one row runs the fused kernels over the block table (qkv_rope writes
     the row's K/V at its KV row, split-K attention reads keys through the table); the same row
     through the batched op-by-op launches gives the same logits and the same KV row (f16 KV:
     within its rounding, 2^-11)."""
-    arena, lay, prog, gpu = paged_pool
+    arena, lay, prog, _ = paged_pool
+    gpu = shaped(paged_pool)
     rtol = max(rtol, 2e-3) if lay.kv_dtype == "f16" else rtol
     rng = np.random.default_rng(2)
     buf, cols, br, pos = arena.buf, lay.kv_cols, lay.block_rows, 37

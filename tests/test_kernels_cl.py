@@ -18,7 +18,7 @@ import pytest
 
 cl = pytest.importorskip("pyopencl")
 
-from socllm.actors.kernels_cl import CLKernels, Mirror, discrete, make_context, wrap_arena
+from socllm.actors.kernels_cl import GPU_SHAPED, CLKernels, Mirror, discrete, make_context, wrap_arena
 from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
@@ -385,9 +385,10 @@ def linear_act_reference(x, qs, d, m, K, M, bits):
     return (d.astype(np.float64) * dx * dots + m.astype(np.float64) * sx).sum(axis=1)
 
 
-@pytest.fixture(params=["", "-DSOCLLM_PORTABLE -DLIN_R=2"], ids=["avx2", "portable"])
+@pytest.fixture(params=["", "-DSOCLLM_PORTABLE -DLIN_R=2", GPU_SHAPED], ids=["avx2", "portable", "gpu-shaped"])
 def build(dev, request):
-    """The x86 build (AVX2 integer dot products, F16C) and the portable one a GPU gets."""
+    """The x86 build (AVX2 integer dot products, F16C), the portable one, and the portable one
+    with a GPU's work shapes (a row pair's blocks over LIN_T work-items, epilogues over a group)."""
     clk = dev[1]
     return CLKernels(clk.ctx, clk.queue, clk.buf, request.param, mirror=clk.mirror)
 

@@ -395,6 +395,62 @@ inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int 
 }
 #endif
 
+#if LIN_T > 1 && !defined(W_FLT)
+// A GPU (LIN_T > 1): rows ra and rb times the prepared activation, their blocks dealt over the
+// LIN_T work-items of dimension 0 (b = t, t + LIN_T, ...) and summed in local memory (part:
+// [2 * LIN_T] of this row pair). Every work-item of the group must call it (barriers).
+inline float2 dot2_t(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int ra, int rb,
+                     int K, ulong s_o, int t, __local float* part)
+{
+    const int nb = K / QK;
+    const __global uchar16* qa = AT(const uchar16, qs_o) + (size_t)ra * nb;
+    const __global uchar16* qb = AT(const uchar16, qs_o) + (size_t)rb * nb;
+    const __global uchar* xv = AT(const uchar, s_o);
+    const __global float* dx = AT(const float, s_o + (ulong)ACT_BYTES * K);
+    const __global float* sx = dx + nb;
+    float8 aa = 0.0f, ab = 0.0f;
+    float sa = 0.0f, sb = 0.0f;
+#if W_Q4_1
+    const __global ushort* da = AT(const ushort, d_o) + (size_t)ra * nb;
+    const __global ushort* db = AT(const ushort, d_o) + (size_t)rb * nb;
+    const __global ushort* ma = AT(const ushort, m_o) + (size_t)ra * nb;
+    const __global ushort* mb = AT(const ushort, m_o) + (size_t)rb * nb;
+    for (int b = t; b < nb; b += LIN_T) {
+        aa += block_dot(qa[b], xv, b) * (HALF(da, b) * dx[b]);
+        ab += block_dot(qb[b], xv, b) * (HALF(db, b) * dx[b]);
+        sa += HALF(ma, b) * sx[b];
+        sb += HALF(mb, b) * sx[b];
+    }
+#else
+    const __global wsc_t* da = AT(const wsc_t, d_o) + (size_t)ra * nb * 2 * WGB;
+    const __global wsc_t* db = AT(const wsc_t, d_o) + (size_t)rb * nb * 2 * WGB;
+    const __global uchar* ma = AT(const uchar, m_o) + (size_t)ra * nb * WHB;
+    const __global uchar* mb = AT(const uchar, m_o) + (size_t)rb * nb * WHB;
+    for (int b = t; b < nb; b += LIN_T) {
+        aa += w_block_dot(qa, da, ma, b, xv, dx, sx, &sa);
+        ab += w_block_dot(qb, db, mb, b, xv, dx, sx, &sb);
+    }
+#endif
+    const float x = row_sum(hsum8(aa) + sa, part, t);
+    return (float2)(x, row_sum(hsum8(ab) + sb, part + LIN_T, t));
+}
+
+// ROW_PAIR: the row pair (r0, r1) of a GEMV work-item; PAIR_DOT: the pair's dot products with a
+// weight. On a GPU the pair's LIN_T work-items share them and only work-item 0 (`mine`) writes;
+// on a CPU one work-item takes the pair. global (LIN_T, ceil(M / 2) rounded up to LIN_R),
+// local (LIN_T, LIN_R) (LIN_T is 1 on a CPU: fused_cl.py FusedCL._rows)
+#define ROW_PAIR(M) \
+    const int t = get_local_id(0), r0 = 2 * get_global_id(1); \
+    __local float part_[LIN_R][2 * LIN_T]; \
+    const int r1 = r0 + 1 < M ? r0 + 1 : M - 1, ra_ = r0 < M ? r0 : M - 1, mine = t == 0 && r0 < M
+#define PAIR_DOT(qs, d, m, K) dot2_t(arena, qs, d, m, ra_, r1, K, s_o, t, part_[get_local_id(1)])
+#elif !defined(W_FLT)
+#define ROW_PAIR(M) \
+    const int r0 = 2 * get_global_id(1); \
+    const int r1 = r0 + 1 < M ? r0 + 1 : M - 1, mine = r0 < M
+#define PAIR_DOT(qs, d, m, K) (mine ? dot2(arena, qs, d, m, r0, r1, K, s_o) : (float2)0.0f)
+#endif
+
 // prep: x [K] -> act.  global (K/32 rounded up)
 __kernel void prep(__global uchar* arena, ulong x_o, ulong s_o, int K)
 {
@@ -426,34 +482,100 @@ inline void norm_prep_row(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o
     }
 }
 
+#if LIN_T > 1
+// A GPU's epilogues run over a whole work-group (n work-items, this one lid): their rows were
+// written by other work-groups of the launch, so they are read volatile (past a stale L1 line).
+// the 32 floats of block b of x
+inline void load_block(const volatile __global float* x, int b, float8* y)
+{
+    float v[QK];
+    for (int j = 0; j < QK; j++) v[j] = x[b * QK + j];
+    for (int c = 0; c < 4; c++)
+        y[c] = (float8)(v[8 * c], v[8 * c + 1], v[8 * c + 2], v[8 * c + 3], v[8 * c + 4],
+                        v[8 * c + 5], v[8 * c + 6], v[8 * c + 7]);
+}
+
+// the sum of s over the group's n work-items (a power of two; part: [n] of local memory)
+inline float group_sum(float s, __local float* part, int lid, int n)
+{
+    part[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int h = n / 2; h > 0; h /= 2) {
+        if (lid < h) part[lid] += part[lid + h];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+// x [D] -> act (prep), its blocks dealt over the group
+inline void prep_group(__global uchar* arena, const volatile __global float* x, ulong s_o, int D,
+                       int lid, int n)
+{
+    for (int b = lid; b < D / QK; b += n) {
+        float8 y[4];
+        load_block(x, b, y);
+        prep_block(y[0], y[1], y[2], y[3], arena, s_o, D, b, 0);
+    }
+}
+
+// norm_prep_row over the group
+inline void norm_prep_group(__global uchar* arena, const volatile __global float* x, ulong w_o,
+                            ulong s_o, ulong out_o, int D, float eps, int store, int natural,
+                            int lid, int n, __local float* part)
+{
+    float acc = 0.0f;
+    for (int j = lid; j < D; j += n) acc += x[j] * x[j];
+    const float r = 1.0f / sqrt(group_sum(acc, part, lid, n) / (float)D + eps);
+    const __global float8* w = AT(const float8, w_o);
+    __global float8* out = AT(float8, out_o);
+    for (int b = lid; b < D / QK; b += n) {
+        float8 y[4];
+        load_block(x, b, y);
+        for (int c = 0; c < 4; c++) y[c] = y[c] * r * w[4 * b + c];
+        prep_block(y[0], y[1], y[2], y[3], arena, s_o, D, b, natural);
+        if (store) for (int c = 0; c < 4; c++) out[4 * b + c] = y[c];
+    }
+}
+#endif
+
 __kernel void norm_prep(__global uchar* arena, ulong x_o, ulong w_o, ulong s_o, ulong out_o,
                         int D, float eps, int store, int natural)
 {
+#if LIN_T > 1       // a GPU: one work-group of LIN_T work-items (global (LIN_T), local (LIN_T))
+    __local float part[LIN_T];
+    norm_prep_group(arena, (const volatile __global float*)AT(const float, x_o), w_o, s_o, out_o,
+                    D, eps, store, natural, get_local_id(0), LIN_T, part);
+#else
     norm_prep_row(arena, x_o, w_o, s_o, out_o, D, eps, store, natural);
+#endif
 }
 
-// rope_table: cos [hd/2] then sin [hd/2] of position pos0 at t_o (the rope kernel's formula).
-// global (hd/2)
-__kernel void rope_table(__global uchar* arena, ulong t_o, int hd, float theta, int pos0, ulong f_o)
+// rope_table: cos [hd/2] then sin [hd/2] of position pos0 at t_o (the rope kernel's formula);
+// pw_o != 0: pos0 is the int at pw_o (the step's position word: no argument moves between
+// steps, and setting one costs an NVIDIA launch ~15 us).  global (hd/2)
+__kernel void rope_table(__global uchar* arena, ulong t_o, int hd, float theta, int pos0, ulong f_o,
+                         ulong pw_o)
 {
     const int i = get_global_id(0);
-    const float ang = rope_angle((float)pos0, i, hd, theta, arena, f_o);
+    const int p = pw_o ? AT(const int, pw_o)[0] : pos0;
+    const float ang = rope_angle((float)p, i, hd, theta, arena, f_o);
     AT(float, t_o)[i] = cos(ang);
     AT(float, t_o)[hd / 2 + i] = sin(ang);
 }
 
 #ifndef W_FLT
 // linear_act: act [K], W Q4_1 [M, K] -> out [M] = W act (+ res [M] when add != 0; out may be
-// res itself or a KV row).  global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
+// res itself or a KV row).  ROW_PAIR's geometry
 // rows_o != 0: out is a KV cache's base and the row goes to KV row rows[0] (paged KV: a V
 // projection not joined into qkv_rope, its weights in another format than Q's and K's)
 __kernel void linear_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
                          ulong out_o, ulong res_o, int K, int M, int add, ulong rows_o)
 {
-    const int r0 = 2 * get_global_id(0);
-    if (r0 >= M) return;
-    const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
-    float2 y = dot2(arena, qs_o, d_o, m_o, r0, r1, K, s_o);
+    ROW_PAIR(M);
+    float2 y = PAIR_DOT(qs_o, d_o, m_o, K);
+    if (!mine) return;
     if (add) y += (float2)(AT(const float, res_o)[r0], AT(const float, res_o)[r1]);
     if (rows_o) {
         __global kv_t* kv = AT(kv_t, out_o) + (size_t)AT(const int, rows_o)[0] * M;
@@ -471,14 +593,14 @@ __kernel void linear_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o
 // caches' bases and rows_o: KV row rows[0]). The three
 // weights' rows are one index space (q, then k, then v); a work-item takes rows (2i, 2i+1), which
 // are one GGML NORM RoPE pair (Mq, Mk and hd are even). t_o: rope_table of this step's position.
-// global (ceil((Mq + 2 Mk) / 2) rounded up to LIN_R), local (LIN_R)
+// ROW_PAIR's geometry over Mq + 2 Mk rows
 __kernel void qkv_rope(__global uchar* arena, ulong s_o,
                        ulong q_qs, ulong q_d, ulong q_m, ulong k_qs, ulong k_d, ulong k_m,
                        ulong v_qs, ulong v_d, ulong v_m, ulong q_out, ulong k_out, ulong v_out,
                        ulong t_o, int K, int Mq, int Mk, int hd, ulong rows_o)
 {
-    int r = 2 * get_global_id(0);
-    if (r >= Mq + 2 * Mk) return;
+    const int all = Mq + 2 * Mk, pair = 2 * get_global_id(1);
+    int r = pair < all ? pair : all - 2;     // clamped: every work-item of a GPU group reduces
     ulong qs = q_qs, d = q_d, m = q_m, out = q_out;
     int rope = 1;
     if (r >= Mq + Mk) {
@@ -486,7 +608,14 @@ __kernel void qkv_rope(__global uchar* arena, ulong s_o,
     } else if (r >= Mq) {
         r -= Mq, qs = k_qs, d = k_d, m = k_m, out = k_out;
     }
+#if LIN_T > 1
+    __local float part_[LIN_R][2 * LIN_T];
+    float2 y = dot2_t(arena, qs, d, m, r, r + 1, K, s_o, get_local_id(0), part_[get_local_id(1)]);
+    if (get_local_id(0) != 0 || pair >= all) return;
+#else
+    if (pair >= all) return;
     float2 y = dot2(arena, qs, d, m, r, r + 1, K, s_o);
+#endif
     if (rope) {
         const int i = (r % hd) / 2;
         const float c = AT(const float, t_o)[i], s = AT(const float, t_o)[hd / 2 + i];
@@ -505,15 +634,14 @@ __kernel void qkv_rope(__global uchar* arena, ulong s_o,
 
 #ifndef W_FLT
 // gate_up_silu: act [K], W_gate, W_up Q4_1 [M, K] -> out [M] = silu(W_gate act) * (W_up act).
-// global (ceil(M / 2) rounded up to LIN_R), local (LIN_R)
+// ROW_PAIR's geometry
 __kernel void gate_up_silu(__global uchar* arena, ulong s_o, ulong g_qs, ulong g_d, ulong g_m,
                            ulong u_qs, ulong u_d, ulong u_m, ulong out_o, int K, int M)
 {
-    const int r0 = 2 * get_global_id(0);
-    if (r0 >= M) return;
-    const int r1 = r0 + 1 < M ? r0 + 1 : M - 1;
-    const float2 g = dot2(arena, g_qs, g_d, g_m, r0, r1, K, s_o);
-    const float2 u = dot2(arena, u_qs, u_d, u_m, r0, r1, K, s_o);
+    ROW_PAIR(M);
+    const float2 g = PAIR_DOT(g_qs, g_d, g_m, K);
+    const float2 u = PAIR_DOT(u_qs, u_d, u_m, K);
+    if (!mine) return;
     AT(float, out_o)[r0] = g.x / (1.0f + exp_f32(-g.x)) * u.x;
     if (r0 + 1 < M) AT(float, out_o)[r0 + 1] = g.y / (1.0f + exp_f32(-g.y)) * u.y;
 }
@@ -536,19 +664,30 @@ inline float8 block_dot_q8_0(const __global char16* q, const __global uchar* act
 
 // lm_head_act: act [D] (natural order), table Q8_0 [V, D] -> out [V]; a row a work-item (two
 // rows with 8-block scale vectors, as in dot2, measured 1.5-2x slower here: register spills).
-// global (V rounded up to 64), local (64)
+// global (V rounded up to 64), local (64); on a GPU (LIN_T > 1) a row's blocks are dealt over
+// LIN_T work-items: global (LIN_T, V rounded up to LIN_R), local (LIN_T, LIN_R)
 __kernel void lm_head_act(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong out_o,
                           int D, int V)
 {
-    const int r = get_global_id(0);
+#if LIN_T > 1
+    const int t = get_local_id(0), r = get_global_id(1), rr = r < V ? r : V - 1;
+#else
+    const int t = 0, r = get_global_id(0), rr = r;
     if (r >= V) return;
+#endif
     const int nb = D / QK;
-    const __global char16* q = AT(const char16, qs_o) + (size_t)r * (D / 16);
-    const __global ushort* d = AT(const ushort, d_o) + (size_t)r * nb;
+    const __global char16* q = AT(const char16, qs_o) + (size_t)rr * (D / 16);
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)rr * nb;
     const __global uchar* xv = AT(const uchar, s_o);
     const __global float* dx = AT(const float, s_o + (ulong)ACT_BYTES * D);
     float8 acc = 0.0f;
-    for (int b = 0; b < nb; b++)
+    for (int b = t; b < nb; b += LIN_T)
         acc += block_dot_q8_0(q + 2 * b, xv, b) * (HALF(d, b) * dx[b]);
+#if LIN_T > 1
+    __local float part[LIN_R][LIN_T];
+    const float y = row_sum(hsum8(acc), part[get_local_id(1)], t);
+    if (t == 0 && r < V) AT(float, out_o)[r] = y;
+#else
     AT(float, out_o)[r] = hsum8(acc);
+#endif
 }
