@@ -44,9 +44,10 @@ def test_a_discrete_buffer_is_a_copy_until_ranges_move(forced):
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, forced, monkeypatch,
                                                                     arch, fuse):
-    """Prefill and the decode (fused, or op by op as on a GPU device, each launch pre-bound) with
-    only ids and logits crossing (scripts/gpu_decode.py): everything else a step reads is on the
-    device already. Gemma's 4-key window is crossed by prefill and decode."""
+    """Prefill and the decode (fused, reading pos0 from the position word copied up each step, or
+    op by op, each launch pre-bound) with only ids, that word and logits crossing
+    (scripts/gpu_decode.py): everything else a step reads is on the device already. Gemma's 4-key
+    window is crossed by prefill and decode."""
     monkeypatch.setenv("SOCLLM_FUSE", fuse)
     from socllm.scripts.gpu_decode import generate, setup
     extra = dict(layers=3, heads=4) if arch == "gemma3" else dict(layers=2)
