@@ -26,6 +26,9 @@ def add_parser(sub):
     s.add_argument("--proactive-rate", type=float, default=6.0, help="requests per minute (--workload)")
     s.add_argument("--minutes", type=float, default=15.0, help="the trace's length (--workload)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--proactive-words", type=int, default=None,
+                   help="median words of a proactive prompt (--workload; default: "
+                        "policies/workload.LENGTHS, as scripts/agents.py replays)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--plot", default=None, metavar="F.png", help="prefill time of each strategy")
 
@@ -104,9 +107,16 @@ def _workload(a, soc) -> int:
     from socllm.models.published import PUBLISHED, shape_weights
     from socllm.policies.soc_plans import planner_for
     from socllm.policies.soc_serving import serve, summary
-    from socllm.policies.workload import trace
+    from socllm.policies.workload import LENGTHS, trace
     if not (a.minutes > 0 and a.reactive_rate >= 0 and a.proactive_rate >= 0):
         raise ValueError("--minutes must be positive and the rates not negative")
+    lengths = {cls: dict(v) for cls, v in LENGTHS.items()}
+    if a.proactive_words is not None:
+        if not 0 < a.proactive_words <= 1000:
+            raise ValueError(f"--proactive-words must be 1 .. 1000, got {a.proactive_words}")
+        _, sigma, lo, hi = lengths["proactive"]["words"]
+        lengths["proactive"]["words"] = (a.proactive_words, sigma, min(lo, a.proactive_words),
+                                         max(hi, 2 * a.proactive_words))
     cfg = PUBLISHED[a.sim_model]
     planner = planner_for(cfg, shape_weights(cfg), soc, context=4096)
     # scripts/agents.py's trace, from the same text; a prompt's tokens ~1.3 a word (no tokenizer:
@@ -115,13 +125,14 @@ def _workload(a, soc) -> int:
                         "data", "pride_and_prejudice_ch1-2.txt")
     items = [(t, c, n_prompt, n_out) for t, c, _, n_out, n_prompt in
              trace(a.minutes, {"reactive": a.reactive_rate, "proactive": a.proactive_rate}, a.seed,
-                   open(text).read().split(), lambda s: round(1.3 * len(s.split())))]
+                   open(text).read().split(), lambda s: round(1.3 * len(s.split())), lengths)]
     runs = {how: summary(serve(soc, planner, items, how, weights=a.weights))
             for how in ("fcfs-gpu", "agent")}
     out = {"soc": soc.name, "title": soc.title, "simulated": True, "model": a.sim_model,
            "weights": a.weights,
            "workload": {"reactive_rate": a.reactive_rate, "proactive_rate": a.proactive_rate,
-                        "minutes": a.minutes, "seed": a.seed, "requests": len(items)}, "runs": runs}
+                        "minutes": a.minutes, "seed": a.seed, "requests": len(items),
+                        "lengths": lengths}, "runs": runs}
     base, ours = runs["fcfs-gpu"].get("reactive"), runs["agent"].get("reactive")
     if base and ours:
         out["reactive_mean_reduction"] = 1 - ours["e2e_mean_s"] / base["e2e_mean_s"]

@@ -13,10 +13,10 @@ LENGTHS = {"reactive": {"words": (40, 1.0, 4, 700), "tokens": (72, 0.8, 8, 400)}
            "proactive": {"words": (320, 0.6, 60, 1000), "tokens": (96, 0.5, 16, 256)}}
 
 
-def trace(minutes: float, rates: dict, seed: int, words: list, count) -> list:
+def trace(minutes: float, rates: dict, seed: int, words: list, count, lengths: dict = LENGTHS) -> list:
     """[(arrival s, class, prompt text, output tokens, prompt tokens)], arrivals of each class
     Poisson at its rate per minute, generated independently (§6.1); prompts are runs of `words`,
-    count(text) their tokens."""
+    count(text) their tokens; lengths: LENGTHS or another table of its form."""
     rng = random.Random(seed)
     out = []
     for cls in ("reactive", "proactive"):
@@ -25,10 +25,10 @@ def trace(minutes: float, rates: dict, seed: int, words: list, count) -> list:
             t += rng.expovariate(rate)
             if t >= minutes * 60:
                 break
-            n = _draw(rng, *LENGTHS[cls]["words"])
+            n = min(_draw(rng, *lengths[cls]["words"]), len(words) - 1)
             start = rng.randrange(0, len(words) - n)
             text = " ".join(words[start:start + n])
-            out.append((t, cls, text, _draw(rng, *LENGTHS[cls]["tokens"]), count(text)))
+            out.append((t, cls, text, _draw(rng, *lengths[cls]["tokens"]), count(text)))
     return sorted(out)
 
 

@@ -186,3 +186,22 @@ def test_the_simulated_core_ultra_serves_agents_with_agent_xpus_published_figure
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["published"] == []
+
+
+def test_longer_proactive_prompts_load_the_simulated_baseline_more():
+    """--proactive-words sets the proactive prompts' median (Agent.xpu's proactive datasets hold
+    longer inputs than the default replay's): the same arrivals with longer prompts keep the
+    iGPU baseline busier, so its reactive requests wait longer; a median out of range is refused
+    in one line."""
+    cli = [sys.executable, "-m", "socllm.actors.cli", "simulate", "--soc", "core-ultra", "--workload",
+           "agents", "--model", "llama-3b", "--minutes", "3", "--json"]
+    runs = {}
+    for words in ("320", "600"):
+        r = subprocess.run(cli + ["--proactive-words", words], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        runs[words] = json.loads(r.stdout)
+    assert runs["600"]["workload"]["lengths"]["proactive"]["words"][0] == 600
+    fcfs = {w: o["runs"]["fcfs-gpu"]["reactive"]["e2e_mean_s"] for w, o in runs.items()}
+    assert fcfs["600"] > fcfs["320"]
+    r = subprocess.run(cli + ["--proactive-words", "0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "--proactive-words" in r.stderr
