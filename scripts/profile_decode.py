@@ -90,11 +90,11 @@ def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32", 
 def run_steps(gpu, units, precision, pos, steps, batch=0):
     walls = []
     for s in range(steps):
-        gpu.begin_step(precision, 0 if batch else pos + s)
+        gpu.begin_step(precision, pos + s if not batch else pos if batch == 1 else 0)
         t0 = time.perf_counter()
         for u in units:
             if batch:
-                u.run(batch, 0)
+                u.run(batch, pos if batch == 1 else 0)     # one row: at its position in the pool
             else:
                 u.run(1, pos + s)
         gpu.finish()

@@ -103,9 +103,9 @@ def shaped(request):
         arena, lay, _, gpu = pool
         if request.param == "cpu-shaped":
             return gpu
-        if id(pool) not in made:
-            made[id(pool)] = GPUBackend(arena.buf, lay, 2, build_options=GPU_SHAPED)
-        return made[id(pool)]
+        if made.get(id(pool), (None,))[0] is not pool:      # (an id may be reused once freed)
+            made[id(pool)] = (pool, GPUBackend(arena.buf, lay, 2, build_options=GPU_SHAPED))
+        return made[id(pool)][1]
     return backend
 
 
@@ -141,6 +141,48 @@ def test_fused_decode_step_computes_the_op_by_op_step(pool, shaped, precision, r
         np.testing.assert_array_equal(c[:pos0], w[:pos0])              # history untouched
         np.testing.assert_allclose(c[pos0], w[pos0], rtol=0, atol=rtol * np.abs(w[pos0]).max())
         np.testing.assert_array_equal(c[pos0 + 1], w[pos0 + 1])         # nothing past row pos0
+
+
+@pytest.mark.parametrize("discrete", ["0", "1"], ids=["unified", "discrete"])
+def test_bound_fused_units_follow_the_position_word_from_step_to_step(pool, shaped, monkeypatch, discrete):
+    """Units built once run two steps (pos0 37, then 38): the fused kernels read pos0 from the
+    position word begin_step writes (copied up on a discrete device), not from their pre-bound
+    arguments; both steps' logits and KV rows equal the op-by-op steps'."""
+    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.kernels_cl import GPU_SHAPED
+    monkeypatch.setenv("SOCLLM_CL_DISCRETE", discrete)
+    arena, lay, prog, _ = pool
+    opts = GPU_SHAPED if shaped(pool) is not pool[3] else ""
+    rng = np.random.default_rng(3)
+    buf, cols = arena.buf, lay.kv_cols
+    kv = [buf[off: off + lay.kv_rows * cols * 4].view(np.float32).reshape(lay.kv_rows, cols)
+          for off in lay.kv.values()]
+    history = [rng.standard_normal((37, cols)).astype(np.float32) for _ in kv]
+    logits = buf[lay.io["logits"]: lay.io["logits"] + lay.vocab * 4].view(np.float32)
+    ids = buf[lay.io["ids"]: lay.io["ids"] + 4].view(np.int32)
+    got = {}
+    for fuse in (False, True):
+        gpu = GPUBackend(arena.buf, lay, 2, build_options=opts)
+        gpu.fuse = fuse
+        for c, h in zip(kv, history):
+            c[:37], c[37:40] = h, 0.0
+        units = gpu.build_units(prog, "f32")
+        if gpu.copies:          # the history up once: each step then copies only its inputs
+            gpu.kernels.to_device(gpu.host, 0, len(gpu.host))
+        for pos0, tok in ((37, 3575), (38, 28)):
+            ids[0] = tok
+            gpu.begin_step("f32", pos0)
+            for u in units:
+                u.run(1, pos0)
+            gpu.finish()
+            if gpu.copies:
+                gpu.kernels.to_host(gpu.host, 0, len(gpu.host))
+            got[fuse, pos0] = logits.copy(), [c[pos0].copy() for c in kv]
+    for pos0 in (37, 38):
+        (want, want_kv), (have, have_kv) = got[False, pos0], got[True, pos0]
+        np.testing.assert_allclose(have, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        for w, h in zip(want_kv, have_kv):
+            np.testing.assert_allclose(h, w, rtol=0, atol=1e-5 * np.abs(w).max())
 
 
 @pytest.fixture(scope="module", params=["f32", "f16"])

@@ -393,10 +393,10 @@ def build(dev, request):
     return CLKernels(clk.ctx, clk.queue, clk.buf, request.param, mirror=clk.mirror)
 
 
-def linear_act(clk, precision, x, w, out, K, M, pos0=0, res=None):
+def linear_act(clk, precision, x, w, out, K, M, pos0=0, res=None, pos_word=False):
     from socllm.actors.fused_cl import FusedCL
     from socllm.graph.fuse import Fused
-    f = FusedCL(clk, ACT_OFF, ROPE_OFF, precision)
+    f = FusedCL(clk, ACT_OFF, ROPE_OFF, precision, pos_word=pos_word)
     f.run(Fused("prep", {"x": x, "K": K}), 1, pos0)
     f.run(Fused("linear_act", {"x": x, "w": w, "out": out, "res": res, "K": K, "M": M}), 1, pos0)
     clk.finish()
@@ -450,6 +450,15 @@ def test_linear_act_adds_the_residual_and_writes_kv_rows(dev, lay, rng):
     after = f32(cache, cap * M).reshape(cap, M)
     np.testing.assert_array_equal(after[pos0], f32(plain))
     keep = np.arange(cap) != pos0
+    np.testing.assert_array_equal(after[keep], before[keep])
+    # with the step's position word (GPUBackend): the row it names, whatever pos0 the call says
+    from socllm.actors.fused_cl import pos_word_at
+    dev[0][pos_word_at(ROPE_OFF):][:4].view(np.int32)[0] = pos0 + 1
+    before = after.copy()
+    linear_act(dev[1], "f32", ("a", x), w, ("kv", cache), D, M, pos0=0, pos_word=True)
+    after = f32(cache, cap * M).reshape(cap, M)
+    np.testing.assert_array_equal(after[pos0 + 1], f32(plain))
+    keep = np.arange(cap) != pos0 + 1
     np.testing.assert_array_equal(after[keep], before[keep])
 
 

@@ -395,6 +395,9 @@ inline float2 dot2(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, int 
 }
 #endif
 
+#if (LIN_T & (LIN_T - 1)) || (LIN_R & (LIN_R - 1))
+#error "LIN_T and LIN_R must be powers of two (row_sum and group_sum reduce by halves)"
+#endif
 #if LIN_T > 1 && !defined(W_FLT)
 // A GPU (LIN_T > 1): rows ra and rb times the prepared activation, their blocks dealt over the
 // LIN_T work-items of dimension 0 (b = t, t + LIN_T, ...) and summed in local memory (part:

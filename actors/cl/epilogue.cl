@@ -131,7 +131,10 @@ inline int last_group_all(__global uchar* arena, ulong c_o, __local int* flag)
     if (get_local_id(0) == 0 && get_local_id(1) == 0) {
         const int groups = (int)(get_num_groups(0) * get_num_groups(1));
         const int last = atomic_inc(AT(volatile int, c_o)) == groups - 1;
-        if (last) *AT(volatile int, c_o) = 0;
+        if (last) {
+            mem_fence(CLK_GLOBAL_MEM_FENCE);    // the others' rows after their count (acquire)
+            *AT(volatile int, c_o) = 0;
+        }
         *flag = last;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
