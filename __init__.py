@@ -8,7 +8,7 @@ The repository's folders are this package's subpackages: socllm.models, socllm.g
 socllm.memory, socllm.policies, socllm.actors, socllm.scripts.
 """
 
-__all__ = ["connect", "Client", "ServiceNotRunning"]
+__all__ = ["connect", "Client", "ServiceNotRunning", "RequestCancelled"]
 
 
 def __getattr__(name):          # lazy: `import socllm.models...` does not start Ray

@@ -27,6 +27,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+ADDRESS_HELP = ("the Ray cluster (host:port of its GCS); default: RAY_ADDRESS, else the cluster "
+                "`ray start` recorded in Ray's temp dir (RAY_TMPDIR, TMPDIR or /tmp)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="socllm", description="LLM inference across the CPU, GPU and NPU of this device")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -51,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the request's class in a running service (default: reactive)")
     g.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the text before TEXT (up to 4 times)")
+    g.add_argument("--address", default=None, help=ADDRESS_HELP + "; none found: a private engine")
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
     s.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")
@@ -74,9 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int, default=8000,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")
     s.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1 (this device only)")
+    s.add_argument("--address", default=None, help=ADDRESS_HELP)
     st = sub.add_parser("status", help="what the running service does: requests, KV, processors, memory")
     st.add_argument("--json", action="store_true")
-    sub.add_parser("stop", help="remove the socllm service from the Ray cluster (Ray stays up)")
+    st.add_argument("--address", default=None, help=ADDRESS_HELP)
+    sp = sub.add_parser("stop", help="remove the socllm service from the Ray cluster (Ray stays up)")
+    sp.add_argument("--address", default=None, help=ADDRESS_HELP)
     sub.add_parser("info", help="list the processors found and which actor uses which")
     sub.add_parser("bench", help="socllm against llama.cpp and OpenVINO GenAI (socllm bench --help)")
     i = sub.add_parser("inspect", help="what a GGUF holds and whether socllm runs it (exit 0: it runs, 1: not)")

@@ -24,16 +24,15 @@ class ServiceNotRunning(RuntimeError):
     pass
 
 
-def connect(address: str = "auto") -> "Client":
-    """Find the running service through Ray (joining the cluster at `address` if this process
-    has not joined one yet: inside a `ray job` it has)."""
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                     logging_level="ERROR")
-        except ConnectionError as e:
-            raise ServiceNotRunning("no Ray cluster is running here: start one with "
-                                    "`ray start --head`, then `socllm serve`") from e
+def connect(address: str | None = None) -> "Client":
+    """Find the running service through Ray: this process's cluster if it has joined one, else
+    the one at `address`, else the one actors/cluster.py finds (RAY_ADDRESS, which a `ray job`
+    sets, else the cluster file `ray start` wrote)."""
+    from .cluster import NoCluster, join
+    try:
+        join(address, NAMESPACE)
+    except NoCluster as e:
+        raise ServiceNotRunning(f"{e}, then `socllm serve`") from None
     try:
         return Client(ray.get_actor(NAME, namespace=NAMESPACE))
     except ValueError:
@@ -45,6 +44,22 @@ def _cause(e: ray.exceptions.RayTaskError) -> BaseException:
     """The exception the service raised (ValueError for bad input), not Ray's wrapper."""
     cause = getattr(e, "cause", None)
     return cause if isinstance(cause, (ValueError, KeyError, RuntimeError, TimeoutError)) else e
+
+
+class RequestCancelled(RuntimeError):
+    """The service ended a request this client was still reading (abandoned, or cancelled by
+    another caller or by the service's shutdown): its text is cut short."""
+
+
+def _raise_unless_finished(rid: int, out: dict):
+    """A stream that the service ended without finishing it raises, never ends as if complete."""
+    if out["state"] == "failed":
+        raise RuntimeError(f"request {rid} failed: {out['error']}")
+    if out["finish_reason"] == "abandoned":
+        raise RequestCancelled(f"request {rid} was cancelled as abandoned: its text went "
+                               f"unread for longer than the service's --abandon-s")
+    if out["state"] == "cancelled":
+        raise RequestCancelled(f"request {rid} was cancelled by the service before it finished")
 
 
 class Client:
@@ -76,11 +91,7 @@ class Client:
                 yield from out["pieces"]
                 seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
                 self.last = out
-            if out["state"] == "failed":
-                raise RuntimeError(f"request {rid} failed: {out['error']}")
-            if out["finish_reason"] == "abandoned":
-                raise RuntimeError(f"request {rid} was cancelled as abandoned: its text went "
-                                   f"unread for longer than the service's --abandon-s")
+            _raise_unless_finished(rid, out)
         finally:
             if not done:
                 self.service.cancel.remote(rid)
@@ -94,11 +105,7 @@ class Client:
                     yield p
                 seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
                 self.last = out
-            if out["state"] == "failed":
-                raise RuntimeError(f"request {rid} failed: {out['error']}")
-            if out["finish_reason"] == "abandoned":
-                raise RuntimeError(f"request {rid} was cancelled as abandoned: its text went "
-                                   f"unread for longer than the service's --abandon-s")
+            _raise_unless_finished(rid, out)
         finally:
             if not done:          # break, aclose() or the task cancelled: cancel the request
                 self.service.cancel.remote(rid)

@@ -54,21 +54,27 @@ def _trim():
         pass
 
 
-def ensure_ray(threads: int) -> bool:
-    """Join a running Ray cluster, else start a local one. Returns True if we started it."""
+def ensure_ray(threads: int, address: str | None = None) -> bool:
+    """Join the running Ray cluster (actors/cluster.py's rules: address, RAY_ADDRESS, Ray's
+    cluster file), else start a private local one. Returns True if we started it. A cluster
+    that is found but does not answer (a stale cluster file) is passed over at once; an
+    explicit `address` that does not answer raises NoCluster."""
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS") or os.path.exists("/tmp/ray/ray_current_cluster"):
-        try:
-            ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
-            return False
-        except (ConnectionError, RuntimeError, ValueError):
-            pass    # a stale record of a cluster that is gone: start our own
+    from .cluster import NoCluster, join
+    try:
+        join(address)
+        return False
+    except NoCluster:
+        if address:
+            raise
     # Ray starts its workers at nice 15 (worker_niceness): our actors' kernel threads then yield
     # to Ray's own daemons on a 2-core device; at 0, decode measured ~5 % faster and steadier.
     # No prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
     # (two idle ~80 MB processes on this machine).
-    ray.init(num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
+    # address="local": a new instance, never the address of a stale cluster file or RAY_ADDRESS
+    ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
+             include_dashboard=False,
              log_to_driver=False, logging_level="ERROR",
              _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
                              "prestart_worker_first_driver": False})

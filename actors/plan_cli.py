@@ -17,8 +17,27 @@ def add_parser(sub):
                    help="with --soc: a published model (default llama-8b); else a GGUF file "
                         "(default: the default model)")
     p.add_argument("--profile", default=None, help="this machine's op profile (default: "
-                   "~/.cache/socllm/op-profile.json, from python -m socllm.scripts.profile_ops)")
+                   "~/.cache/socllm/op-profile.json, from python -m socllm.scripts.profile_ops; "
+                   "measured there first, ~10 s, when it is absent)")
     p.add_argument("--json", action="store_true")
+
+
+def _profile_now(path: str) -> float:
+    """Measure this machine's op profile into `path` (scripts/profile_ops.py, its default grid),
+    its progress on stderr (stdout stays the plan's); returns the seconds it took."""
+    import contextlib
+    import sys
+    import time
+
+    from socllm.scripts.profile_ops import main as profile_ops
+    print(f"socllm: no op profile at {path}: measuring this machine's now (every op of a layer "
+          "on the GPU and the NPU over 8 row counts; ~10 s, once)", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):
+        profile_ops(["--out", path])
+    took = time.perf_counter() - t0
+    print(f"socllm: profiled in {took:.1f} s", file=sys.stderr, flush=True)
+    return took
 
 
 def run(a) -> int:
@@ -51,18 +70,26 @@ def run(a) -> int:
     else:
         from socllm.models.gguf_file import model_path, open_gguf
         from socllm.models.llama import load_config, load_weights
-        from socllm.policies.predict import load_predictor
-        pred = load_predictor(a.profile)
+        import os
+
+        from socllm.policies.predict import PROFILE_PATH, load_predictor
+        path, measured_s = a.profile or PROFILE_PATH, None
+        if a.profile is None and not os.path.exists(path):     # a first run: measure it now
+            measured_s = _profile_now(path)
+        pred = load_predictor(path)
         reader = open_gguf(model_path(a.plan_model))
         cfg = load_config(reader)
         weights, name = load_weights(reader, cfg), reader.path if hasattr(reader, "path") else "model"
         cost, sync_s, contention = pred.seconds, pred.sync_s, pred.contention
         device = f"this machine: gpu {pred.device.get('gpu', '?')}, npu {pred.device.get('npu', '?')}"
-        source = f"op profile, prediction mode ({a.profile or 'default path'})"
+        source = (f"this machine's op profile {path}, "
+                  + (f"measured now in {measured_s:.1f} s, " if measured_s is not None else "")
+                  + "prediction mode")
     planner = planner_for(cfg, weights, context=max(2048, a.prompt_len + 1))
     bucket = a.prompt_len if a.phase == "prefill" else 1
     tasks = StepProgram.from_bytes(planner.program("gpu", a.phase, bucket)[1]).tasks["gpu"]
-    out = {"device": device, "simulated": bool(a.soc), "source": source,
+    profile = None if a.soc else {"path": path, "measured_now_s": measured_s}
+    out = {"device": device, "simulated": bool(a.soc), "source": source, "profile": profile,
            **plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention)}
     if a.json:
         print(json.dumps(out, indent=1))

@@ -12,21 +12,11 @@ import sys
 
 from .service import NAME, NAMESPACE
 
-NO_CLUSTER = "no Ray cluster is running here: start one with `ray start --head`"
-
-
-def _join() -> bool:
-    """Join the running Ray cluster; False if there is none (nothing is started)."""
-    import ray
-    if ray.is_initialized():
-        return True
-    if not (os.environ.get("RAY_ADDRESS") or os.path.exists("/tmp/ray/ray_current_cluster")):
-        return False
-    try:
-        ray.init(address="auto", namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR")
-    except (ConnectionError, RuntimeError, ValueError):
-        return False
-    return True
+def _join(address: str | None) -> None:
+    """Join the Ray cluster the user runs (actors/cluster.py: --address, RAY_ADDRESS, Ray's
+    cluster file); NoCluster, naming what was tried, if none answers. Nothing is started."""
+    from .cluster import join
+    join(address, NAMESPACE)
 
 
 def _service():
@@ -60,8 +50,7 @@ def serve(a) -> int:
         raise ValueError(f"--http-port must be in [0, 65535], got {a.http_port}")
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
-    if not _join():
-        raise LookupError(NO_CLUSTER)
+    _join(a.address)
     svc = _service()
     if svc is not None:
         d = ray.get(svc.describe.remote(), timeout=30)
@@ -110,8 +99,11 @@ def _remove(svc):
 
 
 def stop(a) -> int:
-    if not _join():
-        print(f"socllm: {NO_CLUSTER}; nothing to stop")
+    from .cluster import NoCluster
+    try:
+        _join(a.address)
+    except NoCluster as e:
+        print(f"socllm: {e}; nothing to stop")
         return 0
     try:
         from .http import undeploy
@@ -130,7 +122,8 @@ def stop(a) -> int:
 
 def status(a) -> int:
     import ray
-    svc = _service() if _join() else None
+    _join(a.address)               # no cluster: NoCluster, exit status 2, what was tried
+    svc = _service()
     if svc is None:
         print("socllm: no service is running (start one with `socllm serve`)", file=sys.stderr)
         return 1
@@ -178,8 +171,18 @@ def status(a) -> int:
 
 
 def generate_served(a) -> int | None:
-    """Run `socllm generate` on the running service; None when there is none."""
-    if not _join():
+    """Run `socllm generate` on the running service; None when there is none (a private
+    engine runs it). A cluster named with --address must answer; one found otherwise that does
+    not (a cluster file left by a Ray that died) is passed over with a note."""
+    from .cluster import NoCluster
+    try:
+        _join(a.address)
+    except NoCluster as e:
+        if a.address:
+            raise
+        if e.stale:
+            print(f"socllm: no Ray cluster answers ({'; '.join(e.tried[1:])}): a private engine "
+                  "runs this request", file=sys.stderr)
         return None
     svc = _service()
     if svc is None:

@@ -87,7 +87,9 @@ def exists(name: str) -> bool:
 
 
 def reap_orphans() -> list[str]:
-    """Unlink socllm segments whose creator process no longer exists."""
+    """Unlink socllm segments whose creator process no longer exists. A segment this user may
+    not unlink (another user's, in the sticky /dev/shm) is skipped: it is theirs to reap, and
+    it must not stop this user's engine from starting."""
     gone = []
     for entry in os.listdir(SHM_DIR):
         m = re.fullmatch(rf"{PREFIX}(\d+)-[0-9a-f]+", entry)
@@ -95,7 +97,7 @@ def reap_orphans() -> list[str]:
             try:
                 os.unlink(os.path.join(SHM_DIR, entry))
                 gone.append(entry)
-            except FileNotFoundError:
+            except (FileNotFoundError, PermissionError):
                 pass
     return gone
 

@@ -8,12 +8,13 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.venv"
 VER=0.3.36
-WORK=/tmp/lcp
+# a fresh private work folder (mktemp -d: mode 0700, an unpredictable name), removed on exit
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/socllm-lcp.XXXXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
 SRC="$WORK/llama_cpp_python-$VER/vendor/llama.cpp"
 BUILD="$WORK/build"
 
 # 1. the sdist (source only, no dependencies), unpacked under $WORK
-mkdir -p "$WORK"
 "$VENV/bin/pip" download --no-binary :all: --no-deps "llama-cpp-python==$VER" -d "$WORK"
 tar xzf "$WORK/llama_cpp_python-$VER.tar.gz" -C "$WORK"
 

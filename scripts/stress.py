@@ -6,8 +6,9 @@
 Half the clients use `socllm.connect()`, half stream `/v1/completions` over HTTP; each sends
 requests one after another until the time is up, with mixed prompt lengths (5-300 words) and
 output lengths (8-256 tokens), and breaks off a share of its streams mid-way (a cancel). It
-reports completed, failed, cancelled and lost requests (lost: neither completed nor failed with an
-error within REQUEST_TIMEOUT_S, i.e. hung), latency percentiles, and the PSS of socllm's
+reports completed, failed, cancelled and lost requests (lost: hung past REQUEST_TIMEOUT_S, or
+a stream that ended before it finished: over HTTP without a finish_reason and `data: [DONE]`,
+through Python cancelled by the service while its client still read it), latency percentiles, and the PSS of socllm's
 processes sampled every few seconds (a plot with --plot). It starts a private service in its own
 Ray instance and checks at the end that no request is left in the table and every KV block is free.
 Exit status 1 if anything was lost or failed, or memory grew (last minute's mean more than 5 %
@@ -31,6 +32,8 @@ import threading
 import time
 
 import requests
+
+from socllm.actors.client import RequestCancelled
 
 from .serve_bench import DATA, Socllm, pct
 
@@ -66,6 +69,7 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
     t0, first, n = time.perf_counter(), None, 0
     done = threading.Event()
     result, parts, start = {}, [], time.time()
+    ending = {}             # HTTP: the finish_reason seen and whether [DONE] came
 
     def run():
         nonlocal first, n
@@ -77,8 +81,7 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
                                   json={"prompt": text, "max_tokens": max_tokens, "stream": True})
                 if r.status_code != 200:
                     raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-                pieces = (json.loads(l[6:])["choices"][0].get("text", "") for l in r.iter_lines()
-                          if l.startswith(b"data: {"))
+                pieces = _sse_texts(r, ending)
             for piece in pieces:
                 first = first or time.perf_counter()
                 n += 1
@@ -90,7 +93,13 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
                         r.close()
                     result["outcome"] = "cancelled"
                     return
-            result["outcome"] = "completed"
+            if kind == "http" and not (ending.get("finish_reason") and ending.get("done")):
+                result.update(outcome="lost", error=f"http: the stream ended without "
+                              f"{'a finish_reason' if not ending.get('finish_reason') else '[DONE]'}")
+            else:
+                result["outcome"] = "completed"
+        except RequestCancelled as e:       # the service ended a stream its client still read
+            result.update(outcome="lost", error=f"{kind}: {str(e)[:200]}")
         except Exception as e:
             result.update(outcome="failed", error=f"{kind}: {type(e).__name__}: {str(e)[:200]}")
         finally:
@@ -102,6 +111,22 @@ def one_request(kind, client, url, words, rng, cancel_share, tally):
     tally.add(result["outcome"], ttft=(first - t0) if first else None,
               latency=time.perf_counter() - t0, error=result.get("error"),
               record=(kind, text, max_tokens, "".join(parts), start, time.time()))
+
+
+def _sse_texts(r, ending: dict):
+    """The text pieces of an OpenAI completions stream; records in `ending` the finish_reason
+    and whether `data: [DONE]` closed it (a stream cut short has neither)."""
+    for line in r.iter_lines():
+        if line == b"data: [DONE]":
+            ending["done"] = True
+        elif line.startswith(b"data: {"):
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error'].get('message')}")
+            choice = chunk["choices"][0]
+            if choice.get("finish_reason"):
+                ending["finish_reason"] = choice["finish_reason"]
+            yield choice.get("text", "")
 
 
 def parse_kill(ap, spec):

@@ -1,0 +1,96 @@
+"""A fresh machine: `socllm plan` measures this machine's op profile when there is none (and says
+so), and every command of the README's Use section runs from an empty cache (HOME and
+XDG_CACHE_HOME in a new folder), in the README's order, as a new user would type them."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from socllm.models.gguf_file import default_model_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def _fresh_env(home: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "XDG_CACHE_HOME")}
+    env.update(HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"),
+               RAY_TMPDIR=os.path.join(home, "r"))       # short: Ray's socket paths < 108 chars
+    os.makedirs(env["RAY_TMPDIR"])
+    return env
+
+
+@pytest.fixture
+def empty_home():
+    home = tempfile.mkdtemp(prefix="sp", dir="/tmp")
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_plan_from_an_empty_cache_profiles_this_machine_first(empty_home):
+    env = _fresh_env(empty_home)
+    path = os.path.join(empty_home, ".cache", "socllm", "op-profile.json")
+    cmd = [os.path.join(BIN, "socllm"), "plan", "--prompt-len", "300", "--json"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)                      # stdout is the plan only; progress on stderr
+    assert out["profile"]["path"] == path and os.path.isfile(path)
+    assert out["profile"]["measured_now_s"] > 0 and "measured now" in out["source"]
+    assert f"no op profile at {path}" in r.stderr and "profiled in" in r.stderr
+    assert not out["simulated"] and out["strategy"] and out["predicted_total_s"] > 0
+    # the second run reads the profile the first one measured
+    r = subprocess.run(cmd[:-1], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "profiled" not in r.stderr, r.stderr
+    assert f"this machine's op profile {path}, prediction mode" in r.stdout.splitlines()[0]
+
+
+def _readme_use() -> list[str]:
+    """The command lines of the README's Use section: comments and [optional] parts dropped,
+    the placeholder GGUF replaced by the default model's file."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    use = text.split("\n## Use\n", 1)[1].split("\n## ", 1)[0]
+    lines = []
+    for block in re.findall(r"```\n(.*?)```", use, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).strip()
+            if line:
+                lines.append(line)
+    return lines
+
+
+USE = _readme_use()
+
+
+@pytest.fixture(scope="module")
+def use_env():
+    home = tempfile.mkdtemp(prefix="su", dir="/tmp")
+    yield _fresh_env(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_readme_use_section_was_read():
+    assert len(USE) >= 9 and any(c.startswith(".venv/bin/socllm plan --prompt-len") for c in USE)
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param(line, marks=pytest.mark.slow) if line.startswith(".venv/bin/socllm generate")
+    and i != next(j for j, x in enumerate(USE) if x.startswith(".venv/bin/socllm generate"))
+    else line for i, line in enumerate(USE)])
+def test_a_readme_use_command_runs_from_an_empty_cache(line, use_env):
+    """The first `generate` of the section runs in the default suite (the others are slow here,
+    ~20 s each, and their paths are tested in test_cli.py)."""
+    argv = shlex.split(line.replace("~/models/some.gguf", default_model_path()))
+    assert argv[0].startswith(".venv/bin/"), line
+    argv[0] = os.path.join(BIN, argv[0][len(".venv/bin/"):])
+    r = subprocess.run(argv, env=use_env, capture_output=True, text=True, timeout=600,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (line, r.stderr[-3000:])
+    assert r.stdout.strip(), line
