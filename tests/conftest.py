@@ -1,7 +1,7 @@
-"""Shared fixtures: the real default model (SmolLM2-135M Q4_1), loaded once per test session.
-
-Other test files reuse these by name; they hold nothing Ray-related.
-"""
+"""Shared fixtures: the real default model (SmolLM2-135M Q4_1), loaded once per test session,
+and the test session's Ray instance and engine. Ray starts only for a test that asks for it
+(`ray_session`, or a fixture that depends on it: `engine`); the plain helpers several test files
+share are in tests/testlib.py."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +10,8 @@ from socllm.models.gguf_file import default_model_path, open_gguf, verify_defaul
 from socllm.models.llama import load_config, load_weights
 from socllm.models.oracle import Oracle
 from socllm.models.tokenizer import Tokenizer
+
+from testlib import PROMPTS, free_port
 
 
 @pytest.fixture(scope="session")
@@ -45,16 +47,13 @@ def tokenizer(gguf_reader) -> Tokenizer:
 
 
 # -- the engine: one Ray session and one engine (all three processor actors) per test session --
-PROMPTS = ("The capital of France is",
-           "def fibonacci(n):",
-           "Once upon a time, there was a little robot who")
-
-
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def ray_session():
     """The test session's one Ray instance (its own, even when the user runs a cluster and a
-    service here), with the dashboard that `ray job submit` needs. Yields (GCS address, dashboard
-    URL); every subprocess (the CLI) joins it through RAY_ADDRESS."""
+    service here), with the dashboard that `ray job submit` needs, started by the first test that
+    asks for it (or for `engine`). Yields (GCS address, dashboard URL); an Engine a test makes
+    joins it in process, and every subprocess (the CLI) through RAY_ADDRESS, which stays set for
+    the rest of the session once it started."""
     import os
 
     import ray
@@ -73,13 +72,6 @@ def ray_session():
         del os.environ["RAY_ADDRESS"]
     else:
         os.environ["RAY_ADDRESS"] = old
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ import sys
 import pytest
 
 SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+# `socllm generate` joins the cluster RAY_ADDRESS names (the test session's), never one the user runs
+pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def _segments():
@@ -91,6 +93,8 @@ def test_ctrl_c_mid_generation_leaves_nothing_behind():
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "interrupted" in err
-    time.sleep(1)
+    end = time.monotonic() + 60                 # the actors' processes exit after the driver
+    while not (_segments() <= before and actors() <= actors_before) and time.monotonic() < end:
+        time.sleep(0.2)
     assert _segments() <= before
     assert actors() <= actors_before, "actor processes left behind"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("pyopencl")
-
 from socllm.models.gguf_file import open_gguf
 from socllm.models.llama import load_config, load_weights
 from socllm.models.oracle import Oracle
 from socllm.models.synthetic import write_tiny
+
+from testlib import prefill_then_decode
 
 
 @pytest.fixture
@@ -49,20 +49,29 @@ def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, fo
     (scripts/gpu_decode.py): everything else a step reads is on the device already. Gemma's 4-key
     window is crossed by prefill and decode."""
     monkeypatch.setenv("SOCLLM_FUSE", fuse)
-    from socllm.scripts.gpu_decode import generate, setup
+    from socllm.scripts.gpu_decode import generate, setup, step
     extra = dict(layers=3, heads=4) if arch == "gemma3" else dict(layers=2)
     path = write_tiny(tmp_path / "m.gguf", arch=arch, dim=64, ffn=128, head_dim=32, matrix="Q5_0",
                       **extra)
+    reader = open_gguf(path)
+    cfg = load_config(reader)
+    oracle = Oracle(cfg, load_weights(reader, cfg))
     arena, lay, cfg, tok, weights, gpu, units = setup(path, 64, "f32")
     try:
         assert gpu.kernels.copies
         prompt = tok.encode("Hello, discrete world")
+        want = oracle.greedy(prompt, 10)
         got, _, _ = generate(arena, lay, gpu, units, prompt, 10, "f32")
+        # the tiny model's greedy text repeats a few tokens: the logits of each step, fed the
+        # oracle's tokens, are compared too
+        logits = [step(arena, lay, gpu, units["prefill"], prompt, 0, "f32").copy()]
+        for i in range(9):
+            logits.append(step(arena, lay, gpu, units["decode"], want[i:i + 1], len(prompt) + i, "f32").copy())
     finally:
         arena.unlink()
-    reader = open_gguf(path)
-    cfg = load_config(reader)
-    assert got == Oracle(cfg, load_weights(reader, cfg)).greedy(prompt, 10)
+    assert got == want
+    ref = oracle.logits_for(prompt + want)[len(prompt) - 1: len(prompt) + 9]
+    np.testing.assert_allclose(np.array(logits), ref, rtol=0, atol=2e-4 * np.abs(ref).max())
 
 
 def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced, ray_session):
@@ -72,7 +81,6 @@ def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced
     writes up and the logits down."""
     from socllm.actors.engine import Engine
     from socllm.actors.runner import Runner
-    from tests.test_runner import prefill_then_decode
     path = write_tiny(tmp_path / "m.gguf", dim=64, ffn=128, head_dim=32, matrix="Q5_0", layers=2)
     reader = open_gguf(path)
     cfg = load_config(reader)

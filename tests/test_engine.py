@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import PROMPTS
+from testlib import PROMPTS
 
 PLANS = ("cpu", "gpu", "npu", "hetero", "tensor")
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
-from test_runner import prefill_then_decode
+from testlib import prefill_then_decode
 from tiny_gguf import blocks, random_blocks, write_tiny
 
 from socllm.models.gguf_file import open_gguf
@@ -88,7 +88,11 @@ MIXED = {"blk.0.attn_q.weight": "Q5_0", "blk.0.attn_k.weight": "Q5_1", "blk.0.at
 
 
 def _engine_greedy(path, plans, n=8):
-    """-> (processors started, those skipped, {plan: greedy tokens at f32}, the oracle's)."""
+    """-> (processors started, those skipped, {plan: greedy tokens at f32}, the oracle's).
+
+    These tiny random models repeat one to three tokens (an engine stuck on one would match
+    their greedy text), so each plan's logits are also checked here: fed the prompt and the
+    oracle's tokens, one decode step each, within LOGITS_TOL of the oracle's."""
     from socllm.actors.engine import Engine
     reader = open_gguf(path)
     cfg = load_config(reader)
@@ -96,14 +100,23 @@ def _engine_greedy(path, plans, n=8):
     eng = Engine(model=path, context=64, threads=2)
     try:
         ids = eng.encode_prompt("Hello, world! 123")
-        got = {p: eng.generate_ids(ids, plan=p, precision="f32", max_tokens=n, ignore_eos=True)["tokens"]
-               for p in plans}
-        return eng.available, eng.skipped, got, oracle.greedy(ids, n)
+        want = oracle.greedy(ids, n)
+        ref = oracle.logits_for(ids + want)
+        got = {}
+        for p in plans:
+            got[p] = eng.generate_ids(ids, plan=p, precision="f32", max_tokens=n, ignore_eos=True)["tokens"]
+            logits = eng.logits_after(ids + want, p, "f32")
+            err = float(np.abs(logits - ref).max() / np.abs(ref).max())
+            assert err <= LOGITS_TOL, f"{p}: logits {err:.2e} of their scale from the oracle's"
+        return eng.available, eng.skipped, got, want
     finally:
         eng.close()
 
 
-def test_a_model_with_float_and_block_matrices_gives_the_oracle_tokens_everywhere(tmp_path):
+LOGITS_TOL = 2e-4                 # f32 sums in another order (tests/test_engine.py)
+
+
+def test_a_model_with_float_and_block_matrices_gives_the_oracle_tokens_everywhere(tmp_path, ray_session):
     """F16 and BF16 matrices beside block formats: the GPU runs the float linears op by op (the
     fused decode takes block formats), the NPU reads them as graph inputs."""
     path = write_tiny(tmp_path / "mixed.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K",
@@ -113,7 +126,7 @@ def test_a_model_with_float_and_block_matrices_gives_the_oracle_tokens_everywher
     assert got == {"cpu": want, "gpu": want, "npu": want}
 
 
-def test_a_processor_that_cannot_read_a_models_weights_is_not_started(tmp_path, monkeypatch):
+def test_a_processor_that_cannot_read_a_models_weights_is_not_started(tmp_path, ray_session, monkeypatch):
     from socllm.policies import placement
     monkeypatch.setitem(placement.MATRIX_FORMATS, "npu", ("Q4_1",))
     path = write_tiny(tmp_path / "q5.gguf", matrix="Q5_0", dim=64, ffn=128, head_dim=32)
@@ -122,7 +135,7 @@ def test_a_processor_that_cannot_read_a_models_weights_is_not_started(tmp_path, 
     assert got == {"gpu": want}
 
 
-def test_a_mixed_k_quant_model_runs_on_the_gpu_and_the_npu_with_the_oracle_tokens(tmp_path):
+def test_a_mixed_k_quant_model_runs_on_the_gpu_and_the_npu_with_the_oracle_tokens(tmp_path, ray_session):
     """Every block format in one model (Q4_K_M's mix and more), its tables in Q6_K: the GPU's
     fused decode joins only the linears that share a format; the NPU's graphs dequantize each."""
     blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
@@ -133,7 +146,7 @@ def test_a_mixed_k_quant_model_runs_on_the_gpu_and_the_npu_with_the_oracle_token
     assert got == {"gpu": want, "npu": want, "hetero": want}
 
 
-def test_a_q4_0_model_runs_on_every_processor(tmp_path):
+def test_a_q4_0_model_runs_on_every_processor(tmp_path, ray_session):
     path = write_tiny(tmp_path / "q40.gguf", matrix="Q4_0", layers=2, dim=64, ffn=128, head_dim=32)
     from socllm.actors.engine import Engine
     reader = open_gguf(path)
@@ -144,9 +157,12 @@ def test_a_q4_0_model_runs_on_every_processor(tmp_path):
         assert eng.available == {"cpu", "gpu", "npu"} and eng.skipped == {}
         ids = eng.encode_prompt("Hello, world! 123")
         want = oracle.greedy(ids, 8)
+        ref = oracle.logits_for(ids + want)
         for plan in ("cpu", "gpu", "npu"):
             got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=8, ignore_eos=True)
             assert got["tokens"] == want, plan
+            logits = eng.logits_after(ids + want, plan, "f32")      # the tokens repeat: logits too
+            assert np.abs(logits - ref).max() <= LOGITS_TOL * np.abs(ref).max(), plan
     finally:
         eng.close()
 
@@ -155,7 +171,7 @@ def test_a_q4_0_model_runs_on_every_processor(tmp_path):
 @pytest.mark.parametrize("arch,extra", [("qwen2", ()), ("llama", ("rope_freqs.weight",)), ("qwen3", ()),
                                         ("gemma3", ())],
                          ids=["qwen2-bias-neox", "llama3-rope-freqs", "qwen3-qk-norm", "gemma3"])
-def test_other_families_give_the_oracle_tokens_on_every_processor(tmp_path, arch, extra):
+def test_other_families_give_the_oracle_tokens_on_every_processor(tmp_path, ray_session, arch, extra):
     """Gemma 3: 3 layers, two with a sliding window of 4 keys, which a 6-token prompt and 8 new
     tokens outgrow (prefill and decode both cross it), 4 query heads of 32 over a 64-wide model."""
     gemma = dict(layers=3, heads=4) if arch == "gemma3" else dict(layers=2)

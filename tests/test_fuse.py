@@ -17,7 +17,7 @@ import pytest
 from socllm.graph.fuse import Fused, fuse_decode
 from socllm.graph.program import StepProgram
 
-from test_pool import _program
+from testlib import program as _program
 
 LAYERS = 2
 
@@ -36,16 +36,26 @@ def test_a_decode_layer_is_five_launches(model_config):
     assert final.args["natural"] and not final.args["store"]       # lm_head_act reads it in order
 
 
-@pytest.mark.parametrize("plan,phase", [("hetero", "prefill"), ("gpu", "decode"), ("npu", "decode")])
-def test_fusion_never_crosses_a_wait_or_a_signal(model_config, plan, phase):
-    _, prog = _program(model_config, plan, phase, LAYERS)
+@pytest.mark.parametrize("plan,phase,cut", [("hetero", "prefill", None),
+                                           ("tensor", "decode", {"ffn_up": 768}),
+                                           ("tensor", "prefill", {"attn_output": 192})])
+def test_fusion_never_crosses_a_wait_or_a_signal(model_config, plan, phase, cut):
+    """Programs whose processors wait for and signal each other: only a unit's first task may
+    wait and only its last may signal. The check must have something to check: a processor with
+    waits and signals whose tasks do fuse (a fuser that never fused would pass vacuously)."""
+    _, prog = _program(model_config, plan, phase, LAYERS, cut=cut)
+    exercised = 0
     for proc, tasks in prog.tasks.items():
         by_seq = {t.seq: t for t in tasks}
-        for u in fuse_decode(prog, proc):
-            if isinstance(u, Fused) and u.seqs:
-                inner = [by_seq[s] for s in u.seqs]
-                assert all(not t.waits for t in inner[1:]) and all(not t.signals for t in inner[:-1])
-                assert u.signals == inner[-1].signals
+        fused = [u for u in fuse_decode(prog, proc) if isinstance(u, Fused) and u.seqs]
+        for u in fused:
+            inner = [by_seq[s] for s in u.seqs]
+            assert all(not t.waits for t in inner[1:]) and all(not t.signals for t in inner[:-1])
+            assert u.signals == inner[-1].signals
+        if any(len(u.seqs) > 1 for u in fused) and any(t.waits for t in tasks) \
+                and any(t.signals for t in tasks):
+            exercised += 1
+    assert exercised, f"{plan} {phase}: no processor both synchronises and fuses: nothing checked"
 
 
 def test_an_intermediate_read_elsewhere_is_not_dropped(model_config):
@@ -112,7 +122,10 @@ def shaped(request):
 def _step(gpu, prog, precision, pos0, fuse):
     gpu.fuse = fuse
     gpu.begin_step(precision, pos0)
-    for u in gpu.build_units(prog, precision):
+    units = gpu.build_units(prog, precision)
+    if fuse:                     # else fused and op-by-op would be one path compared with itself
+        assert len(units) < len(prog.tasks[gpu.name]), "nothing was fused"
+    for u in units:
         u.run(1, pos0)
     gpu.finish()
 

@@ -62,7 +62,7 @@ def test_the_oracle_agrees_with_llamacpp_at_95_percent_of_positions(oracle):
     assert agree >= 0.95 * GEMMA_POSITIONS, agree
 
 
-def test_the_gpu_and_the_npu_give_the_oracles_greedy_tokens(gemma, oracle):
+def test_the_gpu_and_the_npu_give_the_oracles_greedy_tokens(gemma, oracle, ray_session):
     from socllm.actors.engine import Engine
     prompt = FIX["prompt"][:12]
     want = oracle.greedy(prompt, 12)

@@ -11,7 +11,7 @@ from socllm.actors.kernels_numpy import NumpyKernels
 from socllm.actors.ov_segment import OVSegment
 from socllm.policies.buckets import KV_STEP, kv_bucket
 
-from test_kernels_ov import CAP, CONFIG, D, HD, KVH, Layout, close, decoder_layer, f32, rand_rows, slots
+from ov_layout import CAP, CONFIG, D, HD, KVH, Layout, close, decoder_layer, f32, rand_rows, slots
 
 
 @pytest.mark.parametrize("rows,want", [(0, 0), (1, 256), (256, 256), (257, 512), (300, 512),

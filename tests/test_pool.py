@@ -7,16 +7,14 @@ import sys
 import threading
 import time
 
-
 from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
-from socllm.graph.lower import lower
-from socllm.graph.partition import DOMINANT, placed, row_cut
 from socllm.graph.program import StepProgram, segment_live_out
 from socllm.memory.arena import SHM_DIR, Arena, reap_orphans
 from socllm.memory.layout import PROCESSORS, PoolLayout
-from socllm.memory.ready import ReadyWords, SleepPredictor
-from socllm.policies.placement import placement
+from socllm.memory.ready import _SYS_FUTEX, ReadyWords, SleepPredictor
+
+from testlib import program as _program
 
 
 def test_slot_count_does_not_grow_with_layers(model_config):
@@ -39,26 +37,6 @@ def test_slots_never_hold_two_live_tensors(model_config):
                 prev = live.get(s)
                 assert prev is None or last.get(prev, -1) <= i, f"{name} overwrites live {prev}"
                 live[s] = name
-
-
-def _program(model_config, plan, phase, n_layers=2, cut=None):
-    """cut: part -> rows on the non-dominant processor (the tensor plan's row-cut)."""
-    g = build_graph(model_config, n_layers)
-    slots = assign_slots(g)
-    place = placement(plan, phase) if cut is None else placed
-    if cut is not None:
-        g = row_cut(g, cut, DOMINANT[phase], "npu" if DOMINANT[phase] == "gpu" else "gpu")
-    refs, words, off = {}, {}, 0
-    for name, t in g.tensors.items():
-        off += 4096
-        weight = ("w8", off, off + 1) if t.dtype == "q8_0" else ("w4", off, off + 1, off + 2)
-        refs[name] = ("kv", off) if t.kind == "kv" else weight if t.kind == "weight" \
-            else ("a", 10**7 + 4096 * slots.assign[name]) if t.kind == "act" else ("a", off)
-    locs = [f"slot.{i}" for i in range(len(slots.sizes))] + [n for n, t in g.tensors.items()
-                                                             if t.kind in ("kv", "input", "output")]
-    words = {k: 16 + i for i, k in enumerate(locs)}
-    done = {p: 4 + i for i, p in enumerate(PROCESSORS)}
-    return g, lower(g, slots, refs, words, done, place, phase, 32)
 
 
 def test_kv_projections_write_in_place(model_config):
@@ -141,33 +119,63 @@ def test_segment_live_out_keeps_only_what_others_read(model_config):
     assert norm_out not in live or norm_out == q_slot      # read only inside the segment
 
 
+def _blocked_in(tid: int) -> int | None:
+    """The system call thread `tid` of this process is blocked in (None while it runs)."""
+    with open(f"/proc/self/task/{tid}/syscall") as f:
+        word = f.read().split()[0]
+    return None if word == "running" else int(word)
+
+
 def test_ready_word_blocking_wait_burns_no_core():
+    """A waiter whose word is not ready sleeps in the kernel (a futex on the word), not in a
+    spin: the waiting thread is seen blocked in futex(2), and a store wakes it with the value."""
     arena = Arena.create(1 << 16)
     try:
         words = ReadyWords(arena.buf[:64])
-        t0 = time.process_time()
-        threading.Timer(0.3, lambda: words.store(2, 7)).start()
-        assert words.wait(2, 7)
-        assert time.process_time() - t0 < 0.05             # slept in the kernel, did not spin
-        assert not words.wait(3, 1, timeout_s=0.05)
+        got, tid = [], []
+
+        def waiter():
+            tid.append(threading.get_native_id())
+            got.append(words.wait(2, 7))
+        t = threading.Thread(target=waiter, daemon=True)
+        t.start()
+        while not tid:
+            pass
+        seen, deadline = set(), time.monotonic() + 60
+        while _SYS_FUTEX not in seen and time.monotonic() < deadline:   # a spinning waiter never
+            seen.add(_blocked_in(tid[0]))                              # blocks
+            time.sleep(0.001)
+        assert _SYS_FUTEX in seen, f"the waiter never blocked in futex(2): {seen}"
+        assert t.is_alive() and not got        # still waiting: nothing stored yet
+        words.store(2, 7)
+        t.join(30)
+        assert got == [True]
+        assert not words.wait(3, 1, timeout_s=0.05)           # a word nobody stores: a timeout
     finally:
         arena.unlink()
 
 
-def test_predicted_sleep_learns_the_wait_and_still_wakes_on_time():
-    """HeteroLLM §4.2: after a few steps of ~20 ms waits the waiter sleeps ~80 % of it, then
-    polls; each wait still ends when the word is stored, and a short wait is never slept."""
+def test_predicted_sleep_learns_the_wait_and_each_wait_ends_with_its_word():
+    """HeteroLLM §4.2: the predictor keeps an exponential average of the producer's time per
+    site and sleeps `fraction` of it; a site whose waits are too short to sleep is never slept;
+    each wait ends with the word stored, whatever was predicted."""
+    pred = SleepPredictor(fraction=0.8, alpha=0.5)
+    for waited in (0.02, 0.02, 0.04):
+        pred.observe("site", waited)
+    assert abs(pred.expected["site"] - 0.03) < 1e-12          # 0.02, 0.02, then halfway to 0.04
+    assert abs(pred.sleep_s("site") - 0.8 * 0.03) < 1e-12
+    pred.observe("short", 1e-5)
+    assert pred.sleep_s("short") == 0.0 and pred.sleep_s("never seen") == 0.0
     arena = Arena.create(1 << 16)
     try:
-        words, pred = ReadyWords(arena.buf[:64]), SleepPredictor(fraction=0.8)
+        words = ReadyWords(arena.buf[:64])
         for step in range(1, 5):
-            t0 = time.perf_counter()
             threading.Timer(0.02, lambda v=step: words.store(2, v)).start()
-            assert pred.wait(words, "site", 2, step, timeout_s=5)
-            assert time.perf_counter() - t0 < 0.2
-        assert 0.8 * 0.015 < pred.sleep_s("site") < 0.8 * 0.1
+            assert pred.wait(words, "site", 2, step, timeout_s=30)
+            assert words.get(2) >= step
+        assert "site" in pred.expected and pred.sleep_s("short") == 0.0
         words.store(3, 1)
-        assert pred.wait(words, "short", 3, 1) and pred.sleep_s("short") == 0.0
+        assert pred.wait(words, "ready", 3, 1) and pred.expected["ready"] == 0.0   # no wait
     finally:
         arena.unlink()
 

@@ -7,30 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import PROMPTS
-
-
-def prefill_then_decode(runner, prompts: list, forced: list, steps: int):
-    """Each prompt prefilled in chunks of 5 rows (its K/V written through its own block table,
-    blocks not in order), then all decoded as one batch for `steps` steps, teacher-forced with
-    `forced`, every row at its own position. -> (block tables, per prompt its logits: the
-    prefill's last row, then each step's)."""
-    br = runner.lay.block_rows
-    free = list(np.random.default_rng(0).permutation(runner.lay.kv_blocks))
-    tables, got = {}, [[] for _ in prompts]
-    for s, ids in enumerate(prompts):
-        tables[s] = [int(free.pop()) for _ in range(-(-(len(ids) + len(forced[s])) // br))]
-        for lo in range(0, len(ids), 5):
-            chunk = ids[lo: lo + 5]
-            logits = runner.step([(t, lo + i, s) for i, t in enumerate(chunk)], {s: tables[s]},
-                                 all_rows=False)
-        got[s].append(logits[0].copy())
-    for i in range(steps):
-        rows = [(forced[s][i], len(ids) + i, s) for s, ids in enumerate(prompts)]
-        logits = runner.step(rows, tables, all_rows=True)
-        for s in range(len(prompts)):
-            got[s].append(logits[s].copy())
-    return tables, got
+from testlib import PROMPTS, prefill_then_decode
 
 
 @pytest.fixture(scope="module")

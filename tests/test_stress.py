@@ -33,7 +33,7 @@ def test_long_generation_to_the_end_of_the_context(engine, tokenizer):
     assert segs == [engine.arena.name]
 
 
-def test_service_stress_short_loses_nothing(tmp_path):
+def test_service_stress_short_loses_nothing(tmp_path, ray_session):
     """scripts/stress.py for one minute: 32 clients (Python API and HTTP), mixed lengths, some
     cancelling mid-stream; nothing lost or failed, nothing left in the table, every block free."""
     import json

@@ -1,0 +1,106 @@
+"""The sampler (policies/sampling.py) as a distribution: temperature reshapes softmax(logits / T),
+top_p keeps exactly the nucleus, temperature 0 (and T -> 0 with top_p 1) is greedy, and the seed
+alone decides the draws."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from socllm.policies.sampling import Sampler, SamplingParams
+
+# softmax(LOGITS) = 0.5, 0.25, 0.15, 0.07, 0.03 (in a shuffled order: the sampler must sort)
+PROBS = np.array([0.15, 0.5, 0.03, 0.25, 0.07])
+LOGITS = np.log(PROBS).astype(np.float32) + 3.0
+DRAWS = 20_000
+
+
+def _softmax(z):
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _freqs(params: SamplingParams, logits=LOGITS, n=DRAWS) -> np.ndarray:
+    s = Sampler(params)
+    counts = np.bincount([s(logits) for _ in range(n)], minlength=len(logits))
+    return counts / n
+
+
+def _within(freqs, probs, n=DRAWS, sigmas=5.0):
+    """Each frequency within 5 standard deviations of its probability (binomial): a correct
+    sampler fails this with probability < 1e-5 per token, whatever the seed."""
+    sd = np.sqrt(probs * (1 - probs) / n)
+    return np.all(np.abs(freqs - probs) <= sigmas * sd + 1e-12), np.abs(freqs - probs) / np.maximum(sd, 1e-12)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_frequencies_follow_softmax_of_logits_over_temperature(temperature):
+    want = _softmax(LOGITS.astype(np.float64) / temperature)
+    ok, z = _within(_freqs(SamplingParams(temperature=temperature, seed=11)), want)
+    assert ok, f"T={temperature}: deviations in standard deviations {z.round(1)}"
+
+
+def test_temperature_changes_the_distribution():
+    """The same logits at T 0.5 and 2: the top token's share moves far beyond sampling noise."""
+    cold = _freqs(SamplingParams(temperature=0.5, seed=3))
+    hot = _freqs(SamplingParams(temperature=2.0, seed=3))
+    top = int(np.argmax(LOGITS))
+    assert cold[top] > 0.7 and hot[top] < 0.4, (cold, hot)
+    assert cold.argmax() == hot.argmax() == top
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.8, 3), (0.6, 2), (0.5, 1), (0.3, 1), (0.95, 4), (1.0, 5)])
+def test_top_p_keeps_exactly_the_smallest_nucleus_reaching_p(top_p, kept):
+    """The nucleus: the most probable tokens until their mass reaches top_p (0.5, 0.75, 0.9,
+    0.97, 1.0 here). Tokens outside it are never drawn; those inside keep their relative
+    probabilities."""
+    order = np.argsort(-PROBS)
+    nucleus, tail = order[:kept], order[kept:]
+    f = _freqs(SamplingParams(temperature=1.0, top_p=top_p, seed=5))
+    assert f[tail].sum() == 0, f"top_p={top_p}: drew {f[tail]} outside the nucleus"
+    want = np.zeros_like(PROBS)
+    want[nucleus] = PROBS[nucleus] / PROBS[nucleus].sum()
+    ok, z = _within(f, want)
+    assert ok, f"top_p={top_p}: deviations in standard deviations {z.round(1)}"
+    assert (f[nucleus] > 0).all()
+
+
+def test_top_p_applies_after_temperature():
+    """At T=2 the distribution flattens (0.33, 0.24, 0.18, 0.13, 0.08 here) and top_p 0.8
+    keeps four tokens, where at T=1 it keeps three."""
+    flat = _softmax(LOGITS.astype(np.float64) / 2.0)
+    order = np.argsort(-flat)
+    assert np.cumsum(flat[order])[2] < 0.8 <= np.cumsum(flat[order])[3]
+    f = _freqs(SamplingParams(temperature=2.0, top_p=0.8, seed=9))
+    assert f[order[4]] == 0 and (f[order[:4]] > 0).all()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-2, 1e-3])
+def test_temperature_towards_zero_with_top_p_1_is_greedy(temperature):
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        logits = rng.standard_normal(1000).astype(np.float32) * 3
+        top = int(np.argmax(logits))
+        logits[top] += 1.0               # a gap of at least 1: at T <= 0.01, e^-100 for the rest
+        s = Sampler(SamplingParams(temperature=temperature, top_p=1.0, seed=1))
+        assert [s(logits) for _ in range(20)] == [top] * 20
+
+
+def test_the_seed_decides_the_draws():
+    """Same seed, same 64 draws; another seed, other draws (uniform over 1000 tokens: two seeds
+    agree on all 64 with probability 1e-192)."""
+    logits = np.zeros(1000, np.float32)
+
+    def draws(seed):
+        s = Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=seed))
+        return tuple(s(logits) for _ in range(64))
+    assert draws(7) == draws(7)
+    assert len({draws(seed) for seed in range(10)}) == 10
+
+
+@pytest.mark.parametrize("kw, needle", [({"temperature": -0.1}, "temperature"),
+                                        ({"temperature": float("nan")}, "temperature"),
+                                        ({"top_p": 0.0}, "top-p"), ({"top_p": 1.01}, "top-p"),
+                                        ({"max_tokens": 0}, "max-tokens")])
+def test_out_of_range_parameters_are_refused(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(**kw)
