@@ -33,11 +33,17 @@ PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others 
 # has lost its client: a Python driver that died, or an HTTP disconnect that Serve's proxy did not
 # pass on (actors/http.py). Clients poll continuously (every poll returns within its 10 s).
 ABANDON_S = 30.0
-# a decode step's linears at this precision: q8 (the default) int8 activations, llama.cpp's own
-# for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
-# q16 int16 for one or two rows, f32 for more (actors/kernels_cl.py INT_ROWS_MAX says why); f32
-# the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
+# a decode step's linears at this precision: q16 (the default) int16 for one or two rows, f32
+# for more (actors/kernels_cl.py INT_ROWS_MAX says why); q8 int8 activations per 32-block,
+# llama.cpp's own for these weights (one row: the fused decode kernels; more: int8 weight tiles,
+# cl/batch.cl); f32 the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
 SERVE_PRECISIONS = ("q8", "q16", "f32")
+# one default, served and local (engine.DEFAULT_PRECISION): q16 gives the oracle's text (greedy
+# equal to f32's on 48 of 48 prompts, perplexity equal to 1e-5); q8 is within 0.2 % of llama.cpp's
+# perplexity but agrees with llama.cpp's greedy text a little less often than f32 does (16 vs 18
+# of 48), for 21-25 % more tok/s at 4-16 streams on 2 cores, none at 1-2
+# (scripts/results/quality-2core-zen5*.txt)
+DEFAULT_PRECISION = "q16"
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 
@@ -46,8 +52,8 @@ KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 class Service(ServingLoop):
     def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
                  kv_mb: float = 512, policy: str = "agent", threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, precision: str = "q8", prefill: str = "auto",
-                 abandon_s: float = ABANDON_S):
+                 prefill_chunk: int = PREFILL_CHUNK, precision: str = DEFAULT_PRECISION,
+                 prefill: str = "auto", abandon_s: float = ABANDON_S):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
         if prefill not in ("auto", "gpu", "npu"):

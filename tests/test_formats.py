@@ -183,7 +183,7 @@ def test_other_families_give_the_oracle_tokens_on_every_processor(tmp_path, ray_
 
 
 @pytest.mark.parametrize("kind", ["kmix", "qwen2", "gemma3"])
-@pytest.mark.parametrize("precision,tol", [("f32", 5e-3), ("q8", 0.25)])   # f16 K/V: ~1e-3
+@pytest.mark.parametrize("precision,tol", [("f32", 5e-3), ("q8", 0.1)])   # f16 K/V: ~1e-3
 def test_the_service_runner_batches_other_formats_and_families(tmp_path, ray_session, kind, precision, tol):
     """The service's path: an f16 paged KV cache, prompts prefilled in chunks, then decoded as one
     batch (batched linears in integers at q8), teacher-forced; logits against the oracle."""

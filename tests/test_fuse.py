@@ -131,7 +131,7 @@ def _step(gpu, prog, precision, pos0, fuse):
 
 
 @pytest.mark.parametrize("precision,rtol,pos0", [("f32", 1e-5, 37), ("f32", 1e-5, 150),
-                                                ("q16", 1e-3, 37), ("q8", 5e-2, 37)])
+                                                ("q16", 1e-3, 37), ("q8", 2e-2, 37)])
 def test_fused_decode_step_computes_the_op_by_op_step(pool, shaped, precision, rtol, pos0):
     """pos0 37: three of the eight attention splits are empty; 150: all hold keys."""
     arena, lay, prog, _ = pool
@@ -248,7 +248,7 @@ def test_fused_paged_decode_row_computes_the_batched_step(paged_pool, shaped, pr
         assert np.isnan(c[row + 1]).all() and np.isfinite(c[phys]).all()
 
 
-@pytest.mark.parametrize("precision,rtol", [("q16", 1e-3), ("q8", 5e-2)])
+@pytest.mark.parametrize("precision,rtol", [("q16", 1e-3), ("q8", 2e-2)])
 def test_integer_decode_batch_of_two_rows_computes_the_f32_batch(paged_pool, precision, rtol):
     """Two rows of two sequences at their own positions: the q16 batch (linears in integers,
     each input prepared once and reused by the linears that read it) and the q8 batch (int8

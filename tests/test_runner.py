@@ -22,9 +22,9 @@ def engine16(gguf_reader, ray_session):
 
 # precision -> (top-1 agreements of 16 at least, largest logit error relative to the largest
 # logit): f32 linears over f16 K/V measured 16 of 16 and errors <= 8e-4; q8 rounds every
-# activation to int8 (errors 0.10-0.15 with an f32 cache too), so its top-1 may flip where the
-# oracle's two best logits are close
-BOUNDS = {"f32": (16, 2e-3), "q8": (12, 0.25)}
+# activation to int8 per 32-block as llama.cpp does: measured 15 of 16 and 0.065 (0.10-0.15
+# before its block sums were taken from the rounded values, as llama.cpp's Q8_1 takes them)
+BOUNDS = {"f32": (16, 2e-3), "q8": (14, 0.1)}
 
 
 @pytest.mark.parametrize("precision", ["f32", "q8"])

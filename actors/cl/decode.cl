@@ -21,8 +21,10 @@
 //                  ACT_BITS 8: int8 per block (precision q8, llama.cpp's Q8_1 idea; pmaddubsw)
 //   dx f32 [K/32]  block scale (1 for f32, max|x| / 32767 for int16, max|x| / 127 for int8)
 //                  (lm_head_act reads its values in natural order instead: norm_prep natural=1)
-//   sx f32 [K/32]  block sum of x, exact in f32: sum_j (d q_j + m) x_j = d sum_j q_j x_j + m sx,
-//                  so the GEMV multiplies by d once per block and never forms d q + m
+//   sx f32 [K/32]  block sum of the values as stored (f32: of x; int16 / int8: dx * sum of the
+//                  integers, as llama.cpp's Q8_1 keeps it): sum_j (d q_j + m) x_j =
+//                  d sum_j q_j x_j + m sx, so the GEMV multiplies by d once per block and never
+//                  forms d q + m, and at q16 / q8 it is exactly the weights times the rounded x
 
 // x86 builds use AVX2 / F16C target builtins directly: clang inlines them, unlike PoCL's library
 // builtins (see kernels.cl); SOCLLM_PORTABLE or another target takes plain OpenCL C.
@@ -122,6 +124,14 @@ inline void prep_block(float8 x0, float8 x1, float8 x2, float8 x3, __global ucha
     v[1] = CVT(o, short16);
 #endif
     dx[b] = d;
+    // the block sum of the ROUNDED values (llama.cpp's Q8_1 s = d sum q): the minimum's term
+    // m sx then pairs with the same x as d sum q_w q_x does. With the exact sum instead, the
+    // rounding errors e_j meet (d q_j + m) - m = d q_j, codes 0..15 all of one sign, not the
+    // weights themselves: a common-mode error ~|m| / |w| times larger (on SmolLM2: logit error
+    // 2-3x llama.cpp's int8, top-1 = llama.cpp's 0.92 vs 0.97 now and f32's 0.965;
+    // scripts/results/quality-2core-zen5-q8-before-fix.txt, quality-2core-zen5.txt).
+    // The int sum is exact in f32 (|sum| <= 32 * 32767 < 2^24).
+    dx[K / QK + b] = d * hsum8(CVT((q0 + q1) + (q2 + q3), float8));
 #else
     __global float8* v = AT(float8, s_o) + 4 * b;
     v[0] = natural ? x0 : (float8)(x0.even, x1.even);
@@ -129,8 +139,8 @@ inline void prep_block(float8 x0, float8 x1, float8 x2, float8 x3, __global ucha
     v[2] = natural ? x2 : (float8)(x0.odd, x1.odd);
     v[3] = natural ? x3 : (float8)(x2.odd, x3.odd);
     dx[b] = 1.0f;
-#endif
     dx[K / QK + b] = hsum8((x0 + x1) + (x2 + x3));
+#endif
 }
 
 // sum_j q_j x_j of weight block w against prepared block b, as float8 partial sums
