@@ -87,7 +87,10 @@ def test_ctrl_c_mid_generation_leaves_nothing_behind():
     before, actors_before = _segments(), actors()
     p = subprocess.Popen(SOCLLM + ["generate", "1, 2, 3, 4, 5, 6, 7, 8,", "--max-tokens", "2000",
                                    "--plan", "cpu", "--context", "2048"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # as from a terminal: a suite started in the background (`cmd &` from a
+                         # script) hands its children SIGINT ignored, and Python keeps that
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = p.stdout.read(1)                    # generation has started: the pool and actors exist
     assert first and _segments() - before, "expected a live pool segment while generating"
     p.send_signal(signal.SIGINT)
