@@ -8,10 +8,13 @@ The repository's folders are this package's subpackages: socllm.models, socllm.g
 socllm.memory, socllm.policies, socllm.actors, socllm.scripts.
 """
 
-__all__ = ["connect", "Client", "ServiceNotRunning", "RequestCancelled"]
+__all__ = ["connect", "Client", "ServiceNotRunning", "RequestCancelled", "LLM", "Completion"]
 
 
 def __getattr__(name):          # lazy: `import socllm.models...` does not start Ray
+    if name in ("LLM", "Completion"):
+        from socllm.actors import llm
+        return getattr(llm, name)
     if name in __all__:
         from socllm.actors import client
         return getattr(client, name)

@@ -13,6 +13,8 @@ stream early (break, close, or cancelling the asyncio task) cancels the request 
 """
 from __future__ import annotations
 
+from contextlib import aclosing
+
 import ray
 
 from .service import NAME, NAMESPACE
@@ -96,19 +98,26 @@ class Client:
             if not done:
                 self.service.cancel.remote(rid)
 
-    async def apieces(self, rid: int):
+    async def apolls(self, rid: int):
+        """Yields each poll's answer (pieces, state, finish_reason, usage) until the request
+        ends; leaving early (break, aclose() or the task cancelled) cancels the request."""
         seen, done = 0, False
         try:
             while not done:
                 out = await self.service.poll.remote(rid, seen, POLL_S)
+                seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
+                yield out
+        finally:
+            if not done:
+                self.service.cancel.remote(rid)
+
+    async def apieces(self, rid: int):
+        async with aclosing(self.apolls(rid)) as polls:
+            async for out in polls:
                 for p in out["pieces"]:
                     yield p
-                seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
                 self.last = out
-            _raise_unless_finished(rid, out)
-        finally:
-            if not done:          # break, aclose() or the task cancelled: cancel the request
-                self.service.cancel.remote(rid)
+        _raise_unless_finished(rid, out)
 
     # -- the API -------------------------------------------------------------------------------
     def generate(self, prompt: str, stream: bool = False, **params):

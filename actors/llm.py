@@ -1,0 +1,122 @@
+"""socllm.LLM: the service's paged engine for offline batches, in the shape of `vllm.LLM`.
+
+    import socllm
+    with socllm.LLM(precision="f32") as llm:                # ServeConfig's knobs as keywords
+        outs = llm.generate(["The capital of France is", "def fib(n):"], max_tokens=32)
+        print(outs[0].text, outs[0].finish_reason, outs[0].usage)
+        replies = llm.chat([[{"role": "user", "content": "Hi"}]])
+
+It is the engine `socllm serve` runs (the same Service actor, scheduler, paged KV cache and
+kernels), owned by this process: not detached and not named, so it ends with this process or
+with close(), and a `socllm serve` beside it is not disturbed. Every prompt of a batch is
+submitted at once, so continuous batching runs them together; their pieces are read
+concurrently, so none is abandoned while another is read. Without a Ray running here, a private
+one is started, and close() stops it.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from contextlib import aclosing
+
+
+@dataclasses.dataclass
+class Completion:
+    """One prompt's result: its text (stop text left out), why it ended ("stop" | "length"),
+    and its token counts (prompt_tokens, completion_tokens, total_tokens)."""
+    text: str
+    finish_reason: str
+    usage: dict
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **knobs):
+        """model: a GGUF file or a packaged model's name (None: the default); knobs: any field of
+        ServeConfig but the HTTP ones (context, max_seqs, kv_mb, precision, policy, prefill,
+        ...), validated before anything starts."""
+        import ray
+
+        from socllm.models.gguf_file import model_path
+        from socllm.policies.config import ServeConfig
+        from socllm.policies.threads import actor_env
+        from .client import Client
+        from .engine import ensure_ray
+        from .service import Service
+        bad = {"http_host", "http_port"} & set(knobs)
+        if bad:
+            raise ValueError(f"socllm.LLM serves no HTTP: {', '.join(sorted(bad))} do not apply")
+        path = model_path(model) if model is not None else None
+        config = ServeConfig.from_env(model=path, http_port=0, **knobs)
+        config = dataclasses.replace(config, threads=config.budget)
+        self._service, self._started_ray = None, ensure_ray(config.threads)
+        try:
+            self._service = Service.options(
+                runtime_env={"env_vars": actor_env(config.threads)}).remote(config)
+            self.describe = ray.get(self._service.ready.remote())
+        except BaseException:
+            self.close()
+            raise
+        self._client = Client(self._service)
+
+    # -- the API -------------------------------------------------------------------------------
+    def generate(self, prompts, **params) -> list[Completion]:
+        """The continuation of each prompt (a string or a list of them), in order. params: as
+        socllm.connect()'s generate (max_tokens, temperature, top_p, seed, stop, priority, ...)."""
+        return self._batch([dict(prompt=p, **params) for p in _listed(prompts, str)])
+
+    def chat(self, conversations, **params) -> list[Completion]:
+        """The assistant's reply to each conversation (a list of messages, or a list of them),
+        through the model's chat template."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        return self._batch([dict(messages=m, **params) for m in _listed(conversations, list)])
+
+    def close(self):
+        """Stop the engine (its actors and pool) and the private Ray, if this started it."""
+        import ray
+        if self._service is not None:
+            try:
+                ray.get(self._service.shutdown.remote(), timeout=120)
+            except Exception:
+                pass
+            ray.kill(self._service)
+            self._service = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- inside --------------------------------------------------------------------------------
+    def _batch(self, requests: list) -> list[Completion]:
+        if self._service is None:
+            raise RuntimeError("this socllm.LLM is closed")
+        return asyncio.run(self._all(requests))
+
+    async def _all(self, requests: list) -> list[Completion]:
+        rids = [await self._client.asubmit(**r) for r in requests]     # all queued at once
+        return list(await asyncio.gather(*(self._one(rid) for rid in rids)))
+
+    async def _one(self, rid: int) -> Completion:
+        from .client import _raise_unless_finished
+        pieces, out = [], None
+        async with aclosing(self._client.apolls(rid)) as polls:
+            async for out in polls:
+                pieces += out["pieces"]
+        _raise_unless_finished(rid, out)
+        return Completion("".join(pieces), out["finish_reason"], out["usage"])
+
+
+def _listed(items, kind) -> list:
+    """One item or a list of them -> a list, each checked to be `kind`."""
+    items = [items] if isinstance(items, kind) and kind is str else items
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError("give one prompt or a non-empty list of them")
+    for x in items:
+        if not isinstance(x, kind):
+            raise ValueError(f"each item must be a {kind.__name__}, got {type(x).__name__}")
+    return list(items)
