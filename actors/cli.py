@@ -8,14 +8,16 @@ a private engine for the one request.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
 
+from socllm.policies.agent import POLICIES
+from socllm.policies.config import (PREFILL, PRECISIONS, SERVE_PRECISIONS, ConfigError,
+                                    EngineConfig, ServeConfig)
 from socllm.policies.placement import PLANS
-
-PRECISIONS = ("f32", "f16", "bf16", "q16", "q8")
 
 
 class UsageError(Exception):
@@ -31,7 +33,23 @@ ADDRESS_HELP = ("the Ray cluster (host:port of its GCS); default: RAY_ADDRESS, e
                 "`ray start` recorded in Ray's temp dir (RAY_TMPDIR, TMPDIR or /tmp)")
 
 
+def config_of(a, cls):
+    """The config (policies/config.py) of the parsed flags that name its fields (--max-seqs:
+    max_seqs), the rest of its knobs from the environment; a flag left unset (None) keeps the
+    field's default."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls.from_env(**{k: v for k, v in vars(a).items() if k in names and v is not None})
+
+
+def _flag(e: ConfigError) -> str:
+    """A config error said in the command line's terms: a field as the flag that sets it (a
+    variable's name stays)."""
+    name = e.field if e.field.startswith("SOCLLM_") else "--" + e.field.replace("_", "-")
+    return f"{name} {e.message}"
+
+
 def _parser() -> argparse.ArgumentParser:
+    eng, srv = EngineConfig(), ServeConfig()     # every default below is a config field's
     p = _Parser(prog="socllm", description="LLM inference across the CPU, GPU and NPU of this device")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="generate a continuation of PROMPT")
@@ -41,13 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--plan", choices=PLANS, default=None, help="default: the fastest plan for this device")
+    # unset: a running service's precision, else the config's (generate_served compares)
     g.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="activations: f32 (the oracle's path), f16/bf16 (hints to OpenVINO), q16 / q8 "
-                        "(int16 / int8 activations in the GPU's decode matmuls); default: q16")
+                        f"(int16 / int8 activations in the GPU's decode matmuls); default: {eng.precision}")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")
-    g.add_argument("--context", type=int, default=2048)
+    g.add_argument("--context", type=int, default=eng.context)
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("--local", action="store_true",
                    help="a private engine for this request, even when a service runs")
@@ -59,27 +78,29 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
     s.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")
-    s.add_argument("--context", type=int, default=2048, help="tokens a request may hold (default 2048)")
-    s.add_argument("--max-seqs", type=int, default=16,
-                   help="requests decoding at once, one batched step (default 16)")
-    s.add_argument("--kv-mb", type=float, default=512,
-                   help="the paged KV cache, MB (default 512; pages are touched as requests use them)")
-    s.add_argument("--precision", choices=("q8", "q16", "f32"), default="q16",
+    s.add_argument("--context", type=int, default=srv.context,
+                   help="tokens a request may hold (default %(default)s)")
+    s.add_argument("--max-seqs", type=int, default=srv.max_seqs,
+                   help="requests decoding at once, one batched step (default %(default)s)")
+    s.add_argument("--kv-mb", type=float, default=srv.kv_mb,
+                   help="the paged KV cache, MB (default %(default)s; pages are touched as requests use them)")
+    s.add_argument("--precision", choices=SERVE_PRECISIONS, default=srv.precision,
                    help="activations of the decode steps' linears: q16 int16 up to 2 rows and f32 "
                         "above (the oracle's text; generate's default too), q8 int8 per 32-block "
                         "as llama.cpp's (~20%% faster at 4+ streams; prefill in int8 too), f32 the "
-                        "numpy oracle's exact path; prefill computes in f32 (default q16)")
-    s.add_argument("--policy", choices=("agent", "fcfs"), default="agent",
-                   help="scheduling policy (default agent: reactive requests first; fcfs: arrival order)")
-    s.add_argument("--prefill", choices=("auto", "gpu", "npu"), default="auto",
-                   help="where prompts' chunks run (default auto: whichever of the GPU's kernels and "
-                        "the NPU's static graphs ran a chunk faster at start)")
-    s.add_argument("--abandon-s", type=float, default=30.0,
+                        "numpy oracle's exact path; prefill computes in f32 (default %(default)s)")
+    s.add_argument("--policy", choices=sorted(POLICIES), default=srv.policy,
+                   help="scheduling policy (default %(default)s; agent: reactive requests first; "
+                        "fcfs: arrival order)")
+    s.add_argument("--prefill", choices=PREFILL, default=srv.prefill,
+                   help="where prompts' chunks run (default %(default)s; auto: whichever of the GPU's "
+                        "kernels and the NPU's static graphs ran a chunk faster at start)")
+    s.add_argument("--abandon-s", type=float, default=srv.abandon_s,
                    help="cancel a running request whose client has not asked for its text this "
-                        "long: the client is gone (default 30)")
-    s.add_argument("--http-port", type=int, default=8000,
-                   help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default 8000)")
-    s.add_argument("--http-host", default="127.0.0.1", help="default 127.0.0.1 (this device only)")
+                        "long: the client is gone (default %(default)s)")
+    s.add_argument("--http-port", type=int, default=srv.http_port,
+                   help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default %(default)s)")
+    s.add_argument("--http-host", default=srv.http_host, help="default %(default)s (this device only)")
     s.add_argument("--address", default=None, help=ADDRESS_HELP)
     st = sub.add_parser("status", help="what the running service does: requests, KV, processors, memory")
     st.add_argument("--json", action="store_true")
@@ -109,6 +130,7 @@ def _validate(a):
         raise ValueError("the prompt is empty")
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
+    a.config = config_of(a, EngineConfig)        # a bad value fails here, before Ray
 
 
 def _generate(a) -> int:
@@ -129,7 +151,7 @@ def _generate(a) -> int:
     n = len(tok.encode(chat_prompt(reader, a.prompt) if a.chat else a.prompt, bos=tok.add_bos))
     if n >= a.context:
         raise ValueError(f"the prompt has {n} tokens; the context holds {a.context}")
-    eng = Engine(model=a.model, context=a.context, reader=reader, one_shot=True)
+    eng = Engine(a.config, reader=reader, one_shot=True)
     del reader, tok              # the GGUF's mapping goes with them
     try:
         sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
@@ -243,6 +265,9 @@ def main(argv=None) -> int:
         return _info(a)
     except UsageError as e:
         print(f"socllm: error: {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:
+        print(f"socllm: error: {_flag(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("socllm: interrupted", file=sys.stderr)

@@ -58,13 +58,13 @@ def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos
 
 
 class ControlCore(ProcessorCore):
-    def __init__(self, arena_name: str, layout: dict, threads: int, planner, peers: dict,
+    def __init__(self, arena_name: str, layout: dict, config, planner, peers: dict,
                  one_shot: bool = False):
-        """planner, peers: the planner and processor actors, or their names (looked up in this
-        job's namespace: a restarted control actor finds them again). one_shot: the engine serves
-        one request and goes (the CLI's private engine): graphs that `auto` would compile for
-        later requests are never compiled."""
-        super().__init__("cpu", arena_name, layout, threads)
+        """config: the engine's (ProcessorCore). planner, peers: the planner and processor
+        actors, or their names (looked up in this job's namespace: a restarted control actor
+        finds them again). one_shot: the engine serves one request and goes (the CLI's private
+        engine): graphs that `auto` would compile for later requests are never compiled."""
+        super().__init__("cpu", arena_name, layout, config)
 
         def actor(a):
             return ray.get_actor(a) if isinstance(a, str) else a
@@ -78,7 +78,7 @@ class ControlCore(ProcessorCore):
         self.logits = self.arena.buf[lay.io["logits"]: lay.io["logits"] + lay.vocab * 4].view(np.float32)
         self.ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
         self.kv = KVCache(lay.kv_rows, len(lay.kv) // 2, lay.kv_cols)
-        self.step_predict = SleepPredictor()
+        self.step_predict = SleepPredictor(config.sleep_fraction)
 
     # -- programs ------------------------------------------------------------------------------
     def _program(self, plan, phase, bucket, precision, prepare: bool = False):

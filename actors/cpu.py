@@ -10,7 +10,8 @@ from .worker import kernel_units
 class CPUBackend:
     name = "cpu"
 
-    def __init__(self, arena_buf, lay, threads: int):
+    def __init__(self, arena_buf, lay, threads: int, config=None):
+        """config: the engine's (policies/config.py); numpy's kernels take no knob of it."""
         self.kernels = NumpyKernels(arena_buf, lay.kv_dtype)
         self.threads = threads
 

@@ -1,13 +1,15 @@
 """`socllm info`: the processors this machine offers and the actor that uses each."""
 from __future__ import annotations
 
-from socllm.policies.threads import machine_budget
+from socllm.policies.config import EngineConfig
 
 
 def describe_devices() -> dict:
-    out = {"threads": machine_budget(), "cpu": {"actor": "control (numpy kernels, sampling, step control)"}}
+    config = EngineConfig.from_env()
+    out = {"threads": config.budget, "cpu": {"actor": "control (numpy kernels, sampling, step control)"}}
     try:
-        from .opencl import cl
+        from .opencl import cl, name_the_cpu
+        name_the_cpu(config)
         plats = []
         for p in cl.get_platforms():
             plats.append({"platform": p.name, "devices": [
@@ -17,7 +19,7 @@ def describe_devices() -> dict:
                 for d in p.get_devices()]})
         out["opencl"] = plats
         from .kernels_cl import make_context
-        _, _, dev = make_context()
+        _, _, dev = make_context(config=config)
         out["gpu_actor"] = f"{dev.platform.name}: {dev.name}"
     except Exception as e:
         out["opencl"] = f"unavailable: {e}"

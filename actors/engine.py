@@ -12,6 +12,7 @@ on errors and on Ctrl-C: no actor, process or shared-memory segment is left behi
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import os
 import secrets
@@ -29,22 +30,18 @@ from socllm.models.gguf_file import ModelError, model_path, open_gguf, verify_de
 from socllm.models.llama import load_config, load_weights, matrix_types
 from socllm.models.tokenizer import Tokenizer
 from socllm.policies.buckets import MAX_CHUNK
+from socllm.policies.config import DEFAULT_PRECISION, PRECISIONS, EngineConfig  # noqa: F401
 from socllm.policies.placement import PLANS, default_plan, processors, weight_problem
 from socllm.policies.request import StopText, check_stop
 from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import SamplingParams
-from socllm.policies.threads import actor_env, machine_budget
+from socllm.policies.threads import actor_env
 
-from .control import PRECISIONS, ControlActor
+from .control import ControlActor
 from .planner import Planner
 from .processor import ProcessorActor
 
 OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
-# q16: int16 activations (per 32-block) in the GPU's decode GEMVs, relative error ~2.5e-5 of f32,
-# keeps the default-precision oracle checks (tests/test_engine.py, tests/test_precision.py) and is
-# faster than f32 (README); q8 (int8, llama.cpp's scheme) costs ~0.2 % perplexity and leaves the
-# oracle's greedy path sooner. The service's default too (service.DEFAULT_PRECISION).
-DEFAULT_PRECISION = "q16"
 
 
 def _trim():
@@ -83,20 +80,29 @@ def ensure_ray(threads: int, address: str | None = None) -> bool:
 
 
 class Engine:
-    def __init__(self, model: str | None = None, context: int = 2048,
-                 processors_: tuple = ("cpu", "gpu", "npu"), threads: int | None = None,
-                 n_layers: int | None = None, reader=None, rowcut_profile: str | None = None,
-                 max_seqs: int = 1, kv_mb: float = 0, one_shot: bool = False,
-                 kv_dtype: str = "f32", double_rows: int = 0):
-        """rowcut_profile: the tensor plan's profile (scripts/profile_rowcut.py); default: this
-        device's at policies/rowcut.PROFILE_PATH if there is one, else an even cut. max_seqs,
-        kv_mb: sequences a serving step holds and the paged KV cache's size (the service).
-        one_shot: one request and gone (the CLI): `auto` compiles no NPU graph for later ones.
-        kv_dtype: the KV cache's elements (memory/layout.KV_DTYPES); "f16" runs paged programs
-        on the GPU only (the service below f32). double_rows: the double activation buffer's
-        rows (memory/layout.py; the service's prefill chunk), 0: none."""
+    def __init__(self, config: EngineConfig | None = None, *,
+                 processors_: tuple = ("cpu", "gpu", "npu"), n_layers: int | None = None,
+                 reader=None, rowcut_profile: str | None = None, one_shot: bool = False,
+                 kv_dtype: str = "f32", double_rows: int = 0, **fields):
+        """config: every knob (policies/config.py: model, context, threads, precision, max_seqs,
+        kv_mb and the environment's), passed on to every actor; fields: some of them, as
+        keywords, over `config` or else over EngineConfig.from_env() (the environment's knobs,
+        read in this process). rowcut_profile: the tensor plan's profile
+        (scripts/profile_rowcut.py); default: this device's at policies/rowcut.PROFILE_PATH if
+        there is one, else an even cut. one_shot: one request and gone (the CLI): `auto`
+        compiles no NPU graph for later ones. kv_dtype: the KV cache's elements
+        (memory/layout.KV_DTYPES); "f16" runs paged programs on the GPU only (the service below
+        f32). double_rows: the double activation buffer's rows (memory/layout.py; the service's
+        prefill chunk), 0: none."""
         self._closed = True
-        self.max_seqs, self.kv_mb, self.one_shot = max_seqs, kv_mb, one_shot
+        if config is None:
+            config = EngineConfig.from_env(**fields)
+        elif fields:
+            config = dataclasses.replace(config, **fields)
+        # the machine's budget resolved here, once: every actor gets the same number
+        self.config = config = dataclasses.replace(config, threads=config.budget)
+        model, context = config.model, config.context
+        self.max_seqs, self.kv_mb, self.one_shot = config.max_seqs, config.kv_mb, one_shot
         self.kv_dtype, self.double_rows = kv_dtype, double_rows
         self.rowcut_profile = load_profile(rowcut_profile)
         path = model_path(model)           # None: the default; a packaged model's name: its file
@@ -106,10 +112,10 @@ class Engine:
         self.cfg = load_config(reader)
         self.tokenizer = Tokenizer(reader)
         self.template = ChatTemplate.from_reader(reader)
-        if context < 16 or context > self.cfg.context_length:
+        if context > self.cfg.context_length:
             raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
         self.context, self.model_path = context, path
-        self.threads = threads or machine_budget()
+        self.threads = config.threads
         self.stop_ids = self.tokenizer.stop_ids()
         self._started_ray = ensure_ray(self.threads)
         self._actors, self.arena, self.running = [], None, None
@@ -161,7 +167,7 @@ class Engine:
         ray.get(self.planner.set_layout.remote(lay.to_dict()))
         self._names.update({p: f"{tag}-{p}" for p in procs if p != "cpu"})
         peers = {p: ProcessorActor.options(runtime_env=env, name=self._names[p]).remote(
-                     p, self.arena.name, lay.to_dict(), self.threads)
+                     p, self.arena.name, lay.to_dict(), self.config)
                  for p in procs if p != "cpu"}
         self._actors += list(peers.values())
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
@@ -173,7 +179,7 @@ class Engine:
             self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
                                   "is in the GPU's memory, not in the pool the NPU writes)"
         self.control = ControlActor.options(runtime_env=env).remote(
-            self.arena.name, lay.to_dict(), self.threads, self._names["planner"],
+            self.arena.name, lay.to_dict(), self.config, self._names["planner"],
             {p: self._names[p] for p in peers}, self.one_shot)
         self._actors.append(self.control)
         self.peers = peers
@@ -205,7 +211,7 @@ class Engine:
         missing = processors(plan, self.available) - self.available
         if missing:
             raise ValueError(f"plan {plan!r} needs the {', '.join(sorted(missing))} actor(s), not started")
-        precision = precision or DEFAULT_PRECISION
+        precision = precision or self.config.precision
         if precision not in PRECISIONS:
             raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         return plan, precision

@@ -12,8 +12,6 @@ processors mid-step (waits, signals) is refused there.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from socllm.graph.program import StepProgram, stage_of
@@ -30,17 +28,24 @@ RECORDINGS = {"batch": None, "chunk": 0}
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, arena_buf, lay, threads: int, profile: bool = False, build_options: str = ""):
-        """build_options: kernels.cl's tuning macros, e.g. a GPU's work shapes on PoCL (tests)"""
+    def __init__(self, arena_buf, lay, threads: int, profile: bool = False, build_options: str = "",
+                 config=None):
+        """build_options: kernels.cl's tuning macros, e.g. a GPU's work shapes on PoCL (tests).
+        config: the engine's (policies/config.py: fuse, cl_discrete, the PoCL knobs); None: the
+        environment's (scripts and tests that make a backend in process)."""
+        from socllm.policies.config import EngineConfig
+
         from .kernels_cl import CLKernels, make_context, wrap_arena
-        self.ctx, self.queue, self.device = make_context(profile=profile)
+        config = EngineConfig.from_env() if config is None else config
+        self.ctx, self.queue, self.device = make_context(profile=profile, config=config)
         from .fused_cl import counter_at, pos_word_at
         # a process killed inside a fused launch leaves last_group's count half-way: the
         # restarted actor (actors/processor.py) starts from zero (before a discrete copy is made)
         arena_buf[counter_at(lay.io["rope"]):][:4].view(np.int32)[0] = 0
         self.pos_word = pos_word_at(lay.io["rope"])
-        self.buf = wrap_arena(self.ctx, arena_buf)
-        self.kernels = CLKernels(self.ctx, self.queue, self.buf, build_options, kv_dtype=lay.kv_dtype)
+        self.buf = wrap_arena(self.ctx, arena_buf, config.cl_discrete)
+        self.kernels = CLKernels(self.ctx, self.queue, self.buf, build_options, kv_dtype=lay.kv_dtype,
+                                 forced_discrete=config.cl_discrete)
         # a discrete GPU: the host arena, what a step copies up (the control plane's writes) and
         # what it copies down (the logits)
         self.host, self.copies = arena_buf, self.kernels.copies
@@ -59,8 +64,8 @@ class GPUBackend:
         self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
         # decode runs the fused kernels (5 launches a layer), in a GPU's work shapes on a GPU
-        # (fused_cl.py); SOCLLM_FUSE=0: op by op (for profiles)
-        self.fuse = os.environ.get("SOCLLM_FUSE", "1") != "0"
+        # (fused_cl.py); the config's fuse False (SOCLLM_FUSE=0): op by op (for profiles)
+        self.fuse = config.fuse
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
         tasks = prog.tasks.get(self.name, [])
@@ -132,7 +137,7 @@ class GPUBackend:
         return {"processor": "gpu", "api": "OpenCL", "platform": d.platform.name, "device": d.name,
                 "type": "CPU (PoCL: OpenCL on the CPU, not a GPU)" if d.type & 2 else "GPU",
                 "host_unified_memory": bool(d.host_unified_memory), "discrete": bool(self.copies),
-                "threads": self.threads}
+                "threads": self.threads, "fuse": self.fuse}
 
 
 def _one_row(run):

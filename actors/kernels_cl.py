@@ -22,12 +22,11 @@ from the machine's thread budget (DESIGN.md §6) before importing this module. N
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import numpy as np
-from .opencl import cl
+from .opencl import cl, name_the_cpu
 
 from socllm.models.quant import FORMATS, QK
 
@@ -99,10 +98,12 @@ def tuning(device, build_options: str = "") -> tuple:
     return knobs, options
 
 
-def make_context(device_kind: str = "any", profile: bool = False):
+def make_context(device_kind: str = "any", profile: bool = False, config=None):
     """-> (ctx, queue, device). "any": the first GPU of any platform, else a CPU device (PoCL's
     first); "gpu" / "cpu": only that kind, RuntimeError if there is none. profile: a queue that
-    times every kernel (CLKernels.kernel_times)."""
+    times every kernel (CLKernels.kernel_times). config: the PoCL knobs of this process's first
+    context (opencl.name_the_cpu; None: the environment's)."""
+    name_the_cpu(config)
     gpus, cpus = [], []
     for p in cl.get_platforms():
         for d in p.get_devices():
@@ -120,18 +121,22 @@ def make_context(device_kind: str = "any", profile: bool = False):
     return ctx, cl.CommandQueue(ctx, device, properties=props), device
 
 
-def discrete(ctx: cl.Context) -> bool:
-    """Device memory apart from the host's (a discrete GPU), or SOCLLM_CL_DISCRETE=1: the copying
-    path forced on a unified device (PoCL), to test it where no discrete GPU is."""
-    return os.environ.get("SOCLLM_CL_DISCRETE") == "1" or \
-        not all(d.host_unified_memory for d in ctx.devices)
+def discrete(ctx: cl.Context, forced: bool | None = None) -> bool:
+    """Device memory apart from the host's (a discrete GPU), or `forced` (the config's
+    cl_discrete, SOCLLM_CL_DISCRETE=1; None: the environment's): the copying path on a unified
+    device (PoCL), to test it where no discrete GPU is."""
+    if forced is None:
+        from socllm.policies.config import EngineConfig
+        forced = EngineConfig.from_env().cl_discrete
+    return forced or not all(d.host_unified_memory for d in ctx.devices)
 
 
-def wrap_arena(ctx: cl.Context, arena: np.ndarray) -> cl.Buffer:
+def wrap_arena(ctx: cl.Context, arena: np.ndarray, forced: bool | None = None) -> cl.Buffer:
     """The arena (uint8 [bytes]) as one cl.Buffer: zero-copy (USE_HOST_PTR) on host-unified memory,
-    else an uploaded copy (COPY_HOST_PTR), whose outputs the caller must copy back."""
+    else an uploaded copy (COPY_HOST_PTR), whose outputs the caller must copy back. forced:
+    discrete()'s."""
     mf = cl.mem_flags
-    if not discrete(ctx):
+    if not discrete(ctx, forced):
         if arena.ctypes.data % 64:   # PoCL uses the pointer as is: a misaligned vector load faults
             raise ValueError("the arena must start 64-byte aligned to be wrapped zero-copy")
         return cl.Buffer(ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=arena)
@@ -188,15 +193,17 @@ class Mirror:
 
 class CLKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
-                 build_options: str = "", kv_dtype: str = "f32", mirror: "Mirror | None" = None):
+                 build_options: str = "", kv_dtype: str = "f32", mirror: "Mirror | None" = None,
+                 forced_discrete: bool | None = None):
         """Builds kernels.cl once (PoCL and pyopencl cache the binaries on disk; PoCL compiles each
         kernel again per work-group size at its first launch, also cached). build_options may
         override the tuning macros LIN_T, LIN_R, GEMM_TN; launches follow them. kv_dtype: the
         pool's KV elements (f16: every kernel built with KV_HALF). mirror: the host arena of a
         discrete buffer, kept whole in step with it (the kernel tests' harness), shared by the
-        kernels of every build over that buffer."""
+        kernels of every build over that buffer. forced_discrete: discrete()'s forced (as
+        wrap_arena was given for arena_buf)."""
         self.ctx, self.queue, self.buf = ctx, queue, arena_buf
-        self.mirror, self.copies = mirror, discrete(ctx)
+        self.mirror, self.copies = mirror, discrete(ctx, forced_discrete)
         self.kv_half = kv_dtype == "f16"
         knobs, self.options = tuning(queue.device, build_options + " -DKV_HALF" * self.kv_half)
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]

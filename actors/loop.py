@@ -70,8 +70,8 @@ class ServingLoop:
 
     def _cancel_abandoned(self):
         """Cancel the running requests whose client is gone: no poll open and none for
-        abandon_s (actors/service.py ABANDON_S)."""
-        now, limit = time.monotonic(), self.opts["abandon_s"]
+        abandon_s (policies/config.py ServeConfig)."""
+        now, limit = time.monotonic(), self.config.abandon_s
         with self.cv:
             for req in self.scheduler.running:
                 polled = self.polled.get(req.id)
@@ -154,7 +154,7 @@ class ServingLoop:
 
     def _prefill_chunk(self, req: Request):
         t0 = time.perf_counter()
-        rows, last = self._start_chunk(req, self.opts["prefill_chunk"])
+        rows, last = self._start_chunk(req, self.config.prefill_chunk)
         self.doing = f"chunk {req.priority} {len(rows)}"
         on = self.prefill["on"]          # the NPU's static graphs take chunks from a block's start
         on = on if on != "npu" or self.runner.npu_fits(rows) else None

@@ -56,8 +56,11 @@ def segments(tasks: list, per_layer: bool = True) -> list:
 class NPUBackend:
     name = "npu"
 
-    def __init__(self, arena_buf, lay, threads: int):
+    def __init__(self, arena_buf, lay, threads: int, config=None):
+        """config: the engine's (policies/config.py: whole_graph); None: the environment's."""
         import openvino as ov
+
+        from socllm.policies.config import EngineConfig
         from .ov_segment import pick_device
         self.core = ov.Core()
         self.device = pick_device(self.core)
@@ -68,6 +71,8 @@ class NPUBackend:
                      "block_rows": lay.block_rows}
         self.context_rows = lay.max_blocks * lay.block_rows     # a block table's rows
         self.threads = threads
+        # a prompt's first chunk as one whole-model graph (policies/buckets.whole_graph)
+        self.whole_graph = (EngineConfig.from_env() if config is None else config).whole_graph
         self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
         self.shared: dict = {}             # segment signature -> compiled graph (ov_segment)
         self.segments: list = []           # every OVSegment built (lazy KV-length compiles)
@@ -91,7 +96,8 @@ class NPUBackend:
         tail = segs[-1:] if segs and _is_tail(segs[-1]) else []
         body = segs[:len(segs) - len(tail)]
         seq_cut = any("seq_n" in t.args for t in tasks)
-        if whole_graph(prog.phase, prog.bucket) and len(body) > 1 and _straight(body) and not seq_cut:
+        if self.whole_graph and whole_graph(prog.phase, prog.bucket) and len(body) > 1 \
+                and _straight(body) and not seq_cut:
             # a prompt's first chunk: the whole model as one graph (policies/buckets.const_weights);
             # the per-layer graphs of later chunks are compiled when one first comes
             whole = self._unit(prog, [t for seg in body for t in seg], precision, config, True,
@@ -148,7 +154,8 @@ class NPUBackend:
         return {"processor": "npu", "api": "OpenVINO", "device": self.device,
                 "rules": "NPU rules (static shapes, ahead-of-time compiled buckets)"
                 + ("" if self.device == "NPU" else f" on OpenVINO's {self.device} device"),
-                "threads": self.threads, "compile_s": self.compile_s,
+                "threads": self.threads, "whole_graph": self.whole_graph,
+                "compile_s": self.compile_s,
                 # KV-length buckets compiled on first use, after install (ov_segment.py)
                 "compile_s_all": sum(s.compile_s for s in self.segments),
                 "compiled_graphs": len(self.shared)}

@@ -11,9 +11,11 @@ On such a CPU, socllm uses a copy of that exact library (checked by size and sha
 "icelake-server" where the host has its AVX-512 set (VNNI among them: the int8 dot products of
 actors/cl/decode.cl and batch.cl take one vpdpbusd instead of two instructions), else "znver3"
 (AVX2, FMA, F16C, BMI2; PoCL compiled for znver3 on the Zen 3/4 machines where socllm was measured
-before). SOCLLM_POCL_CPU names one of them instead. The copy is kept under ~/.cache/socllm,
-beside a link to PoCL's own resources, which PoCL finds relative to its library. pyopencl's ICD loader is pointed at it (PYOPENCL_HOME) before
-the first platform query. On any other CPU, or with another PoCL build, nothing changes.
+before). The config's pocl_cpu (SOCLLM_POCL_CPU) names one of them instead; pocl_as_is
+(SOCLLM_POCL_AS_IS=1) leaves PoCL as it is. The copy is kept under ~/.cache/socllm, beside a link
+to PoCL's own resources, which PoCL finds relative to its library. pyopencl's ICD loader is
+pointed at it (PYOPENCL_HOME) by `name_the_cpu`, which kernels_cl.make_context calls before the
+first platform query. On any other CPU, or with another PoCL build, nothing changes.
 """
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ def _cpu() -> dict:
     return dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()))
 
 
-def named_cpu(info: dict | None = None) -> str | None:
+def named_cpu(info: dict | None = None, asked: str | None = None) -> str | None:
     """For an AMD CPU that LLVM 14 cannot name: the best of TARGETS whose features it has (or
-    SOCLLM_POCL_CPU's); None for any other CPU."""
+    `asked`, the config's pocl_cpu, if it has those); None for any other CPU."""
     info = _cpu() if info is None else info
     flags = set(info.get("flags", "").split())
     try:
@@ -56,7 +58,6 @@ def named_cpu(info: dict | None = None) -> str | None:
     if info.get("vendor_id") != "AuthenticAMD" or family <= LLVM14_AMD_FAMILY_MAX:
         return None
     fits = [cpu for cpu, needs in TARGETS.items() if needs <= flags]
-    asked = os.environ.get("SOCLLM_POCL_CPU")
     if asked and asked not in fits:
         import sys
         print(f"socllm: SOCLLM_POCL_CPU={asked!r} is not one of this CPU's targets "
@@ -107,8 +108,21 @@ def _patched(lib: str, cache: str, cpu: str) -> str | None:
     return home
 
 
-def _name_the_cpu():
-    cpu = None if os.environ.get("SOCLLM_POCL_AS_IS") else named_cpu()
+_named = False
+
+
+def name_the_cpu(config=None):
+    """Point pyopencl's loader at the copy of PoCL that names this CPU, as `config`
+    (policies/config.py EngineConfig; None: EngineConfig.from_env()) asks: once per process,
+    before its first platform query (later calls change nothing)."""
+    global _named
+    if _named:
+        return
+    _named = True
+    if config is None:
+        from socllm.policies.config import EngineConfig
+        config = EngineConfig.from_env()
+    cpu = None if config.pocl_as_is else named_cpu(asked=config.pocl_cpu)
     if cpu is None:
         return
     libs = os.path.join(os.path.dirname(cl.__file__), ".libs")
@@ -124,6 +138,3 @@ def _name_the_cpu():
         return
     if home:
         os.environ["PYOPENCL_HOME"] = home    # read by the loader at its first platform query
-
-
-_name_the_cpu()

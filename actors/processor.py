@@ -26,17 +26,22 @@ MAX_RESTARTS = 8
 class ProcessorCore:
     """Everything a processor actor holds; the control actor extends it."""
 
-    def __init__(self, kind: str, arena_name: str, layout: dict, threads: int):
+    def __init__(self, kind: str, arena_name: str, layout: dict, config):
+        """config: the engine's (policies/config.py EngineConfig, its threads resolved): the knobs
+        this process applies come from it, never from this process's environment (a cluster
+        that `ray start` began never saw the environment of the command that made the engine)."""
         import importlib
-        self.kind = kind
+        self.kind, self.config = kind, config
         self.lay = PoolLayout.from_dict(layout)
         self.arena = Arena.attach(arena_name, self.lay.size, self.lay.readonly_bytes)
         self.words = ReadyWords(self.arena.buf[self.lay.words: self.lay.words + self.lay.n_words * 4])
         self.ctl = Control(self.arena.buf, self.lay)
         mod, cls = BACKENDS[kind]
-        self.backend = getattr(importlib.import_module(mod), cls)(self.arena.buf, self.lay, threads)
+        self.backend = getattr(importlib.import_module(mod), cls)(self.arena.buf, self.lay,
+                                                                  config.threads, config=config)
         from .worker import Worker
-        self.worker = Worker(kind, self.backend, self.words, self.ctl, self.lay)
+        self.worker = Worker(kind, self.backend, self.words, self.ctl, self.lay,
+                             config.sleep_fraction)
 
     def install(self, pid: int, blob: bytes, precision: int, precision_name: str) -> bool:
         """Install a step program once (msgpack); the NPU compiles its graphs here, ahead of use."""
@@ -61,7 +66,7 @@ class ProcessorCore:
     def info(self) -> dict:
         d = self.backend.describe()
         d.update(pid=os.getpid(), steps=self.worker.steps, busy_s=self.worker.busy_s,
-                 error=self.worker.error)
+                 error=self.worker.error, sleep_fraction=self.worker.predict.fraction)
         return d
 
     def last_error(self) -> str | None:

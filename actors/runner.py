@@ -31,7 +31,7 @@ class ProcessorLost(RuntimeError):
 
 class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32", npu_chunk: int = 0):
-        """precision: of a decode step's linears (actors/service.py SERVE_PRECISIONS); prefill
+        """precision: of a decode step's linears (policies/config.py SERVE_PRECISIONS); prefill
         chunks run in f32, or in int8 weight tiles at q8. npu_chunk: also install the NPU's
         static prefill chunk graphs of that many rows (Agent.xpu §4.3), for step(on="npu")."""
         self.eng, self.plan, self.precision = engine, plan, precision
@@ -50,7 +50,7 @@ class Runner:
         self.btab = io("btab", lay.max_seqs * lay.max_blocks).reshape(lay.max_seqs, lay.max_blocks)
         self.logits = io("logits", lay.max_seqs * lay.vocab, np.float32).reshape(lay.max_seqs, lay.vocab)
         self.words, self.ctl = engine.words, engine.ctl
-        self.predict = SleepPredictor()
+        self.predict = SleepPredictor(engine.config.sleep_fraction)
         self.programs = {(all_rows, 0): self._install(all_rows) for all_rows in (False, True)}
         if lay.double:
             self.programs[(False, 1)] = self._install(False, 1)

@@ -38,18 +38,19 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def serve(a) -> int:
+    import dataclasses
+
     import ray
 
-    from socllm.policies.threads import actor_env, machine_budget
+    from socllm.policies.config import ServeConfig
+    from socllm.policies.threads import actor_env
+    from .cli import config_of
     from .service import Service
-    if not 1 <= a.max_seqs <= 256:
-        raise ValueError(f"--max-seqs must be in [1, 256], got {a.max_seqs}")
-    if not a.kv_mb > 0:
-        raise ValueError(f"--kv-mb must be > 0, got {a.kv_mb}")
-    if not 0 <= a.http_port <= 65535:
-        raise ValueError(f"--http-port must be in [0, 65535], got {a.http_port}")
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
+    a.model = a.model and os.path.abspath(a.model)
+    config = config_of(a, ServeConfig)           # validated, with the environment's knobs
+    config = dataclasses.replace(config, threads=config.budget)
     _join(a.address)
     svc = _service()
     if svc is not None:
@@ -57,20 +58,18 @@ def serve(a) -> int:
         print(f"socllm: a service is already running ({d['model']}, "
               f"{d['frontends'].get('http', 'no HTTP')}); `socllm stop` removes it")
         return 0
-    if a.http_port and not _port_free(a.http_host, a.http_port):
-        raise ValueError(f"port {a.http_port} on {a.http_host} is in use (choose --http-port)")
-    threads = machine_budget()
+    if config.http_port and not _port_free(config.http_host, config.http_port):
+        raise ValueError(f"port {config.http_port} on {config.http_host} is in use (choose --http-port)")
+    # the config travels as the argument: its knobs reach every actor, whatever environment
+    # the cluster's processes have (runtime_env only sizes the libraries' thread pools)
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
-                          runtime_env={"env_vars": actor_env(threads)}).remote(
-        model=a.model and os.path.abspath(a.model), context=a.context, max_seqs=a.max_seqs,
-        kv_mb=a.kv_mb, policy=a.policy, threads=threads, precision=a.precision, prefill=a.prefill,
-        abandon_s=a.abandon_s)
+                          runtime_env={"env_vars": actor_env(config.threads)}).remote(config)
     try:
         d = ray.get(svc.ready.remote())
         url = None
-        if a.http_port:
+        if config.http_port:
             from .http import deploy
-            url = deploy(a.http_host, a.http_port)
+            url = deploy(config.http_host, config.http_port)
     except BaseException as e:
         _remove(svc)
         if isinstance(e, ray.exceptions.RayTaskError):

@@ -19,52 +19,31 @@ import traceback
 
 import ray
 
+from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
+from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
 from socllm.policies.request import Request, StopText, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 
 from .loop import ServingLoop
 
 NAMESPACE, NAME = "socllm", "service"
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
-PREFILL_CHUNK = 128           # prompt rows a step: a decode step of the others runs between chunks
-# a running request whose text nobody has asked for this long (no poll open, none returned since)
-# has lost its client: a Python driver that died, or an HTTP disconnect that Serve's proxy did not
-# pass on (actors/http.py). Clients poll continuously (every poll returns within its 10 s).
-ABANDON_S = 30.0
-# a decode step's linears at this precision: q16 (the default) int16 for one or two rows, f32
-# for more (actors/kernels_cl.py INT_ROWS_MAX says why); q8 int8 activations per 32-block,
-# llama.cpp's own for these weights (one row: the fused decode kernels; more: int8 weight tiles,
-# cl/batch.cl); f32 the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
-SERVE_PRECISIONS = ("q8", "q16", "f32")
-# one default, served and local (engine.DEFAULT_PRECISION): q16 gives the oracle's text (greedy
-# equal to f32's on 48 of 48 prompts, perplexity equal to 1e-5); q8 is within 0.2 % of llama.cpp's
-# perplexity but agrees with llama.cpp's greedy text a little less often than f32 does (16 vs 18
-# of 48), for 21-25 % more tok/s at 4-16 streams on 2 cores, none at 1-2
-# (scripts/results/quality-2core-zen5*.txt)
-DEFAULT_PRECISION = "q16"
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
+# the config's knobs as each processor actor applies them, in status (policies/config.py)
+KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction")
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service(ServingLoop):
-    def __init__(self, model: str | None = None, context: int = 2048, max_seqs: int = 16,
-                 kv_mb: float = 512, policy: str = "agent", threads: int | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, precision: str = DEFAULT_PRECISION,
-                 prefill: str = "auto", abandon_s: float = ABANDON_S):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
-        if prefill not in ("auto", "gpu", "npu"):
-            raise ValueError(f"prefill must be auto, gpu or npu, got {prefill!r}")
-        if precision not in SERVE_PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}")
-        self.opts = dict(model=model, context=context, max_seqs=max_seqs, kv_mb=kv_mb,
-                         policy=policy, threads=threads, prefill_chunk=prefill_chunk,
-                         precision=precision, prefill=prefill, abandon_s=abandon_s)
-        if not abandon_s > 0:
-            raise ValueError(f"abandon_s must be positive, got {abandon_s}")
+    def __init__(self, config: ServeConfig):
+        """config: every knob (policies/config.py), validated and read from the environment by
+        the caller (`socllm serve`: ServeConfig.from_env): this actor, its engine and the
+        engine's actors take them from it, whatever environment the Ray cluster started with."""
+        if not isinstance(config, ServeConfig):
+            raise TypeError(f"the service takes a ServeConfig, got {type(config).__name__}")
+        self.config = config
         self.polled: dict = {}                # id -> [polls open, when the last one returned]
         self.streams: dict = {}               # id -> (StreamDecoder, StopText, Sampler)
         self.slot: dict = {}                  # id -> the request's row of the block tables
@@ -72,7 +51,7 @@ class Service(ServingLoop):
         self.pieces: dict = {}                # id -> [text piece]: what polls hand out
         self.events: dict = {}                # id -> asyncio.Event, set when a request changes
         self.cancelled: set = set()
-        self.slots = list(range(max_seqs))[::-1]   # free rows of the block tables
+        self.slots = list(range(config.max_seqs))[::-1]   # free rows of the block tables
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
         self.token_times: collections.deque = collections.deque()   # for tokens/s over a minute
@@ -103,27 +82,24 @@ class Service(ServingLoop):
             from socllm.memory.blocks import BlockPool
             from .engine import Engine
             from .runner import Runner
-            o = self.opts
-            self.engine = e = Engine(model=o["model"], context=o["context"], threads=o["threads"],
-                                     max_seqs=o["max_seqs"], kv_mb=o["kv_mb"],
-                                     kv_dtype=KV_DTYPE[o["precision"]],
-                                     double_rows=o["prefill_chunk"])
+            c = self.config
+            self.engine = e = Engine(c, kv_dtype=KV_DTYPE[c.precision], double_rows=c.prefill_chunk)
             # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
-            self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), o["precision"]
-            if o["prefill"] == "npu" and "npu" not in e.available:
+            self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), c.precision
+            if c.prefill == "npu" and "npu" not in e.available:
                 raise ValueError("--prefill npu: this engine has no NPU actor")
-            npu = o["prefill"] != "gpu" and "npu" in e.available
-            self.runner = Runner(e, self.plan, self.precision, o["prefill_chunk"] if npu else 0)
-            self.runner.warm(o["max_seqs"])
-            self.prefill = self._place_prefill(o["prefill"] if npu else self.plan)
+            npu = c.prefill != "gpu" and "npu" in e.available
+            self.runner = Runner(e, self.plan, self.precision, c.prefill_chunk if npu else 0)
+            self.runner.warm(c.max_seqs)
+            self.prefill = self._place_prefill(c.prefill if npu else self.plan)
             if npu and self.prefill["on"] == "npu":
                 self.runner.warm_npu()
             elif npu:
                 self.runner.drop_npu()
-            self.step_profile = self.runner.profile_batches(o["max_seqs"])
+            self.step_profile = self.runner.profile_batches(c.max_seqs)
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
-            extra = {"b_rf": b_rf_from_profile(self.step_profile)} if o["policy"] == "agent" else {}
-            self.scheduler = POLICIES[o["policy"]](o["max_seqs"], e.context, self.kv, **extra)
+            extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
+            self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -136,7 +112,7 @@ class Service(ServingLoop):
         """Where prefill chunks run (Agent.xpu §4.3: prefill on the NPU's static graphs, decode
         on the GPU, one KV cache): as asked, or for auto the faster at a full chunk on this
         device (the fastest of `reps`, after warm(), on block 0 where no request holds blocks)."""
-        n, lay, ms = self.opts["prefill_chunk"], self.runner.lay, {}
+        n, lay, ms = self.config.prefill_chunk, self.runner.lay, {}
         rows = [(0, i, 0) for i in range(n)]
         blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
         for on in ((self.plan, "npu") if asked == "auto" else ()):
@@ -166,7 +142,7 @@ class Service(ServingLoop):
                 "b_rf": getattr(self.scheduler, "b_rf", None),
                 "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
-                "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.opts["prefill_chunk"],
+                "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.config.prefill_chunk,
                 "prefill": self.prefill, "preemption": self._preemption(), "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
@@ -312,7 +288,8 @@ class Service(ServingLoop):
         info = self.engine.info()
         for d in info:
             procs.append({k: d.get(k) for k in ("processor", "api", "device", "type", "threads", "pid",
-                                                "steps", "error")} | {"busy_share": round(d["busy_s"] / uptime, 4)})
+                                                "steps", "error")} | {"busy_share": round(d["busy_s"] / uptime, 4)}
+                         | {k: d[k] for k in KNOBS_APPLIED if k in d})
         return {**self.describe(), "uptime_s": round(uptime, 1), "processors": procs,
                 "requests": {s: sum(r.state == s for r in reqs) for s in STATE_KEYS},
                 "queues": self.scheduler.queues(),

@@ -41,7 +41,8 @@ def kernel_units(kernels, tasks: list) -> list:
 
 
 class Worker:
-    def __init__(self, name: str, backend, words: ReadyWords, ctl: Control, lay: PoolLayout):
+    def __init__(self, name: str, backend, words: ReadyWords, ctl: Control, lay: PoolLayout,
+                 sleep_fraction: float = 0.0):
         self.name, self.backend, self.words, self.ctl = name, backend, words, ctl
         self.go, self.done = lay.go(name), lay.done(name)
         self.units: dict = {}              # (program id, precision code) -> [Unit]
@@ -50,7 +51,8 @@ class Worker:
         self.error: str | None = None
         self.busy_s = 0.0                  # time spent running units (not waiting)
         self.steps = 0
-        self.predict = SleepPredictor()    # per (program, unit): HeteroLLM §4.2 (off by default)
+        # per (program, unit): HeteroLLM §4.2 (the config's sleep_fraction; off by default)
+        self.predict = SleepPredictor(sleep_fraction)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"socllm-{name}", daemon=True)
         self._thread.start()

@@ -11,7 +11,6 @@ the word in the step's global order. They only grow within an epoch cycle, so `>
 from __future__ import annotations
 
 import ctypes
-import os
 import time
 
 import numpy as np
@@ -96,15 +95,14 @@ class SleepPredictor:
     exponential average of how long the producer took in earlier steps. The waiter sleeps
     `fraction` of that (if it is long enough to be worth a sleep), then polls, then blocks (wait).
 
-    Off by default (fraction 0, SOCLLM_SLEEP_FRACTION sets it): on the 2-core dev machine a
-    fraction of 0.8 made hetero prefill 1.4-2.5x slower (512 tokens: 230-305 vs 417-432 tok/s;
-    npu 128: 144-185 vs 368-375) and left decode unchanged — a futex wake costs ~1-2 us here
-    (bench --sync), and a sleeping thread wakes later than a futex waiter on busy cores. The paper
-    sleeps because polling a GPU fence burns a core; here the blocking wait already burns none."""
+    Off by default (fraction 0; the config's sleep_fraction, SOCLLM_SLEEP_FRACTION, sets it): on
+    the 2-core dev machine a fraction of 0.8 made hetero prefill 1.4-2.5x slower (512 tokens:
+    230-305 vs 417-432 tok/s; npu 128: 144-185 vs 368-375) and left decode unchanged — a futex
+    wake costs ~1-2 us here (bench --sync), and a sleeping thread wakes later than a futex waiter
+    on busy cores. The paper sleeps because polling a GPU fence burns a core; here the blocking
+    wait already burns none."""
 
-    def __init__(self, fraction: float | None = None, alpha: float = 0.5, min_s: float = 200e-6):
-        if fraction is None:
-            fraction = float(os.environ.get("SOCLLM_SLEEP_FRACTION", "0"))
+    def __init__(self, fraction: float = 0.0, alpha: float = 0.5, min_s: float = 200e-6):
         self.fraction, self.alpha, self.min_s = fraction, alpha, min_s
         self.expected: dict = {}            # site -> seconds
 

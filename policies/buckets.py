@@ -2,8 +2,6 @@
 KV-length buckets of 256 rows for the attention (Transformer-Lite §2.1)."""
 from __future__ import annotations
 
-import os
-
 PREFILL_BUCKETS = (32, 64, 128, 256, 512, 1024)
 DECODE_BUCKET = 1
 MAX_CHUNK = PREFILL_BUCKETS[-1]
@@ -66,16 +64,16 @@ def const_weights(phase: str, bucket: int) -> bool:
     process's USS (whole graph / per-layer input graphs):
       256 rows: 657 / 445 tok/s, 711 / 484 MB;  512: 647 / 480, 805 / 519;
       1024: 583 / 430, 1040 / 588 — 1.35-1.48x faster for 227-452 MB more per bucket used
-      (SOCLLM_WHOLE_GRAPH=0 turns whole graphs off)."""
+      (SOCLLM_WHOLE_GRAPH=0 turns whole graphs off: policies/config.py)."""
     return phase == "decode"
 
 
 WHOLE_GRAPH_FROM = 256   # prefill bucket from which a prompt's first chunk runs as one graph
-WHOLE_GRAPH = os.environ.get("SOCLLM_WHOLE_GRAPH", "1") != "0"
 
 
 def whole_graph(phase: str, bucket: int) -> bool:
     """Does a prefill chunk of this bucket at pos0 = 0 run as one whole-model NPU graph with its
     weights compiled in (const_weights)? Only the buckets the NPU prefills in the auto plan
-    (policies/placement.NPU_PREFILL_FROM): each such graph holds 227-452 MB of its own."""
-    return phase == "prefill" and bucket >= WHOLE_GRAPH_FROM and WHOLE_GRAPH
+    (policies/placement.NPU_PREFILL_FROM): each such graph holds 227-452 MB of its own. (The
+    config's whole_graph, policies/config.py, turns them off.)"""
+    return phase == "prefill" and bucket >= WHOLE_GRAPH_FROM

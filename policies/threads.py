@@ -11,9 +11,8 @@ import os
 
 
 def machine_budget() -> int:
-    env = os.environ.get("SOCLLM_THREADS")
-    if env:
-        return max(1, int(env))
+    """One thread per core this process may run on (SOCLLM_THREADS sets another budget:
+    policies/config.py EngineConfig.budget)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
@@ -21,13 +20,12 @@ def machine_budget() -> int:
 
 
 def actor_env(threads: int) -> dict:
-    """Environment of one processor actor's process for a budget of `threads`."""
+    """Environment of one actor's process for a budget of `threads`: the thread pools that the
+    libraries size when they load (BLAS, PoCL). socllm's own knobs travel in the config object
+    the actors receive (policies/config.py), not in the environment."""
     t = str(threads)
-    env = {"OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t,
-           "POCL_MAX_PTHREAD_COUNT": t, "SOCLLM_THREADS": t}
-    if os.environ.get("SOCLLM_CL_DISCRETE"):     # the GPU's copying path forced (kernels_cl.discrete)
-        env["SOCLLM_CL_DISCRETE"] = os.environ["SOCLLM_CL_DISCRETE"]
-    return env
+    return {"OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t, "MKL_NUM_THREADS": t,
+            "POCL_MAX_PTHREAD_COUNT": t}
 
 
 def split(budget: int, shares: dict) -> dict:

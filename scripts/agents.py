@@ -102,6 +102,7 @@ class SocllmPolicy:
 
         from socllm.actors.http import deploy
         from socllm.actors.service import NAME, NAMESPACE, Service
+        from socllm.policies.config import ServeConfig
         from socllm.policies.threads import actor_env
         if not ray.is_initialized():
             ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
@@ -109,8 +110,8 @@ class SocllmPolicy:
                      _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
                                      "prestart_worker_first_driver": False})
         self.svc = Service.options(name=NAME, namespace=NAMESPACE,
-                                   runtime_env={"env_vars": actor_env(2)}).remote(
-            model=self.gguf, max_seqs=MAX_SEQS, threads=2, policy=self.policy)
+                                   runtime_env={"env_vars": actor_env(2)}).remote(ServeConfig.from_env(
+            model=self.gguf, max_seqs=MAX_SEQS, threads=2, policy=self.policy))
         self.info = ray.get(self.svc.ready.remote())
         self.url = deploy("127.0.0.1", free_port())
         self.version = f"socllm {self.info['policy']} ({self.info['precision']}, PoCL)"

@@ -42,7 +42,7 @@ class Socllm:
     """A plan, optionally with a precision: "auto" (the default precision), "gpu", "auto/q8"."""
 
     def __init__(self, engine, spec: str):
-        from socllm.actors.engine import DEFAULT_PRECISION
+        from socllm.policies.config import DEFAULT_PRECISION
         self.plan, _, self.precision = spec.partition("/")
         self.engine = engine
         self.name = f"socllm:{self.plan}/{self.precision or DEFAULT_PRECISION}"

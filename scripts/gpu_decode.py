@@ -33,10 +33,11 @@ def setup(model: str | None, context: int, precision: str):
     from socllm.graph.program import StepProgram
     from socllm.models.tokenizer import Tokenizer
     from socllm.policies.buckets import MAX_CHUNK
-    from socllm.policies.threads import machine_budget
+    from socllm.policies.config import EngineConfig
     from .profile_decode import pool
     arena, lay, planner, reader, cfg, weights = pool(model, context)
-    gpu = GPUBackend(arena.buf, lay, machine_budget())
+    config = EngineConfig.from_env()           # SOCLLM_FUSE=0: op by op
+    gpu = GPUBackend(arena.buf, lay, config.budget, config=config)
     units = {}
     for phase, bucket in (("prefill", MAX_CHUNK), ("decode", 1)):
         prog = StepProgram.from_bytes(planner.program("gpu", phase, bucket)[1])

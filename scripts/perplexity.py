@@ -243,11 +243,12 @@ def served_greedy(precision: str, prompts: list[list[int]], n: int, context: int
     compile): every prompt submitted at once, decoded in batches of up to max_seqs."""
     import ray
     from socllm.actors.service import Service
+    from socllm.policies.config import ServeConfig
     from socllm.policies.threads import actor_env
     start_ray(threads)
-    svc = Service.options(runtime_env={"env_vars": actor_env(threads)}).remote(
+    svc = Service.options(runtime_env={"env_vars": actor_env(threads)}).remote(ServeConfig.from_env(
         context=context, max_seqs=max_seqs, kv_mb=64, threads=threads, precision=precision,
-        prefill="gpu", abandon_s=3600.0)
+        prefill="gpu", abandon_s=3600.0))
     try:
         ray.get(svc.ready.remote())
         rids = ray.get([svc.submit.remote(ids=p, max_tokens=n, temperature=0.0, ignore_eos=True)

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from socllm.policies.threads import machine_budget
+from socllm.policies.config import EngineConfig
 
 CHUNK = 128       # rows of a prefill chunk (actors/service.py PREFILL_CHUNK)
 
@@ -114,7 +114,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.role:
         return worker(args.role, args.threads, args.seconds, args.start_at, args.batch, args.pos)
-    budget = machine_budget()
+    budget = EngineConfig.from_env().budget
     half = max(1, budget // 2)
     result = {"device": "this machine's CPU (PoCL as the GPU, OpenVINO CPU as the NPU)",
               "threads": budget, "batch": args.batch, "pos": args.pos, "chunk": CHUNK, "runs": {}}

@@ -21,13 +21,14 @@ import time
 
 import numpy as np
 
-from socllm.policies.threads import actor_env, machine_budget
+from socllm.policies.config import EngineConfig
+from socllm.policies.threads import actor_env
 
 
 def apply_budget() -> int:
     """This machine's thread budget, given to this process's PoCL, OpenVINO and BLAS (as the
     actors get it: policies/threads.actor_env) unless the environment sets them already."""
-    budget = machine_budget()
+    budget = EngineConfig.from_env().budget
     for k, v in actor_env(budget).items():
         os.environ.setdefault(k, v)
     return budget
@@ -82,7 +83,7 @@ def batch_rows(arena, lay, n: int, pos: int):
 def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32", model=None):
     from socllm.actors.gpu import GPUBackend
     arena, lay, prog = pool_program("gpu", "decode", 1, batch, kv_dtype, model=model)
-    gpu = GPUBackend(arena.buf, lay, machine_budget(), profile=profile)
+    gpu = GPUBackend(arena.buf, lay, EngineConfig.from_env().budget, profile=profile)
     units = gpu.build_units(prog, precision)
     return arena, lay, gpu, units
 

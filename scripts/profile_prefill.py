@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from socllm.policies.threads import machine_budget
+from socllm.policies.config import EngineConfig
 
 from .profile_decode import apply_budget
 
@@ -24,10 +24,9 @@ from .profile_decode import apply_budget
 def build(bucket: int, per_layer: bool):
     from socllm.actors import npu as npu_mod
     from .profile_decode import pool_program
-    if per_layer:
-        npu_mod.whole_graph = lambda phase, bucket: False
+    config = EngineConfig.from_env(**({"whole_graph": False} if per_layer else {}))
     arena, lay, prog = pool_program("npu", "prefill", bucket)
-    npu = npu_mod.NPUBackend(arena.buf, lay, machine_budget())
+    npu = npu_mod.NPUBackend(arena.buf, lay, config.budget, config=config)
     t = time.perf_counter()
     units = npu.build_units(prog, "q16")
     names = [f"whole model, one graph ({len(seg.tasks)} ops)" if len(seg.tasks) > 20

@@ -121,14 +121,15 @@ class Socllm:
 
         from socllm.actors.http import deploy
         from socllm.actors.service import NAME, NAMESPACE, Service
+        from socllm.policies.config import ServeConfig
         from socllm.policies.threads import actor_env
         ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
                  log_to_driver=False, logging_level="ERROR",
                  _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
                                  "prestart_worker_first_driver": False})
         self.svc = Service.options(name=NAME, namespace=NAMESPACE,
-                                   runtime_env={"env_vars": actor_env(2)}).remote(
-            model=gguf, max_seqs=max_seqs, threads=2, **({"precision": precision} if precision else {}))
+                                   runtime_env={"env_vars": actor_env(2)}).remote(ServeConfig.from_env(
+            model=gguf, max_seqs=max_seqs, threads=2, **({"precision": precision} if precision else {})))
         self.info = ray.get(self.svc.ready.remote())
         self.url = deploy("127.0.0.1", free_port())
         self.version = f"socllm (paged GPU steps on PoCL, prefill on the {self.info['prefill']['on']}, {self.info['precision']})"

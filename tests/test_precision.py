@@ -57,11 +57,10 @@ def served(gguf_reader, ray_session):
 def test_one_default_precision_for_generate_and_serve():
     from socllm.actors import engine, service
     from socllm.actors.cli import _parser
-    import inspect
     assert engine.DEFAULT_PRECISION == service.DEFAULT_PRECISION
     assert _parser().parse_args(["serve"]).precision == service.DEFAULT_PRECISION
-    sig = inspect.signature(service.Service.__ray_actor_class__.__init__)
-    assert sig.parameters["precision"].default == service.DEFAULT_PRECISION
+    from socllm.policies.config import ServeConfig       # the service's knobs (its one argument)
+    assert ServeConfig().precision == service.DEFAULT_PRECISION
 
 
 def _forced(runner, texts):

@@ -1,0 +1,173 @@
+"""Every knob of an engine and of the service, validated once (DESIGN.md §2: config is data).
+
+`socllm generate` builds an EngineConfig and `socllm serve` a ServeConfig from their flags (whose
+defaults are these fields) and the environment: `from_env` is the only reader of the SOCLLM_*
+variables. The object then travels as an argument: the service, its engine and every processor
+actor receive it, so a knob set where `socllm serve` runs reaches the actors of a Ray cluster
+that `ray start` began earlier (whose processes never saw that environment).
+
+    cfg = ServeConfig.from_env(max_seqs=8)      # SOCLLM_FUSE=0 etc. read here, once
+    Service.remote(cfg)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .agent import POLICIES
+from .buckets import MAX_CHUNK
+from .threads import machine_budget
+
+# one default precision, served and local. q16: int16 activations (per 32-block) in the GPU's
+# decode GEMVs for one or two rows, f32 for more (actors/kernels_cl.py INT_ROWS_MAX), relative
+# error ~2.5e-5 of f32: the oracle's greedy text on 48 of 48 prompts, perplexity equal to 1e-5.
+# q8 (int8, llama.cpp's scheme) is within 0.2 % of llama.cpp's perplexity but agrees with its
+# greedy text a little less often than f32 (16 vs 18 of 48), for 21-25 % more tok/s at 4-16
+# streams on 2 cores, none at 1-2 (scripts/results/quality-2core-zen5*.txt)
+DEFAULT_PRECISION = "q16"
+# a one-shot engine's: f16 / bf16 are hints to OpenVINO (actors/control.py has their codes)
+PRECISIONS = ("f32", "f16", "bf16", "q16", "q8")
+# a serving decode step's linears: q16 int16 for one or two rows, f32 for more
+# (actors/kernels_cl.py INT_ROWS_MAX says why); q8 int8 activations per 32-block, llama.cpp's own
+# for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
+# f32 the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
+SERVE_PRECISIONS = ("q8", "q16", "f32")
+PREFILL = ("auto", "gpu", "npu")      # where a service's prompt chunks run
+MAX_SEQS = 256
+# field -> the environment variable that sets it (from_env), and its type there
+ENV = {"threads": ("SOCLLM_THREADS", int), "fuse": ("SOCLLM_FUSE", bool),
+       "whole_graph": ("SOCLLM_WHOLE_GRAPH", bool),
+       "sleep_fraction": ("SOCLLM_SLEEP_FRACTION", float),
+       "cl_discrete": ("SOCLLM_CL_DISCRETE", bool), "pocl_cpu": ("SOCLLM_POCL_CPU", str),
+       "pocl_as_is": ("SOCLLM_POCL_AS_IS", bool)}
+
+
+class ConfigError(ValueError):
+    """One bad knob: `field` is its name (a field, or the variable that set it), `message` the
+    rest of the line; the CLI says a field as the flag that sets it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field} {message}")
+        self.field, self.message = field, message
+
+
+def _need(ok: bool, name: str, what: str, value):
+    if not ok:
+        raise ConfigError(name, f"must be {what}, got {value!r}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None          # a GGUF file; None: the default model
+    context: int = 2048               # tokens a sequence may hold (at most the model's)
+    threads: int = 0                  # the machine's thread budget; 0: every core we may use
+    precision: str = DEFAULT_PRECISION    # a request's default
+    max_seqs: int = 1                 # sequences a serving step holds
+    kv_mb: float = 0.0                # the paged KV cache, MB (0: none, a one-shot engine)
+    # the environment's knobs (from_env; ENV names the variables)
+    fuse: bool = True                 # decode through the fused kernels; False: op by op (profiles)
+    whole_graph: bool = True          # a prompt's first NPU chunk as one graph (policies/buckets.py)
+    sleep_fraction: float = 0.0       # HeteroLLM §4.2 predicted sleep (memory/ready.py: off here)
+    cl_discrete: bool = False         # the GPU's copying path forced on a unified device (PoCL)
+    pocl_cpu: str | None = None       # the CPU PoCL compiles for (actors/opencl.py)
+    pocl_as_is: bool = False          # PoCL as it ships: no CPU named
+
+    precisions: ClassVar[tuple] = PRECISIONS
+
+    def __post_init__(self):
+        _need(self.model is None or isinstance(self.model, str) and self.model != "", "model",
+              "a GGUF file", self.model)
+        _need(_whole(self.context) and self.context >= 16, "context", "at least 16", self.context)
+        _need(_whole(self.threads) and self.threads >= 0, "threads", "0 (every core) or more",
+              self.threads)
+        _need(self.precision in self.precisions, "precision",
+              "one of " + ", ".join(self.precisions), self.precision)
+        _need(_whole(self.max_seqs) and 1 <= self.max_seqs <= MAX_SEQS, "max_seqs",
+              f"in [1, {MAX_SEQS}]", self.max_seqs)
+        _need(_number(self.kv_mb) and self.kv_mb >= 0, "kv_mb", ">= 0", self.kv_mb)
+        for name in ("fuse", "whole_graph", "cl_discrete", "pocl_as_is"):
+            _need(isinstance(getattr(self, name), bool), name, "True or False", getattr(self, name))
+        _need(_number(self.sleep_fraction) and 0 <= self.sleep_fraction <= 1, "sleep_fraction",
+              "in [0, 1]", self.sleep_fraction)
+        _need(self.pocl_cpu is None or isinstance(self.pocl_cpu, str) and self.pocl_cpu != "",
+              "pocl_cpu", "a CPU name", self.pocl_cpu)
+
+    @property
+    def budget(self) -> int:
+        """Threads for this machine's processors: `threads`, else one per core we may use."""
+        return self.threads or machine_budget()
+
+    @classmethod
+    def from_env(cls, env=None, **fields):
+        """The config of these fields, with the knobs they leave out read from `env`
+        (os.environ) where set: the one place socllm reads its SOCLLM_* variables. A bad value
+        raises ConfigError naming the variable."""
+        env = os.environ if env is None else env
+        read = {f: _parse(var, env[var], kind) for f, (var, kind) in ENV.items()
+                if f not in fields and env.get(var, "") != ""}
+        try:
+            return cls(**read, **fields)
+        except ConfigError as e:
+            if e.field in read:        # said as the variable, with its text
+                var = ENV[e.field][0]
+                what = e.message.rsplit(", got ", 1)[0]
+                raise ConfigError(var, f"{what}, got {env[var]!r}") from None
+            raise
+
+
+def _parse(var: str, text: str, kind: type):
+    """One variable's text as its field's type: booleans are 0 or 1."""
+    if kind is bool:
+        if text not in ("0", "1"):
+            raise ConfigError(var, f"must be 0 or 1, got {text!r}")
+        return text == "1"
+    if kind in (int, float):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(var, f"must be {'a whole number' if kind is int else 'a number'}, "
+                                   f"got {text!r}") from None
+        if kind is int and value < 1:
+            raise ConfigError(var, f"must be at least 1, got {text!r}")
+        return value
+    return text
+
+
+@dataclass(frozen=True)
+class ServeConfig(EngineConfig):
+    """`socllm serve`'s: an engine's knobs (with a service's defaults) and the service's own."""
+    max_seqs: int = 16
+    kv_mb: float = 512
+    policy: str = "agent"             # scheduling (policies/agent.py POLICIES)
+    prefill: str = "auto"             # PREFILL: auto takes the faster at start
+    prefill_chunk: int = 128          # prompt rows a step: others' decode steps run between chunks
+    # a running request whose text nobody has asked for this long (no poll open, none returned
+    # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
+    # proxy did not pass on (actors/http.py). Clients poll continuously (each poll within 10 s).
+    abandon_s: float = 30.0
+    http_host: str = "127.0.0.1"      # the OpenAI-compatible endpoint (this device only)
+    http_port: int = 8000             # 0: no HTTP
+
+    precisions: ClassVar[tuple] = SERVE_PRECISIONS
+
+    def __post_init__(self):
+        super().__post_init__()
+        _need(self.kv_mb > 0, "kv_mb", "> 0", self.kv_mb)
+        _need(self.policy in POLICIES, "policy", "one of " + ", ".join(POLICIES), self.policy)
+        _need(self.prefill in PREFILL, "prefill", "one of " + ", ".join(PREFILL), self.prefill)
+        _need(_whole(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_CHUNK, "prefill_chunk",
+              f"in [1, {MAX_CHUNK}]", self.prefill_chunk)
+        _need(_number(self.abandon_s) and self.abandon_s > 0, "abandon_s", "> 0", self.abandon_s)
+        _need(isinstance(self.http_host, str) and self.http_host != "", "http_host", "a host",
+              self.http_host)
+        _need(_whole(self.http_port) and 0 <= self.http_port <= 65535, "http_port",
+              "in [0, 65535]", self.http_port)

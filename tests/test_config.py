@@ -1,0 +1,122 @@
+"""One configuration (policies/config.py): every default written once, each bad value refused once
+in one line that names it, the environment read in one place, and a knob set where `socllm serve`
+runs reaching the actors of a cluster whose processes never saw it."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from socllm.policies.config import ENV, ConfigError, EngineConfig, ServeConfig
+
+SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_cli_defaults_are_the_config_fields():
+    from socllm.actors.cli import _parser
+    serve, gen = _parser().parse_args(["serve"]), _parser().parse_args(["generate", "hi"])
+    flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
+    assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "prefill",
+                            "abandon_s", "http_host", "http_port"}
+    assert flagged == {k: getattr(ServeConfig(), k) for k in flagged}
+    assert gen.context == EngineConfig().context and gen.model is None
+
+
+def test_engine_and_service_share_one_default_precision():
+    from socllm.actors import engine, service
+    assert EngineConfig().precision == ServeConfig().precision == engine.DEFAULT_PRECISION \
+        == service.DEFAULT_PRECISION == "q16"
+
+
+@pytest.mark.parametrize("cls, field, value", [
+    (EngineConfig, "context", 8), (EngineConfig, "max_seqs", 0), (ServeConfig, "max_seqs", 257),
+    (EngineConfig, "threads", -1), (ServeConfig, "http_port", 70000), (ServeConfig, "prefill_chunk", 0),
+    (EngineConfig, "kv_mb", -1.0), (ServeConfig, "kv_mb", 0), (ServeConfig, "abandon_s", 0.0),
+    (EngineConfig, "sleep_fraction", 1.5), (EngineConfig, "precision", "int4"),
+    (ServeConfig, "precision", "f16"), (ServeConfig, "policy", "lifo"), (ServeConfig, "prefill", "tpu"),
+    (EngineConfig, "fuse", "no"), (EngineConfig, "model", ""), (EngineConfig, "pocl_cpu", ""),
+    (ServeConfig, "http_host", ""),
+])
+def test_a_bad_value_is_refused_in_one_line_naming_its_field(cls, field, value):
+    with pytest.raises(ConfigError) as e:
+        cls(**{field: value})
+    assert e.value.field == field and str(e.value).startswith(field + " must be ")
+    assert len(str(e.value).splitlines()) == 1 and repr(value) in str(e.value)
+
+
+@pytest.mark.parametrize("field, text, value", [
+    ("threads", "3", 3), ("fuse", "0", False), ("whole_graph", "0", False),
+    ("sleep_fraction", "0.8", 0.8), ("cl_discrete", "1", True), ("pocl_cpu", "znver3", "znver3"),
+    ("pocl_as_is", "1", True),
+])
+def test_from_env_reads_each_variable(field, text, value):
+    var = ENV[field][0]
+    assert getattr(ServeConfig.from_env(env={var: text}), field) == value
+    assert getattr(EngineConfig.from_env(env={var: ""}), field) == getattr(EngineConfig(), field)
+    # a field given explicitly wins over the environment
+    given = getattr(EngineConfig(), field) if field != "threads" else 5
+    assert getattr(EngineConfig.from_env(env={var: text}, **{field: given}), field) == given
+
+
+@pytest.mark.parametrize("var, text", [
+    ("SOCLLM_THREADS", "two"), ("SOCLLM_THREADS", "0"), ("SOCLLM_FUSE", "yes"),
+    ("SOCLLM_WHOLE_GRAPH", "off"), ("SOCLLM_SLEEP_FRACTION", "x"), ("SOCLLM_SLEEP_FRACTION", "1.5"),
+    ("SOCLLM_CL_DISCRETE", "true"), ("SOCLLM_POCL_AS_IS", "yes"),
+])
+def test_from_env_refuses_a_bad_value_in_one_line_naming_the_variable(var, text):
+    with pytest.raises(ConfigError) as e:
+        EngineConfig.from_env(env={var: text})
+    assert e.value.field == var and str(e.value).startswith(var + " must be ")
+    assert len(str(e.value).splitlines()) == 1 and repr(text) in str(e.value)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["serve", "--max-seqs", "0"], "--max-seqs must be in [1, 256], got 0"),
+    (["serve", "--abandon-s", "0"], "--abandon-s must be > 0, got 0.0"),
+    (["generate", "hi", "--context", "8"], "--context must be at least 16, got 8"),
+])
+def test_the_cli_says_a_field_as_its_flag(args, line, capsys):
+    from socllm.actors.cli import main
+    assert main(args) == 2                      # refused before any Ray cluster is looked for
+    assert capsys.readouterr().err.strip().splitlines() == [f"socllm: error: {line}"]
+
+
+def test_only_the_config_reads_socllm_variables():
+    """No SOCLLM_* read from the environment below the config; memory/ reads none at all."""
+    for layer in ("actors", "graph", "memory", "policies", "models"):
+        for path in (ROOT / layer).rglob("*.py"):
+            if path.name == "config.py" and layer == "policies":
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                reads = "os.environ" in line or "getenv(" in line
+                assert not (reads and "SOCLLM_" in line), f"{path}:{n}: {line.strip()}"
+                assert not (reads and layer == "memory"), f"{path}:{n}: {line.strip()}"
+
+
+def test_knobs_set_where_serve_runs_reach_a_cluster_started_before(ray_session):
+    """The test session's Ray cluster began without these variables (as one `ray start` began);
+    `socllm serve` runs with them: each processor actor applies them (its status), because the
+    config travels as the service's argument, not through the cluster's environment."""
+    knobs = {"SOCLLM_FUSE": "0", "SOCLLM_WHOLE_GRAPH": "0", "SOCLLM_SLEEP_FRACTION": "0.5"}
+    assert not set(knobs) & set(os.environ), "the cluster's processes must not have them already"
+    env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
+    r = subprocess.run(SOCLLM + ["serve", "--http-port", "0", "--context", "256", "--max-seqs", "2",
+                                 "--kv-mb", "8", "--prefill", "gpu"],
+                       env={**env, **knobs}, capture_output=True, text=True, timeout=600)
+    try:
+        assert r.returncode == 0, r.stderr
+        st = subprocess.run(SOCLLM + ["status", "--json"], env=env, capture_output=True, text=True,
+                            timeout=120)
+        assert st.returncode == 0, st.stderr
+        procs = {p["processor"]: p for p in json.loads(st.stdout)["processors"]}
+    finally:
+        subprocess.run(SOCLLM + ["stop"], env=env, capture_output=True, timeout=300)
+    assert set(procs) == {"cpu", "gpu", "npu"}
+    assert procs["gpu"].get("fuse") is False and procs["npu"].get("whole_graph") is False
+    assert all(p.get("sleep_fraction") == 0.5 for p in procs.values()), procs
