@@ -90,3 +90,14 @@ def oracle_greedy(oracle, tokenizer):
         ids = tokenizer.encode(p)
         out[p] = (ids, oracle.greedy(ids, 16))
     return out
+
+
+@pytest.fixture
+def short_tmp():
+    """A new folder under /tmp with a short path (Ray's unix socket paths must stay < 108
+    characters), removed after the test."""
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="st", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

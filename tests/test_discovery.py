@@ -37,13 +37,6 @@ def _env(tmp: str, home: str | None = None) -> dict:
     return env
 
 
-@pytest.fixture
-def short_tmp():
-    d = tempfile.mkdtemp(prefix="sd", dir="/tmp")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 class Head:
     """`ray start --head --block --temp-dir=D`, in a process group of its own."""
 

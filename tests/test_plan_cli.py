@@ -28,16 +28,9 @@ def _fresh_env(home: str) -> dict:
     return env
 
 
-@pytest.fixture
-def empty_home():
-    home = tempfile.mkdtemp(prefix="sp", dir="/tmp")
-    yield home
-    shutil.rmtree(home, ignore_errors=True)
-
-
-def test_plan_from_an_empty_cache_profiles_this_machine_first(empty_home):
-    env = _fresh_env(empty_home)
-    path = os.path.join(empty_home, ".cache", "socllm", "op-profile.json")
+def test_plan_from_an_empty_cache_profiles_this_machine_first(short_tmp):
+    env = _fresh_env(short_tmp)
+    path = os.path.join(short_tmp, ".cache", "socllm", "op-profile.json")
     cmd = [os.path.join(BIN, "socllm"), "plan", "--prompt-len", "300", "--json"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
