@@ -15,7 +15,7 @@ import signal
 import sys
 
 from socllm.policies.agent import POLICIES
-from socllm.policies.config import (PREFILL, PRECISIONS, SERVE_PRECISIONS, ConfigError,
+from socllm.policies.config import (SERVE_PLAN_NAMES, PRECISIONS, SERVE_PRECISIONS, ConfigError,
                                     EngineConfig, ServeConfig)
 from socllm.policies.placement import PLANS
 
@@ -92,9 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--policy", choices=sorted(POLICIES), default=srv.policy,
                    help="scheduling policy (default %(default)s; agent: reactive requests first; "
                         "fcfs: arrival order)")
-    s.add_argument("--prefill", choices=PREFILL, default=srv.prefill,
-                   help="where prompts' chunks run (default %(default)s; auto: whichever of the GPU's "
-                        "kernels and the NPU's static graphs ran a chunk faster at start)")
+    s.add_argument("--plan", choices=SERVE_PLAN_NAMES, default=srv.plan,
+                   help="what runs decode batches and prompt chunks (default %(default)s: prefill "
+                        "on whichever of the GPU's kernels and the NPU's static graphs ran a chunk "
+                        "faster at start, cached per model and device; hetero: prefill on the NPU, "
+                        "decode on the GPU; tensor: linears row-cut GPU+NPU; seqcut: a chunk's rows "
+                        "cut NPU+GPU; hybrid: chunks padded to NPU buckets and row-cut; cpu/gpu/npu: "
+                        "one processor)")
     s.add_argument("--abandon-s", type=float, default=srv.abandon_s,
                    help="cancel a running request whose client has not asked for its text this "
                         "long: the client is gone (default %(default)s)")

@@ -71,6 +71,11 @@ class LLM:
             conversations = [conversations]
         return self._batch([dict(messages=m, **params) for m in _listed(conversations, list)])
 
+    def status(self) -> dict:
+        """The engine's status (as `socllm status --json` shows a service's)."""
+        import ray
+        return ray.get(self._service.status.remote())
+
     def close(self):
         """Stop the engine (its actors and pool) and the private Ray, if this started it."""
         import ray

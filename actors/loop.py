@@ -156,9 +156,8 @@ class ServingLoop:
         t0 = time.perf_counter()
         rows, last = self._start_chunk(req, self.config.prefill_chunk)
         self.doing = f"chunk {req.priority} {len(rows)}"
-        on = self.prefill["on"]          # the NPU's static graphs take chunks from a block's start
-        on = on if on != "npu" or self.runner.npu_fits(rows) else None
-        logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False, on=on)
+        # the plan's chunk program where it takes these rows (runner.py), else the base processor
+        logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False)
         self._end_chunk(req, rows, last, logits, t0)
 
     def _prefill_spans(self, req: Request) -> bool:

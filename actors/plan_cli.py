@@ -4,6 +4,7 @@ simulated SoC's (policies/soc.py)."""
 from __future__ import annotations
 
 import json
+import os
 
 
 def add_parser(sub):
@@ -90,7 +91,8 @@ def run(a) -> int:
     tasks = StepProgram.from_bytes(planner.program("gpu", a.phase, bucket)[1]).tasks["gpu"]
     profile = None if a.soc else {"path": path, "measured_now_s": measured_s}
     out = {"device": device, "simulated": bool(a.soc), "source": source, "profile": profile,
-           **plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention)}
+           **plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention),
+           "auto_plans": {} if a.soc else _auto_plans()}
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -109,4 +111,17 @@ def run(a) -> int:
         alts = " ".join(f"{k} {v * 1e6:.0f}" for k, v in e["alternatives"].items())
         print(f"{e['op']:10s} {e['layer']:5d} {e['strategy']:9s} {parts:32s} {e['predicted_s'] * 1e6:12.1f}  {alts}")
     print("(layers 1.. as layer 0; --json lists every op)")
+    for key, v in out["auto_plans"].items():
+        model, procs = key.split("|")[:2]
+        timed = ", ".join(f"{k} {ms:.0f} ms" for k, ms in v["chunk_ms"].items())
+        print(f"serve --plan auto chose {v['plan']} for {os.path.basename(model.split(':')[0])} on "
+              f"{procs} (a whole chunk: {timed})")
     return 0
+
+
+def _auto_plans() -> dict:
+    """What `socllm serve --plan auto` timed and chose at earlier starts on this machine
+    (actors/service.py plan cache): model and processors -> plan and chunk times."""
+    from socllm.policies.config import EngineConfig
+    from .service import _plan_cache
+    return _plan_cache(EngineConfig.from_env().cache_dir)

@@ -9,6 +9,7 @@ last row's logits) and one for decode batches (every row's logits), installed on
 """
 from __future__ import annotations
 
+import collections
 import time
 
 import numpy as np
@@ -16,7 +17,8 @@ import ray
 
 from socllm.graph.program import StepProgram
 from socllm.memory.ready import SleepPredictor
-from socllm.policies.buckets import KV_STEP
+from socllm.policies.buckets import KV_STEP, MAX_CHUNK, bucket_for
+from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS, seq_parts
 
 from .control import PRECISIONS, run_step
 
@@ -31,11 +33,22 @@ class ProcessorLost(RuntimeError):
 
 class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32", npu_chunk: int = 0):
-        """precision: of a decode step's linears (policies/config.py SERVE_PRECISIONS); prefill
-        chunks run in f32, or in int8 weight tiles at q8. npu_chunk: also install the NPU's
-        static prefill chunk graphs of that many rows (Agent.xpu §4.3), for step(on="npu")."""
+        """plan: a serving plan (policies/placement.py SERVE_PLANS): what runs decode batches and
+        what runs prefill chunks. precision: of a decode step's linears (policies/config.py
+        SERVE_PRECISIONS); prefill chunks run in f32, or in int8 weight tiles at q8.
+        npu_chunk: the rows of the static chunk graphs of a plan the NPU takes part in
+        (Agent.xpu §4.3; 0: the plan's chunks run on its base processor); a plan without the
+        NPU ("gpu") may still take it, for step(on="npu")."""
         self.eng, self.plan, self.precision = engine, plan, precision
-        self.npu_chunk = npu_chunk
+        self.decode_on, self.chunk_on = SERVE_PLANS[plan]
+        # the processor of what the plan's own programs cannot take: a chunk that does not start
+        # a block or outgrows a static bucket, a chunk stopped between layers (second buffer)
+        self.base = plan if plan in ("cpu", "gpu") else "gpu" if "gpu" in engine.available else "cpu"
+        need = {p for on in (self.decode_on, self.chunk_on) for p in PROCESSORS_OF.get(on, (on,))}
+        missing = need - set(engine.available)
+        if missing:
+            raise ValueError(f"the {plan} plan needs the {' and the '.join(sorted(missing))} "
+                             f"actor(s); this engine has {', '.join(sorted(engine.available))}")
         self.chunk_precision = "q8" if precision == "q8" else "f32"   # prefill's linears
         lay = self.lay = engine.layout
         buf = engine.arena.buf
@@ -51,28 +64,66 @@ class Runner:
         self.logits = io("logits", lay.max_seqs * lay.vocab, np.float32).reshape(lay.max_seqs, lay.vocab)
         self.words, self.ctl = engine.words, engine.ctl
         self.predict = SleepPredictor(engine.config.sleep_fraction)
-        self.programs = {(all_rows, 0): self._install(all_rows) for all_rows in (False, True)}
+        self.npu_chunk = npu_chunk or (lay.max_rows if self.chunk_on in ("npu", "tensor") else 0)
+        # (program plan, all_rows, buffer, bucket) -> (pid, processors, final stamps); programs
+        # of static buckets are installed when a step first needs them
+        self.programs: dict = {}
+        self.ran = collections.Counter()     # "plan phase[ bucket]" -> steps run (status)
+        for key in {(self.decode_on, True, 0, self._batch_bucket(1)), (self.base, False, 0, 0)}:
+            self._program(key)
         if lay.double:
-            self.programs[(False, 1)] = self._install(False, 1)
-        if npu_chunk:
-            self.programs[(False, 0, "npu")] = self._install(False, 0, "npu")
+            self._program((self.base, False, 1, 0))
+        if self.chunk_on in ("npu", "tensor"):
+            self._program((self.chunk_on, False, 0, self.npu_chunk))
+        elif npu_chunk and "npu" in engine.available:
+            self._program(("npu", False, 0, npu_chunk))      # for step(on="npu")
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
 
-    def _install(self, all_rows: bool, buffer: int = 0, on: str | None = None):
+    def _batch_bucket(self, n: int) -> int:
+        """The static rows of a decode batch of n rows on a plan the NPU takes part in: the next
+        power of two, at most max_seqs (0: the GPU's and CPU's programs take any n)."""
+        if self.decode_on in ("gpu", "cpu"):
+            return 0
+        return min(1 << (n - 1).bit_length(), self.lay.max_seqs)
+
+    def _program(self, key):
+        if key not in self.programs:
+            self.programs[key] = self._install(*key)
+        return self.programs[key]
+
+    def _install(self, plan: str, all_rows: bool, buffer: int = 0, bucket: int = 0):
         eng = self.eng
-        bucket = self.npu_chunk if on == "npu" else 0
-        pid, blob, procs = ray.get(eng.planner.paged_program.remote(on or self.plan, all_rows, buffer,
-                                                                    bucket))
+        pid, blob, procs = ray.get(eng.planner.paged_program.remote(plan, all_rows, buffer, bucket))
         actors = eng.processors()
         prec = self.precision if all_rows else self.chunk_precision
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
 
-    def npu_fits(self, rows: list) -> bool:
-        """Can the NPU's static chunk graph take these prefill rows: at most its bucket, starting
-        at a block boundary (its K/V rows are written a whole block at a time, ov_segment.py)?"""
-        return bool(self.npu_chunk) and len(rows) <= self.npu_chunk and \
-            rows[0][1] % self.lay.block_rows == 0
+    def npu_fits(self, rows: list, bucket: int | None = None) -> bool:
+        """Can a static chunk graph of `bucket` rows (the NPU's chunk rows) take these prefill
+        rows: at most its bucket, of one sequence, starting at a block boundary (its K/V rows
+        are written a whole block at a time, ov_segment.py)?"""
+        bucket = self.npu_chunk if bucket is None else bucket
+        return bool(bucket) and len(rows) <= bucket and rows[0][1] % self.lay.block_rows == 0 \
+            and bucket % self.lay.block_rows == 0 and len({r[2] for r in rows}) == 1
+
+    def _chunk_key(self, rows: list, buffer: int, span, on: str | None) -> tuple:
+        """The program of a prefill chunk: the plan's (or `on`'s) where it takes these rows,
+        else the base processor's."""
+        on = on or self.chunk_on
+        if buffer or span is not None or on == self.base or on in ("gpu", "cpu"):
+            return (on if on in ("gpu", "cpu") else self.base, False, buffer, 0)
+        n = len(rows)
+        if on == "seqcut":
+            parts = seq_parts(n)
+            if len(parts) > 1 and n <= self.lay.max_rows and self.npu_fits(rows, n):
+                return ("seqcut", False, 0, n)
+        elif on == "hybrid":
+            if n <= MAX_CHUNK and bucket_for(n) <= self.lay.max_rows and self.npu_fits(rows, bucket_for(n)):
+                return ("tensor", False, 0, bucket_for(n))
+        elif self.npu_fits(rows):
+            return (on, False, 0, self.npu_chunk)
+        return (self.base, False, 0, 0)
 
     def step(self, rows: list, tables: dict, all_rows: bool, buffer: int = 0,
              span: tuple | None = None, on: str | None = None) -> np.ndarray:
@@ -81,27 +132,33 @@ class Runner:
         buffer 1: a prefill chunk in the second activation buffer; span (lo, hi): only its stages
         lo .. hi-1 (of `self.stages`), the rest at later calls with the same rows, other steps
         in between (Agent.xpu §4.4: a proactive prefill stops between layers). The logits are
-        the last stage's. on="npu": a prefill chunk on the NPU's static graphs (npu_fits)."""
+        the last stage's. A prefill chunk runs on the plan's chunk program where it fits, else
+        on the base processor; on: that chunk program instead ("npu" must fit: npu_fits)."""
         n, br = len(rows), self.lay.block_rows
         meta = self.meta[buffer]
         if not 0 < n <= len(meta["ids"]):
             raise ValueError(f"a step of {n} rows (at most {len(meta['ids'])})")
         if span is not None and (buffer == 0 or not 0 <= span[0] < span[1] <= self.stages):
             raise ValueError(f"stages {span} of a step in buffer {buffer} ({self.stages} stages)")
-        if on == "npu" and (all_rows or buffer or span or not self.npu_fits(rows)
-                            or len({r[2] for r in rows}) != 1):
+        if on == "npu" and (all_rows or buffer or span or not self.npu_fits(rows)):
             raise ValueError(f"the NPU takes a prefill chunk of one sequence, at most {self.npu_chunk}"
                              f" rows from a block boundary, in the first buffer")
+        if all_rows:
+            key = (self.decode_on, True, 0, self._batch_bucket(n))
+        else:
+            key = self._chunk_key(rows, buffer, span, on)
+        prog = self._program(key)
         if span is None or span[0] == 0:
+            self.ran[f"{key[0]} {'batch' if all_rows else 'chunk'}" + (f" {key[3]}" if key[3] else "")] += 1
             for slot, blocks in tables.items():
                 self.btab[slot, :len(blocks)] = blocks
             tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
             meta["ids"][:n], meta["pos"][:n], meta["seq"][:n] = tok, pos, seq
             meta["rows"][:n] = self.btab[seq, pos // br] * br + pos % br
-        # one row: its position is also pos0 (the fused decode kernels' RoPE and key count); an
-        # NPU chunk's first position picks its KV-length bucket (ov_segment.py)
-        key = (False, 0, "npu") if on == "npu" else (all_rows, buffer)
-        self._run(self.programs[key], n, int(rows[0][1]) if n == 1 or on == "npu" else 0,
+        # one row: its position is also pos0 (the fused decode kernels' RoPE and key count); a
+        # static chunk's first position picks its KV-length bucket (ov_segment.py)
+        static = key[3] and not all_rows
+        self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0,
                   self.precision if all_rows else self.chunk_precision, span)
         return self.logits[:n if all_rows else 1]
 
@@ -119,25 +176,34 @@ class Runner:
                     blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
                     self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False,
                               buffer=buffer)
-        if self.npu_chunk:
+        if self.npu_chunk:            # the static chunk graphs: the plan's, or the NPU's alone
             n = self.npu_chunk
             blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
-            self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False, on="npu")
+            self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False,
+                      on=None if self.chunk_on != self.base else "npu")
 
     def warm_npu(self):
         """The NPU's attention graphs for every KV-length bucket (policies/buckets.KV_STEP rows),
         compiled here rather than inside requests (warm() compiles the first)."""
         lay, n = self.lay, self.npu_chunk
+        on = None if self.chunk_on != self.base else "npu"
         for pos0 in range(KV_STEP, lay.context - n + 1, KV_STEP):
             blocks = [b % lay.kv_blocks for b in range(-(-(pos0 + n) // lay.block_rows))]
-            self.step([(0, pos0 + i, 0) for i in range(n)], {0: blocks}, all_rows=False, on="npu")
+            self.step([(0, pos0 + i, 0) for i in range(n)], {0: blocks}, all_rows=False, on=on)
 
-    def drop_npu(self):
-        """Prefill stays off the NPU: its chunk graphs go (they were only timed)."""
-        pid, procs, _ = self.programs.pop((False, 0, "npu"))
-        actors = self.eng.processors()
-        ray.get([actors[p].uninstall.remote(pid) for p in procs])
-        self.npu_chunk = 0
+    def chunks_on(self, on: str):
+        """Prefill chunks from now on run on `on`: the NPU's static graphs ("npu", installed at
+        start with npu_chunk) or the base processor, whose NPU chunk graphs then go (they were
+        only timed: Service's auto)."""
+        if on == "npu":
+            self.chunk_on = "npu"
+            return
+        key = ("npu", False, 0, self.npu_chunk)
+        if key in self.programs:
+            pid, procs, _ = self.programs.pop(key)
+            actors = self.eng.processors()
+            ray.get([actors[p].uninstall.remote(pid) for p in procs])
+        self.chunk_on, self.npu_chunk = self.base, 0
 
     def profile_batches(self, max_seqs: int, reps: int = 3) -> dict:
         """Seconds of a decode step of B rows for B = 1 .. max_seqs (the fastest of `reps`, after

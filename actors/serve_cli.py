@@ -75,8 +75,9 @@ def serve(a) -> int:
         if isinstance(e, ray.exceptions.RayTaskError):
             raise ValueError(str(getattr(e, "cause", e)).splitlines()[0]) from None
         raise
-    print(f"socllm: serving {d['model']} (decode on the {d['plan']}, prefill chunks on the "
-          f"{d['prefill']['on']}, {d['precision']}, context "
+    pl = d["placement"]
+    print(f"socllm: serving {d['model']} (plan {d['plan']}: decode on the {pl['decode']}, prefill "
+          f"chunks on the {pl['prefill']}, {d['precision']}, context "
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
           f"{d['block_rows']} rows, {d['kv_dtype']} K/V, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
     if url:
@@ -134,10 +135,13 @@ def status(a) -> int:
     print(f"model      {st['model']}  (context {st['context']}, plan {st['plan']}, {st['precision']}, "
           f"policy {st['policy']}{'' if st.get('b_rf') is None else ', b_rf ' + str(st['b_rf'])})")
     print(f"http       {st['frontends'].get('http', '-')}")
-    pf = st["prefill"]
-    timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pf["chunk_ms"].items())
-    print(f"prefill    chunks of {st['prefill_chunk']} rows on the {pf['on']} "
-          f"({'the faster at start: ' + timed if timed else 'as asked'}), decode on the {st['plan']}")
+    pl = st["placement"]
+    timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pl["chunk_ms"].items())
+    why = {"timed": "the faster at start: " + timed, "cached": "auto, as timed at an earlier start",
+           "no npu": "auto: no npu", "asked": "as asked"}[pl["from"]]
+    other = f" (chunks it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
+    print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "
+          f"{pl['prefill']}{other}, decode on the {pl['decode']}")
     pre = st.get("preemption")
     if pre:
         npu = f", a whole npu chunk {pre['npu_chunk_ms']:.0f} ms" if pre["npu_chunk_ms"] else ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import threading
 import time
@@ -33,6 +34,37 @@ STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "fai
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 # the config's knobs as each processor actor applies them, in status (policies/config.py)
 KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction")
+
+
+def _plan_key(e, c) -> str:
+    """What an auto plan's timing depends on: the model file, the processors, the knobs."""
+    st = os.stat(e.model_path)
+    procs = ",".join(f"{d['processor']}:{d.get('device')}" for d in e.info())
+    return f"{e.model_path}:{st.st_size}:{int(st.st_mtime)}|{procs}|{c.budget}|{c.precision}|" \
+           f"{c.prefill_chunk}|{c.context}|{c.max_seqs}"
+
+
+def _plan_cache(cache_dir: str | None, key: str | None = None,
+                value: dict | None = None) -> dict | str | None:
+    """The auto plans chosen on this machine (plans.json in the config's cache_dir): -> the
+    whole table (no key), the plan cached for key, or, given a value, stores it."""
+    if cache_dir is None:           # a config made without from_env: nothing kept
+        return {} if key is None else None if value is None else value
+    path = os.path.join(cache_dir, "plans.json")
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        table = {}
+    if value is None:
+        return table if key is None else (table.get(key) or {}).get("plan")
+    table[key] = value
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(table, f, indent=1)
+    os.replace(tmp, path)
+    return value
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -81,21 +113,11 @@ class Service(ServingLoop):
         try:
             from socllm.memory.blocks import BlockPool
             from .engine import Engine
-            from .runner import Runner
             c = self.config
             self.engine = e = Engine(c, kv_dtype=KV_DTYPE[c.precision], double_rows=c.prefill_chunk)
-            # serving steps are paged: GPU (OpenCL) kernels, or numpy's without a GPU actor
-            self.plan, self.precision = ("gpu" if "gpu" in e.available else "cpu"), c.precision
-            if c.prefill == "npu" and "npu" not in e.available:
-                raise ValueError("--prefill npu: this engine has no NPU actor")
-            npu = c.prefill != "gpu" and "npu" in e.available
-            self.runner = Runner(e, self.plan, self.precision, c.prefill_chunk if npu else 0)
-            self.runner.warm(c.max_seqs)
-            self.prefill = self._place_prefill(c.prefill if npu else self.plan)
-            if npu and self.prefill["on"] == "npu":
-                self.runner.warm_npu()
-            elif npu:
-                self.runner.drop_npu()
+            self.precision = c.precision
+            self.runner, self.placement = self._start_plan(e)
+            self.plan = self.runner.plan
             self.step_profile = self.runner.profile_batches(c.max_seqs)
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
@@ -108,21 +130,45 @@ class Service(ServingLoop):
         self.ready_event.set()
         self._serve()
 
-    def _place_prefill(self, asked: str, reps: int = 3) -> dict:
-        """Where prefill chunks run (Agent.xpu §4.3: prefill on the NPU's static graphs, decode
-        on the GPU, one KV cache): as asked, or for auto the faster at a full chunk on this
-        device (the fastest of `reps`, after warm(), on block 0 where no request holds blocks)."""
-        n, lay, ms = self.config.prefill_chunk, self.runner.lay, {}
-        rows = [(0, i, 0) for i in range(n)]
-        blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
-        for on in ((self.plan, "npu") if asked == "auto" else ()):
-            best = float("inf")
-            for _ in range(reps):
-                t = time.perf_counter()
-                self.runner.step(rows, blocks, all_rows=False, on=on)
-                best = min(best, time.perf_counter() - t)
-            ms[on] = round(1e3 * best, 1)
-        return {"on": min(ms, key=ms.get) if ms else asked, "chunk_ms": ms, "asked": asked}
+    def _start_plan(self, e) -> tuple:
+        """The runner of the plan asked for (policies/placement.py SERVE_PLANS), warmed. auto:
+        HeteroLLM §4.3's decider, by timing on this device: whichever of the base processor's
+        kernels and the NPU's static graphs ran a whole prefill chunk faster at start (the
+        fastest of 3, on block 0 where no request holds blocks), decode on the base processor;
+        the choice is cached per model, device and knobs (plan_cache), so later starts skip it."""
+        from .runner import Runner
+        c, lay = self.config, e.layout
+        base = "gpu" if "gpu" in e.available else "cpu"
+        asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
+        if asked == "auto" and "npu" not in e.available:
+            plan, source = base, "no npu"
+        elif asked == "auto":
+            key = _plan_key(e, c)
+            cached = _plan_cache(c.cache_dir, key)
+            plan, source = (cached, "cached") if cached else ("auto", "timed")
+        npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
+        runner = Runner(e, base if plan == "auto" else plan, self.precision,
+                        c.prefill_chunk if npu else 0)
+        runner.warm(c.max_seqs)
+        if plan == "auto":
+            n = c.prefill_chunk
+            rows = [(0, i, 0) for i in range(n)]
+            blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
+            for on in (base, "npu"):
+                best = float("inf")
+                for _ in range(3):
+                    t = time.perf_counter()
+                    runner.step(rows, blocks, all_rows=False, on=on)
+                    best = min(best, time.perf_counter() - t)
+                chunk_ms[on] = round(1e3 * best, 1)
+            on = min(chunk_ms, key=chunk_ms.get)
+            runner.chunks_on(on)
+            runner.plan = plan = "hetero" if on == "npu" else base
+            _plan_cache(c.cache_dir, key, {"plan": plan, "chunk_ms": chunk_ms})
+        if runner.chunk_on == "npu":
+            runner.warm_npu()
+        return runner, {"asked": asked, "plan": plan, "from": source, "decode": runner.decode_on,
+                        "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms}
 
     async def ready(self, timeout_s: float = 600.0) -> dict:
         """Waits until the model is loaded and the actors run; raises the start-up error."""
@@ -143,19 +189,20 @@ class Service(ServingLoop):
                 "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
                 "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.config.prefill_chunk,
-                "prefill": self.prefill, "preemption": self._preemption(), "pid": os.getpid(),
+                "placement": self.placement, "preemption": self._preemption(), "pid": os.getpid(),
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
     def _preemption(self) -> dict | None:
         """What a reactive arrival waits for (Agent.xpu §4.4 ②), against PREEMPT_BOUND_S."""
         if self.scheduler.slice_s is None:
             return None
-        npu = self.prefill["chunk_ms"].get("npu")
-        spans = f"gpu spans of ~{1e3 * self.scheduler.slice_s:.0f} ms" if self.runner.meta[1:] \
+        npu = self.placement["chunk_ms"].get("npu")
+        spans = f"{self.runner.base} spans of ~{1e3 * self.scheduler.slice_s:.0f} ms" if self.runner.meta[1:] \
             else "whole chunks (no second activation buffer)"
         return {"bound_ms": 1e3 * PREEMPT_BOUND_S, "proactive": spans,
                 "npu_chunk_ms": npu,
-                "npu_runs": "reactive chunks only" if self.prefill["on"] == "npu" else "no chunks"}
+                "npu_runs": "reactive chunks only" if self.runner.chunk_on != self.runner.base
+                else "no chunks"}
 
     # -- the client calls ----------------------------------------------------------------------
     async def submit(self, prompt: str | None = None, messages: list | None = None,
@@ -258,7 +305,7 @@ class Service(ServingLoop):
         n_dec = max(0, len(req.tokens) - 1)
         dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)
         return out | {"usage": req.usage(), "plan": self.plan, "precision": self.precision,
-                      "placement": {"prefill": self.prefill["on"], "decode": self.plan},
+                      "placement": {"prefill": self.runner.chunk_on, "decode": self.runner.decode_on},
                       "timings": {"ttft_s": ttft, "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
                                   "prefill_tok_s": len(req.prompt) / ttft if ttft > 0 else 0.0}}
 
@@ -291,6 +338,7 @@ class Service(ServingLoop):
                                                 "steps", "error")} | {"busy_share": round(d["busy_s"] / uptime, 4)}
                          | {k: d[k] for k in KNOBS_APPLIED if k in d})
         return {**self.describe(), "uptime_s": round(uptime, 1), "processors": procs,
+                "steps_by_program": dict(self.runner.ran),
                 "requests": {s: sum(r.state == s for r in reqs) for s in STATE_KEYS},
                 "queues": self.scheduler.queues(),
                 "kv": {"blocks": self.kv.n_blocks, "blocks_used": self.kv.n_used,

@@ -6,7 +6,7 @@ A prompt of 300 rows runs as 256 rows on the NPU's static graph (a prepared buck
 and 56 on the GPU beside them (multi-sequence-length cutting). Every op of the model runs once
 per part, over that part's rows only: a part's activations are its own rows of the same slots
 (renamed `name@lo`, so no part waits for another's use of a slot), the tokens it reads are its
-rows of the step's ids, and its K/V rows go to their positions in the cache. The only exchange
+rows of the step's ids (and of a paged step's row metadata), and its K/V rows go to their positions in the cache. The only exchange
 between parts is causal attention: a later part's queries read the K/V rows the earlier parts
 wrote in the same layer, so the lowering orders each layer's K/V writes (graph/lower.py, write
 after write) and the later part's attention after them. The final norm and the lm-head (the last
@@ -21,6 +21,7 @@ from dataclasses import replace
 from .ir import Graph
 
 SEP = "@"        # a part's activation: name@lo, its rows from lo in the same slot
+ROW_INPUTS = ("ids", "pos", "rows", "seq")     # a step's per-row inputs [N] (paged: all four)
 
 
 def base_name(name: str) -> tuple:
@@ -42,7 +43,7 @@ def seq_cut(g: Graph, parts: list) -> Graph:
             named = {}
             for role, name in names.items():
                 t = g.tensors[name]
-                if t.kind == "act" or (t.kind == "input" and name == "ids"):
+                if t.kind == "act" or (t.kind == "input" and name in ROW_INPUTS):
                     name = f"{name}{SEP}{lo}"
                     out.tensors.setdefault(name, replace(t, name=name))
                 named[role] = name

@@ -33,7 +33,8 @@ PRECISIONS = ("f32", "f16", "bf16", "q16", "q8")
 # for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
 # f32 the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
 SERVE_PRECISIONS = ("q8", "q16", "f32")
-PREFILL = ("auto", "gpu", "npu")      # where a service's prompt chunks run
+# a service's plans (policies/placement.py SERVE_PLANS; auto: HeteroLLM §4.3, timed at start)
+SERVE_PLAN_NAMES = ("auto", "cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid")
 MAX_SEQS = 256
 # field -> the environment variable that sets it (from_env), and its type there
 ENV = {"threads": ("SOCLLM_THREADS", int), "fuse": ("SOCLLM_FUSE", bool),
@@ -80,6 +81,8 @@ class EngineConfig:
     cl_discrete: bool = False         # the GPU's copying path forced on a unified device (PoCL)
     pocl_cpu: str | None = None       # the CPU PoCL compiles for (actors/opencl.py)
     pocl_as_is: bool = False          # PoCL as it ships: no CPU named
+    cache_dir: str | None = None      # what socllm keeps between runs (auto plans); from_env:
+                                      # $XDG_CACHE_HOME/socllm, else ~/.cache/socllm
 
     precisions: ClassVar[tuple] = PRECISIONS
 
@@ -98,6 +101,8 @@ class EngineConfig:
             _need(isinstance(getattr(self, name), bool), name, "True or False", getattr(self, name))
         _need(_number(self.sleep_fraction) and 0 <= self.sleep_fraction <= 1, "sleep_fraction",
               "in [0, 1]", self.sleep_fraction)
+        _need(self.cache_dir is None or isinstance(self.cache_dir, str) and self.cache_dir != "",
+              "cache_dir", "a folder", self.cache_dir)
         _need(self.pocl_cpu is None or isinstance(self.pocl_cpu, str) and self.pocl_cpu != "",
               "pocl_cpu", "a CPU name", self.pocl_cpu)
 
@@ -112,6 +117,9 @@ class EngineConfig:
         (os.environ) where set: the one place socllm reads its SOCLLM_* variables. A bad value
         raises ConfigError naming the variable."""
         env = os.environ if env is None else env
+        if fields.get("cache_dir") is None:
+            fields["cache_dir"] = os.path.join(env.get("XDG_CACHE_HOME") or
+                                               os.path.expanduser("~/.cache"), "socllm")
         read = {f: _parse(var, env[var], kind) for f, (var, kind) in ENV.items()
                 if f not in fields and env.get(var, "") != ""}
         try:
@@ -148,7 +156,7 @@ class ServeConfig(EngineConfig):
     max_seqs: int = 16
     kv_mb: float = 512
     policy: str = "agent"             # scheduling (policies/agent.py POLICIES)
-    prefill: str = "auto"             # PREFILL: auto takes the faster at start
+    plan: str = "auto"                # what runs decode batches and prefill chunks (SERVE_PLAN_NAMES)
     prefill_chunk: int = 128          # prompt rows a step: others' decode steps run between chunks
     # a running request whose text nobody has asked for this long (no poll open, none returned
     # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
@@ -163,7 +171,7 @@ class ServeConfig(EngineConfig):
         super().__post_init__()
         _need(self.kv_mb > 0, "kv_mb", "> 0", self.kv_mb)
         _need(self.policy in POLICIES, "policy", "one of " + ", ".join(POLICIES), self.policy)
-        _need(self.prefill in PREFILL, "prefill", "one of " + ", ".join(PREFILL), self.prefill)
+        _need(self.plan in SERVE_PLAN_NAMES, "plan", "one of " + ", ".join(SERVE_PLAN_NAMES), self.plan)
         _need(_whole(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_CHUNK, "prefill_chunk",
               f"in [1, {MAX_CHUNK}]", self.prefill_chunk)
         _need(_number(self.abandon_s) and self.abandon_s > 0, "abandon_s", "> 0", self.abandon_s)

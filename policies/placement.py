@@ -181,3 +181,19 @@ def online_prepare(plan: str, concrete: str, compiled: bool, available: set) -> 
     if plan == "auto" and concrete == "npu" and not compiled and "gpu" in available:
         return "gpu"
     return concrete
+
+
+# Serving plans (`socllm serve --plan`, policies/config.py): what each runs a decode batch and a
+# prefill chunk on, as paged programs (policies/planner.py paged_program). A chunk the plan's
+# program cannot take (the NPU's static graphs: a chunk from a block boundary, at most its bucket;
+# a chunk stopped between layers, in the second buffer) runs on the plan's base processor.
+PAGED_PROGRAMS = ("cpu", "gpu", "npu", "tensor", "seqcut")
+# a program that cuts one step between the GPU and the NPU, and the processors it runs on
+PROCESSORS_OF = {"tensor": ("gpu", "npu"), "seqcut": ("gpu", "npu"), "hybrid": ("gpu", "npu")}
+SERVE_PLANS = {            # plan -> (decode batches, prefill chunks)
+    "cpu": ("cpu", "cpu"), "gpu": ("gpu", "gpu"), "npu": ("npu", "npu"),
+    "hetero": ("gpu", "npu"),         # disaggregated: prefill on the NPU, decode on the GPU
+    "tensor": ("tensor", "tensor"),   # HeteroLLM's tensor level in both phases
+    "seqcut": ("gpu", "seqcut"),      # a chunk's rows cut NPU + GPU margin; decode on the GPU
+    "hybrid": ("gpu", "hybrid"),      # a chunk padded to an NPU bucket, linears row-cut
+}

@@ -11,7 +11,7 @@ from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
 from socllm.graph.program import StepProgram
 from socllm.graph.seqcut import base_name, seq_cut
 from socllm.memory.layout import PROCESSORS, PoolLayout
-from socllm.policies.placement import placement, seq_parts
+from socllm.policies.placement import PAGED_PROGRAMS, placement, seq_parts
 from socllm.policies.rowcut import plan_rows
 
 
@@ -39,13 +39,15 @@ class PlannerCore:
             raise RuntimeError("tensor programs are already built with the old profile")
         self.rowcut_profile = profile
 
-    def partitioned(self, phase: str):
-        """The `tensor` plan's graph for a phase: linears row-cut between the GPU and the NPU,
-        the rest on the phase's dominant processor (graph/partition.py)."""
-        sizes = {part_of(op): op.attrs["M"] for op in self.graph.ops if part_of(op)}
+    def partitioned(self, phase: str, graph=None):
+        """The `tensor` plan's graph (this one's, or `graph`) for a phase: linears row-cut
+        between the GPU and the NPU, the rest on the phase's dominant processor
+        (graph/partition.py)."""
+        graph = self.graph if graph is None else graph
+        sizes = {part_of(op): op.attrs["M"] for op in graph.ops if part_of(op)}
         dom = DOMINANT[phase]
         other = "npu" if dom == "gpu" else "gpu"
-        return row_cut(self.graph, plan_rows(phase, sizes, self.rowcut_profile), dom, other)
+        return row_cut(graph, plan_rows(phase, sizes, self.rowcut_profile), dom, other)
 
     def _refs(self, graph, buffer: int = 0) -> dict:
         """buffer 1: activations and the step's rows in the pool's second activation buffer."""
@@ -97,16 +99,24 @@ class PlannerCore:
     def paged_program(self, plan: str, all_rows: bool, buffer: int = 0, bucket: int = 0):
         """A serving step's program (graph/build.py, paged): any N rows of any sequences, each at
         its own position over its block table; all_rows: every row's logits (a decode batch),
-        else the last row's (a prefill chunk). One program serves every N: GPU and CPU kernels
-        take N at run time. NPU graphs are static: the npu plan runs prefill chunks of up to
-        `bucket` rows of one sequence, padded to the bucket (Agent.xpu §4.3: prefill on the NPU's
-        static graphs, decode on the GPU, one KV cache). buffer 1: a prefill chunk in the second
-        activation buffer (memory/layout.py double), which may stop between layers while other
-        steps run."""
-        if plan not in ("gpu", "cpu", "npu"):
-            raise ValueError(f"paged programs run on the gpu, the cpu or the npu, not {plan!r}")
-        if plan == "npu" and (all_rows or buffer or bucket <= 0):
-            raise ValueError("the npu runs paged prefill chunks in the first buffer, of a bucket")
+        else the last row's (a prefill chunk). GPU and CPU kernels take N at run time, so one
+        program serves every N. NPU graphs are static: a program the NPU takes part in runs up to
+        `bucket` rows, padded to it (Agent.xpu §4.3: prefill on the NPU's static graphs, one KV
+        cache). The plans (policies/placement.py PAGED_PLANS), as passes over the paged graph:
+          cpu, gpu, npu   every op on that processor
+          tensor          every cuttable linear row-cut between the GPU and the NPU
+                          (graph/partition.py), the rest on the phase's dominant processor
+          seqcut          a chunk's rows cut: the NPU's static parts and a GPU margin
+                          (graph/seqcut.py; bucket: the chunk's rows, placement.seq_parts)
+        buffer 1: a prefill chunk in the second activation buffer (memory/layout.py double),
+        which may stop between layers while other steps run (one processor: gpu or cpu)."""
+        if plan not in PAGED_PROGRAMS:
+            raise ValueError(f"paged programs: {', '.join(PAGED_PROGRAMS)}, not {plan!r}")
+        static = plan != "gpu" and plan != "cpu"      # the NPU takes part: a bucket of rows
+        if static and (buffer or bucket <= 0):
+            raise ValueError(f"a {plan} step runs in the first buffer, in a bucket of rows")
+        if plan == "seqcut" and all_rows:
+            raise ValueError("seqcut cuts a prefill chunk's rows, not a decode batch")
         phase = "batch" if all_rows else "chunk"
         key = (plan, phase, buffer, bucket)
         if key not in self.programs:
@@ -114,8 +124,13 @@ class PlannerCore:
             graph = build_graph(self.cfg, self.n_layers, paged={
                 "block_rows": lay.block_rows, "max_blocks": lay.max_blocks,
                 "max_seqs": lay.max_seqs, "all_rows": all_rows})
+            place = lambda op: plan
+            if plan == "tensor":
+                graph, place = self.partitioned("decode" if all_rows else "prefill", graph), placed
+            elif plan == "seqcut":
+                graph, place = seq_cut(graph, seq_parts(bucket)), placed
             prog = lower(graph, self.slots, self._refs(graph, buffer), lay.locations,
-                         {p: lay.done(p) for p in PROCESSORS}, lambda op: plan, phase,
+                         {p: lay.done(p) for p in PROCESSORS}, place, phase,
                          bucket or (lay.double_rows if buffer else lay.max_rows))
             prog.buffer = buffer
             self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))

@@ -248,7 +248,7 @@ def served_greedy(precision: str, prompts: list[list[int]], n: int, context: int
     start_ray(threads)
     svc = Service.options(runtime_env={"env_vars": actor_env(threads)}).remote(ServeConfig.from_env(
         context=context, max_seqs=max_seqs, kv_mb=64, threads=threads, precision=precision,
-        prefill="gpu", abandon_s=3600.0))
+        plan="gpu", abandon_s=3600.0))
     try:
         ray.get(svc.ready.remote())
         rids = ray.get([svc.submit.remote(ids=p, max_tokens=n, temperature=0.0, ignore_eos=True)

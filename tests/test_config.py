@@ -22,7 +22,7 @@ def test_cli_defaults_are_the_config_fields():
     from socllm.actors.cli import _parser
     serve, gen = _parser().parse_args(["serve"]), _parser().parse_args(["generate", "hi"])
     flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
-    assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "prefill",
+    assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "plan",
                             "abandon_s", "http_host", "http_port"}
     assert flagged == {k: getattr(ServeConfig(), k) for k in flagged}
     assert gen.context == EngineConfig().context and gen.model is None
@@ -39,7 +39,7 @@ def test_engine_and_service_share_one_default_precision():
     (EngineConfig, "threads", -1), (ServeConfig, "http_port", 70000), (ServeConfig, "prefill_chunk", 0),
     (EngineConfig, "kv_mb", -1.0), (ServeConfig, "kv_mb", 0), (ServeConfig, "abandon_s", 0.0),
     (EngineConfig, "sleep_fraction", 1.5), (EngineConfig, "precision", "int4"),
-    (ServeConfig, "precision", "f16"), (ServeConfig, "policy", "lifo"), (ServeConfig, "prefill", "tpu"),
+    (ServeConfig, "precision", "f16"), (ServeConfig, "policy", "lifo"), (ServeConfig, "plan", "tpu"),
     (EngineConfig, "fuse", "no"), (EngineConfig, "model", ""), (EngineConfig, "pocl_cpu", ""),
     (ServeConfig, "http_host", ""),
 ])
@@ -107,7 +107,7 @@ def test_knobs_set_where_serve_runs_reach_a_cluster_started_before(ray_session):
     assert not set(knobs) & set(os.environ), "the cluster's processes must not have them already"
     env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
     r = subprocess.run(SOCLLM + ["serve", "--http-port", "0", "--context", "256", "--max-seqs", "2",
-                                 "--kv-mb", "8", "--prefill", "gpu"],
+                                 "--kv-mb", "8", "--plan", "gpu"],
                        env={**env, **knobs}, capture_output=True, text=True, timeout=600)
     try:
         assert r.returncode == 0, r.stderr

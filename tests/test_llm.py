@@ -17,7 +17,7 @@ def _greedy_text(oracle, tokenizer, prompt: str, n: int) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def llm(ray_session):
     import socllm
-    with socllm.LLM(precision="f32", context=256, max_seqs=4, kv_mb=16, prefill="gpu") as llm:
+    with socllm.LLM(precision="f32", context=256, max_seqs=4, kv_mb=16, plan="gpu") as llm:
         yield llm
 
 

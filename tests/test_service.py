@@ -40,7 +40,7 @@ def served(ray_session):
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
                                  "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32",
-                                 "--prefill", "npu", "--abandon-s", str(ABANDON_S)],
+                                 "--plan", "hetero", "--abandon-s", str(ABANDON_S)],
                        env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -105,12 +105,15 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert st["kv"]["blocks"] >= 64 * 2**20 // (30 * 2 * 16 * 192 * 4) and st["memory_pss_mb"] > 100
     assert {p["processor"] for p in st["processors"]} == {"cpu", "gpu", "npu"}
     assert st["frontends"]["http"] == served[1]
-    assert st["prefill"] == {"on": "npu", "chunk_ms": {}, "asked": "npu"} and st["plan"] == "gpu"
+    assert st["placement"] == {"asked": "hetero", "plan": "hetero", "from": "asked", "decode": "gpu",
+                               "prefill": "npu", "else": "gpu", "chunk_ms": {}} \
+        and st["plan"] == "hetero"
     # no proactive work runs where a reactive arrival could not stop it within the bound
     assert st["preemption"] == {"bound_ms": 50.0, "proactive": "gpu spans of ~20 ms",
                                 "npu_chunk_ms": None, "npu_runs": "reactive chunks only"}
     r = _cli(served[0], "status")
-    assert "chunks of 128 rows on the npu (as asked), decode on the gpu" in r.stdout
+    assert "plan       hetero (as asked): chunks of 128 rows on the npu (chunks it cannot take: " \
+        "the gpu), decode on the gpu" in r.stdout
     assert "preemption proactive chunks stop between gpu spans of ~20 ms (bound 50 ms: the npu " \
         "runs reactive chunks only); reactive ones run whole" in r.stdout
 

@@ -1,0 +1,81 @@
+"""Every plan runs in the one engine (issue: one engine): `--plan X` compiles to paged programs
+(policies/planner.py paged_program) for prefill chunks and decode batches, and the service gives
+the oracle's greedy text at f32 with three requests in flight. FCFS, so that every chunk runs
+on the plan's program (the agent policy runs proactive chunks as base-processor spans); the long
+prompt takes two chunks of up to 128 rows."""
+from __future__ import annotations
+
+import pytest
+
+from testlib import PROMPTS
+
+LONG = PROMPTS[2] + " lived in a small town by the sea. Every morning it rolled down to the " \
+    "harbour to count the boats, and every evening it counted them again, because the fishermen " \
+    "had asked it to make sure that nobody was lost at sea. One winter night a storm came in from " \
+    "the north, the lighthouse went dark, and the robot climbed the hill with a lantern in each " \
+    "hand. It stood there until morning, turning slowly so that the light swept across the water, " \
+    "and one by one the boats found their way back into the harbour."
+LONG += " The next year it happened again." + LONG[len(PROMPTS[2]):]
+TEXTS = (LONG, PROMPTS[1], PROMPTS[0])
+
+
+def _greedy(oracle, tokenizer, prompt: str, n: int) -> str:
+    ids = oracle.greedy(tokenizer.encode(prompt), n)
+    stops = set(tokenizer.stop_ids())
+    cut = next((i for i, t in enumerate(ids) if t in stops), None)
+    return tokenizer.decode(ids[:cut])
+
+
+# plan -> programs of its own that a step must have run (actors/runner.py step's names)
+OWN = {"hetero": ("npu chunk", "gpu batch"), "tensor": ("tensor chunk", "tensor batch"),
+       "seqcut": ("seqcut chunk", "gpu batch"), "hybrid": ("tensor chunk 32", "tensor chunk 128"),
+       "npu": ("npu chunk", "npu batch"), "cpu": ("cpu chunk", "cpu batch")}
+
+
+@pytest.fixture(scope="module")
+def wanted(oracle, tokenizer):
+    assert len(tokenizer.encode(LONG)) > 128 + 32     # two chunks, the first cut by seqcut
+    return [_greedy(oracle, tokenizer, t, 10) for t in TEXTS]
+
+
+@pytest.mark.parametrize("plan", ["hetero", "tensor", "seqcut", "hybrid",
+                                  pytest.param("cpu", marks=pytest.mark.slow)])  # numpy: 40 s
+def test_every_plan_gives_the_oracles_tokens_through_the_service(ray_session, wanted, plan):
+    import socllm
+    with socllm.LLM(precision="f32", context=256, max_seqs=4, kv_mb=16, plan=plan, policy="fcfs",
+                    prefill_chunk=128) as llm:
+        pl = llm.describe["placement"]
+        assert llm.describe["plan"] == plan and pl["from"] == "asked"
+        before = llm.status()["steps_by_program"]       # warm-up steps
+        outs = llm.generate(list(TEXTS), max_tokens=10)
+        after = llm.status()["steps_by_program"]
+    ran = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+    for prog in OWN[plan]:       # the requests' steps ran on the plan's own programs
+        assert any(k.startswith(prog) for k in ran), (prog, ran)
+    assert [o.text for o in outs] == wanted
+    assert len(set(wanted)) == len(wanted)
+
+
+def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_session, wanted,
+                                                                        tmp_path, monkeypatch):
+    """HeteroLLM §4.3's decider: a whole chunk timed on the GPU's kernels and the NPU's static
+    graphs at the first start, the faster kept (prefill there, decode on the GPU) and cached per
+    model, device and knobs; the next start takes it without timing."""
+    import json
+
+    import socllm
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))     # read where the config is made
+    knobs = dict(precision="f32", context=256, max_seqs=4, kv_mb=16)
+    with socllm.LLM(**knobs) as llm:
+        pl, chosen = llm.describe["placement"], llm.describe["plan"]
+        assert pl["asked"] == "auto" and pl["from"] == "timed" and set(pl["chunk_ms"]) == {"gpu", "npu"}
+        faster = min(pl["chunk_ms"], key=pl["chunk_ms"].get)
+        assert chosen == {"npu": "hetero", "gpu": "gpu"}[faster] and pl["prefill"] == faster
+        assert [o.text for o in llm.generate(list(TEXTS), max_tokens=10)] == wanted
+    [(key, kept)] = json.loads((tmp_path / "socllm" / "plans.json").read_text()).items()
+    assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"]} and "gpu:" in key and "npu:" in key
+    with socllm.LLM(**knobs) as llm:
+        again = llm.describe["placement"]
+        assert (llm.describe["plan"], again["from"], again["chunk_ms"]) == (chosen, "cached", {})
+    with socllm.LLM(**{**knobs, "max_seqs": 2}) as llm:       # other knobs: timed anew
+        assert llm.describe["placement"]["from"] == "timed"
