@@ -124,7 +124,7 @@ class NPUBackend:
                            segment_live_out(prog, seqs), self.context_rows if paged else self.kv_rows,
                            OV_HINT.get(precision, precision), config, CACHE_DIR if cache else None,
                            self.shared, last_row=_is_tail(seg), const_weights=const,
-                           pool=self.pool if paged else None)
+                           pool=self.pool if paged else None, per_row=paged and _decode_batch(prog))
         self.segments.append(ov_seg)
         run = ov_seg.run
         if "seq_n" in seg[0].args:
@@ -162,8 +162,16 @@ class NPUBackend:
 
 
 def _is_tail(seg) -> bool:
-    """The final norm + lm-head (or the lm-head alone): the one-row tail (ov_segment last_row)."""
-    return [t.op for t in seg] in (["lm_head"], ["rmsnorm", "lm_head"])
+    """The final norm + lm-head (or the lm-head alone): the one-row tail (ov_segment last_row).
+    A decode batch's lm-head gives every row's logits: no one-row tail."""
+    return [t.op for t in seg] in (["lm_head"], ["rmsnorm", "lm_head"]) and \
+        not seg[-1].args.get("all_rows")
+
+
+def _decode_batch(prog: StepProgram) -> bool:
+    """A paged decode batch (graph/build.py all_rows: every row's logits), whichever processor
+    runs its lm-head: its rows are of different sequences, each at its own position."""
+    return any(t.op == "lm_head" and t.args.get("all_rows") for ts in prog.tasks.values() for t in ts)
 
 
 def _straight(segs) -> bool:

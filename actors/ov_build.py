@@ -25,15 +25,16 @@ class Graph:
     are reused across layers), so `vals` holds the latest in-graph value of each offset."""
 
     def __init__(self, arena: np.ndarray, B: int, kv_len: int, const_weights: bool = False,
-                 pool: dict | None = None):
+                 pool: dict | None = None, per_row: bool = False):
         """pool: {"kv_dtype", "kv_rows", "max_seqs"}, the KV region's element type, its rows per
         layer and the block tables' rows: a paged step's attention gathers its rows from the
-        whole region through its sequence's block table."""
+        whole region through its sequence's block table. per_row: a paged decode batch, every
+        row of its own sequence at its own position (kv_batch), not a chunk of one sequence."""
         self.arena, self.B, self.kv_len = arena, B, kv_len
-        self.const_weights = const_weights
+        self.const_weights, self.per_row = const_weights, per_row
         self.pool = pool or {"kv_dtype": "f32", "kv_rows": 0, "max_seqs": 1}
         self.kv_type = np.float16 if self.pool["kv_dtype"] == "f16" else F32
-        self.phys = None            # a paged step's physical KV rows [kv_len] (kv_paged)
+        self.phys = None            # a paged step's physical KV rows [kv_len] ([B, kv_len]: per_row)
         self.pos0 = ops.parameter([1], np.int64, name="pos0")   # tokens already in the KV cache
         self.n = ops.parameter([1], np.int64, name="n")         # real rows, <= B
         self.rows = ops.constant(np.arange(B, dtype=np.int64))  # [B]
@@ -107,19 +108,46 @@ class Graph:
         sequence), gathered from the layer's whole KV region through its block table ->
         [kv_len, cols] f32. Table entries past the sequence's blocks may hold any block id: the
         rows they give are masked (clamped, so the gather stays in the region)."""
-        off, br, mb, T = ref[1], a["block_rows"], a["max_blocks"], self.kv_len
+        if self.phys is None:
+            btab = self._btab(a)
+            seq0 = ops.gather(self.read(a["seq"], None, np.int32), np.array([0], np.int64), 0)
+            table = ops.reshape(ops.gather(btab, seq0, 0), np.array([a["max_blocks"]], np.int64),
+                                False)                                                   # [mb]
+            self.phys = self._phys(table, 0, a)                                          # [T]
+        return self._region_rows(ref[1], cols, self.phys)
+
+    def kv_batch(self, ref, cols: int, a) -> ov.Output:
+        """A decode batch's cache rows 0 .. kv_len-1 of every row's own sequence seq[i], each
+        through its block table -> [B, kv_len, cols] f32 (the keys past pos[i] are the caller's
+        to mask, as kv_paged's)."""
+        if self.phys is None:
+            btab = self._btab(a)
+            tables = ops.gather(btab, self.read(a["seq"], None, np.int32), 0)          # [B, mb]
+            self.phys = self._phys(tables, 1, a)                                         # [B, T]
+        got = self._region_rows(ref[1], cols, self.phys)              # [B, T, cols] or [B*T, cols]
+        return ops.reshape(got, np.array([self.B, self.kv_len, cols], np.int64), False).output(0)
+
+    def _btab(self, a) -> ov.Node:
+        """The block tables [max_seqs, max_blocks] (the pool's io rows) as a graph input."""
+        mb = a["max_blocks"]
+        return self.param(f"btab{a['btab'][1]}",
+                          self.view(a["btab"][1], (self.pool["max_seqs"], mb), np.int32))
+
+    def _phys(self, tables, axis: int, a) -> ov.Node:
+        """Block tables (their block ids on `axis`) -> the physical KV rows of keys 0 .. kv_len-1
+        on that axis, clamped into the region."""
+        br, mb, T = a["block_rows"], a["max_blocks"], self.kv_len
         if T > mb * br:
             raise ValueError(f"{T} KV rows exceed a block table of {mb} blocks")
+        j = np.arange(T)
+        blocks = ops.gather(tables, ops.constant((j // br).astype(np.int32)), axis)
+        phys = ops.add(ops.multiply(blocks, np.int32(br)), ops.constant((j % br).astype(np.int32)))
+        return ops.clamp(phys, 0, self.pool["kv_rows"] - 1)
+
+    def _region_rows(self, off: int, cols: int, phys) -> ov.Output:
+        """Rows `phys` of the layer's KV region at `off` -> [*phys, cols] f32 (f16 region:
+        [rows of phys, cols])."""
         rows = self.pool["kv_rows"]
-        if self.phys is None:
-            btab = self.param(f"btab{a['btab'][1]}",
-                              self.view(a["btab"][1], (self.pool["max_seqs"], mb), np.int32))
-            seq0 = ops.gather(self.read(a["seq"], None, np.int32), np.array([0], np.int64), 0)
-            table = ops.reshape(ops.gather(btab, seq0, 0), np.array([mb], np.int64), False)
-            j = np.arange(T)
-            blocks = ops.gather(table, ops.constant((j // br).astype(np.int32)), 0)      # [T]
-            phys = ops.add(ops.multiply(blocks, np.int32(br)), ops.constant((j % br).astype(np.int32)))
-            self.phys = ops.clamp(phys, 0, rows - 1)
         # The region enters with its row count left dynamic: a static [rows, cols] input makes
         # the CPU plugin allocate a region-sized buffer per compiled graph (measured: ~110 MB per
         # KV-length bucket at 512 MB of K/V), and f16 inputs are converted whole at every run, so
@@ -129,8 +157,8 @@ class Graph:
         region = ops.parameter([-1, view.shape[1]], view.dtype, name=f"kv{off}")
         self.params.append(region)
         self.inputs.append(view)
-        got = ops.gather(region, self.phys, 0)                              # [T, cols (x2 bytes)]
-        return (half_bits(got, cols) if half else got).output(0)
+        got = ops.gather(region, phys, 0)                          # [*phys, cols (x2 bytes)]
+        return (half_bits(got, cols) if half else got).output(0)   # f16: [rows of phys, cols]
 
     def write(self, ref, value, rows=None):
         """rows: a paged K/V write's ref of the step's KV rows (ov_segment binds them)."""
@@ -386,6 +414,8 @@ def _attention(g: Graph, a):
     win = a.get("window", 0)
     grp = H // KVH
     q = ops.multiply(g.read(a["q"], H * hd), f32(1.0 / np.sqrt(hd)))
+    if g.per_row:        # paged, a decode batch: every row its own sequence and position
+        return _attention_rows(g, a, q)
     if "btab" in a:      # paged (a prefill chunk of one sequence): rows through its block table
         if T == 0 or a["k"][1] in g.kv_new or a["v"][1] in g.kv_new:
             raise ValueError("a paged attention reads this step's K/V from the cache")
@@ -437,6 +467,34 @@ def _attention(g: Graph, a):
     g.write(a["out"], ops.reshape(o, np.array([B, H * hd], np.int64), False))
 
 
+def _attention_rows(g: Graph, a, q):
+    """A paged decode batch: row i (sequence seq[i] at position pos[i]) attends to its own
+    sequence's keys 0 .. pos[i] (a window: the last `window` of them), gathered through its block
+    table, kv_len keys per row (the bucket of the step's largest position, ov_segment.py).
+    q [B, H*hd], scaled. Padding rows (pos, seq zeroed where they enter) see key 0 of sequence
+    0, and their output is zeroed: finite whatever the region holds."""
+    H, KVH, hd, B, T = a["heads"], a["kv_heads"], a["head_dim"], g.B, g.kv_len
+    win, grp = a.get("window", 0), H // KVH
+    if T == 0 or a["k"][1] in g.kv_new or a["v"][1] in g.kv_new:
+        raise ValueError("a paged attention reads this step's K/V from the cache")
+
+    def heads(x):        # [B, T, KVH*hd] -> [B, KVH, T, hd]
+        return ops.transpose(ops.reshape(x, np.array([B, T, KVH, hd], np.int64), False),
+                             np.array([0, 2, 1, 3], np.int64))
+    k, v = (heads(g.kv_batch(a[x], KVH * hd, a)) for x in "kv")
+    qh = ops.reshape(q, np.array([B, KVH, grp, hd], np.int64), False)     # head h: kv head h // grp
+    pos = ops.unsqueeze(ops.convert(g.read(a["pos"], None, np.int32), np.int64), 1)     # [B, 1]
+    cols = ops.constant(np.arange(T, dtype=np.int64)[None])                              # [1, T]
+    mask = ops.less_equal(cols, pos)                                                     # [B, T]
+    if win:
+        mask = ops.logical_and(mask, ops.greater(cols, ops.subtract(pos, np.int64(win))))
+    mask = ops.reshape(mask, np.array([B, 1, 1, T], np.int64), False)
+    s = ops.select(mask, ops.matmul(qh, k, False, True), f32(-np.inf))          # [B, KVH, grp, T]
+    o = ops.matmul(ops.softmax(s, 3), v, False, False)                          # [B, KVH, grp, hd]
+    o = ops.reshape(o, np.array([B, H * hd], np.int64), False)
+    g.write(a["out"], ops.select(ops.unsqueeze(g.valid, 1), o, f32(0.0)))
+
+
 CAUSAL_BLOCK = 128   # query rows per block of a prompt's first chunk (_causal_blocks)
 
 
@@ -478,15 +536,18 @@ def _add(g: Graph, a):
 
 
 def _lm_head(g: Graph, a):
+    """A chunk's logits [1, V] of row N-1; all_rows (a decode batch): every row's [B, V]."""
     D, V = a["D"], a["V"]
-    last = ops.gather(g.read(a["x"], D), ops.subtract(g.n, np.int64(1)), 0)  # [1, D] row N-1
+    last = g.read(a["x"], D)                                                 # [B, D]
+    if not a.get("all_rows"):
+        last = ops.gather(last, ops.subtract(g.n, np.int64(1)), 0)          # [1, D] row N-1
     if a["table"][0] != "w8":
         g.write(a["out"], ops.matmul(last, g.matrix(a["table"], V, D), False, True))
         return
     q, d = g.w8_const(a["table"], V, D)
     w = ops.multiply(ops.convert(q, F32), ops.convert(d, F32))   # compressed-FC pattern, i8
     w = ops.reshape(w, np.array([V, D], np.int64), False)
-    g.write(a["out"], ops.matmul(last, w, False, True))                     # [1, V]
+    g.write(a["out"], ops.matmul(last, w, False, True))                     # [1 or B, V]
 
 
 BUILDERS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "rope": _rope,

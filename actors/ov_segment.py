@@ -16,7 +16,8 @@ only in their layer share one compiled graph. Only the lm-head table is a Consta
 Graph.w8_const). Slots read before being written are Parameters over arena views; slots in
 `live_out` and all KV writes are Results whose output tensors are arena views, so OpenVINO writes
 straight into the pool. KV rows go to rows pos0..pos0+B of the cache, rebound each run
-(Transformer-Lite §2.3: in place, no concatenation).
+(Transformer-Lite §2.3: in place, no concatenation); a paged step's go to its rows' KV rows, a
+block at a time (a prefill chunk) or a row at a time (a decode batch, per_row).
 """
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ class OVSegment:
     shared       a dict key -> compiled graph, kept by the caller: segments with the same
                  signature, bucket and KV length (the layers of a prefill) reuse one compiled
                  graph, each with its own bound tensors (its weights, its layer's cache)
+    per_row      a paged decode batch (graph/build.py all_rows): row i of sequence seq[i] at
+                 position pos[i], its K/V written to KV row rows[i] alone, its attention over
+                 its own sequence's rows; the KV-length bucket is that of the step's largest
+                 position (read from the pool's row metadata at run time, not pos0)
 
     A segment without attention has one compiled graph. One with attention compiles the
     KV-length bucket of pos0 = 0 here, ahead of use, and every other one the first time a step
@@ -76,7 +81,7 @@ class OVSegment:
     def __init__(self, core: ov.Core, tasks, arena: np.ndarray, bucket: int, live_out: set[int],
                  kv_cap_rows: int, precision: str = "f32", config: dict | None = None,
                  cache_dir: str | None = None, shared: dict | None = None, last_row: bool = False,
-                 const_weights: bool = False, pool: dict | None = None):
+                 const_weights: bool = False, pool: dict | None = None, per_row: bool = False):
         self.last_row = last_row
         if last_row:
             if [op for op, _ in tasks][-1] != "lm_head" or any(op not in ("rmsnorm", "add", "lm_head") for op, _ in tasks):
@@ -88,16 +93,21 @@ class OVSegment:
         self.shared_graphs = {} if shared is None else shared
         self._uses_kv = any(op == "attention" for op, _ in tasks)
         # pool: {"kv_dtype", "kv_rows", "max_seqs", "block_rows"} (ov_build.Graph). A paged step
-        # (a serving prefill chunk: rows through block tables) reads at most its real rows'
-        # positions, and writes its K/V rows block by block (_Variant.run)
+        # (a serving prefill chunk or decode batch: rows through block tables) reads at most its
+        # real rows' positions, and writes its K/V rows block by block, or row by row (_Variant.run)
         self.pool = pool
         self._paged = any("btab" in args or "rows" in args for _, args in tasks)
-        if self._paged and (pool is None or bucket % pool["block_rows"]):
+        # a chunk's K/V rows go a block at a time, a batch's row by row (_Variant)
+        if self._paged and (pool is None or bucket % pool["block_rows"] and not per_row):
             raise ValueError("a paged NPU graph needs the pool's blocks and a bucket of whole blocks")
+        self.per_row = per_row = per_row and self._paged    # a graph without KV rows: as any
+        # a batch's attention: the io offset of its rows' positions (the KV-length bucket, run)
+        self._pos_off = next((args["pos"][1] for op, args in tasks if op == "attention"), None) \
+            if per_row else None
         self._step_rows = kv_from_cache(tasks)   # the step's own K/V rows are read from the cache
         self.variants: dict = {}                 # kv_len -> _Variant (None: no attention)
         self.compile_s = 0.0
-        first = self._variant(0) if self._uses_kv else self._build(None)
+        first = self._variant(0, 1 if per_row else None) if self._uses_kv else self._build(None)
         self.shared, self.compiled = first.shared, first.compiled
 
     def kv_len(self, pos0: int) -> int:
@@ -106,13 +116,14 @@ class OVSegment:
         rows = pos0 + (self.bucket if self._step_rows else 0)
         return kv_bucket(min(rows, self.kv_cap) if self._paged else rows, self.kv_cap)
 
-    def _variant(self, pos0: int) -> "_Variant":
-        kv_len = self.kv_len(pos0)
+    def _variant(self, pos0: int, rows: int | None = None) -> "_Variant":
+        """rows: a batch's KV rows (its largest position + 1), instead of those of pos0."""
+        kv_len = self.kv_len(pos0) if rows is None else kv_bucket(rows, self.kv_cap)
         v = self.variants.get(kv_len)
         return v if v is not None else self._build(kv_len)
 
     def _build(self, kv_len: int | None) -> "_Variant":
-        g = Graph(self.arena, self.bucket, kv_len or 0, self.const, self.pool)
+        g = Graph(self.arena, self.bucket, kv_len or 0, self.const, self.pool, self.per_row)
         for i, (op, args) in enumerate(self.tasks):
             g.begin(i)
             BUILDERS[op](g, args)
@@ -125,10 +136,17 @@ class OVSegment:
         if self.last_row:
             return self.variants[None].run_last_row(N, pos0)
         B = self.bucket
-        if not 0 < N <= B or (self._uses_kv and pos0 + (N if self._paged else B) > self.kv_cap):
+        rows = self._batch_rows(N) if self._pos_off is not None and 0 < N <= B else None
+        need = pos0 + (N if self._paged else B) if rows is None else rows
+        if not 0 < N <= B or (self._uses_kv and need > self.kv_cap):
             raise ValueError(f"N={N}, pos0={pos0} do not fit bucket {B}, KV capacity {self.kv_cap}")
-        v = self._variant(pos0) if self._uses_kv else self.variants[None]
+        v = self._variant(pos0, rows) if self._uses_kv else self.variants[None]
         v.run(N, pos0)
+
+    def _batch_rows(self, N: int) -> int:
+        """The KV rows a decode batch's attention reads: its largest position + 1 (the runner's
+        pos0 is 0 for a batch of several rows: it is not the rows' own)."""
+        return int(self.arena[self._pos_off: self._pos_off + 4 * N].view(np.int32).max()) + 1
 
 
 class _Variant:
@@ -148,22 +166,27 @@ class _Variant:
                 (self._copies if racy else self._at).append((len(results), view))
                 results.append(ops.result(val))
         self._kv_pieces = []      # paged K/V writes: (first result, off, cols, rows' io offset)
+        # a chunk's pieces are its blocks of rows; a batch's, its rows (each of its own sequence)
+        self.per_row = seg.per_row
+        self.block_rows = 1 if seg.per_row else (seg.pool or {}).get("block_rows")
         for off, (val, _) in g.kv_new.items():
             cols = val.get_shape()[1]
-            if off in g.kv_at_rows:   # one result per block of rows, bound to its block (run)
-                br = seg.pool["block_rows"]
+            if off in g.kv_at_rows:   # one result per piece of rows, bound to its KV rows (run)
                 val = ops.convert(val, g.kv_type) if g.kv_type != F32 else val
                 self._kv_pieces.append((len(results), off, cols, g.kv_at_rows[off]))
-                results += [ops.result(p) for p in ops.split(val, np.int64(0), g.B // br).outputs()]
+                results += [ops.result(p) for p in
+                            ops.split(val, np.int64(0), g.B // self.block_rows).outputs()]
                 continue
             self._kv_outs.append((len(results), off, cols))
             results.append(ops.result(val))
         if self._kv_pieces:
-            self.block_rows, self.kv_esize = seg.pool["block_rows"], np.dtype(g.kv_type).itemsize
-            self._spare = {c: np.empty((self.block_rows, c), g.kv_type)    # where a block of
+            self.kv_esize, self.kv_rows = np.dtype(g.kv_type).itemsize, seg.pool["kv_rows"]
+            self._spare = {c: np.empty((self.block_rows, c), g.kv_type)    # where a piece of
                            for _, _, c, _ in self._kv_pieces}                   # padding rows goes
         config = tuple(sorted((seg.config or {}).items()))
-        key = (signature(seg.tasks, seg.live_out, seg.const), g.B, kv_len, seg.precision, config)
+        # a batch's graph and a chunk's of one bucket have the same tasks, not the same graph
+        key = (signature(seg.tasks, seg.live_out, seg.const), g.B, kv_len, seg.precision, config,
+               seg.per_row)
         self.shared = key in seg.shared_graphs
         if not self.shared:
             model = ov.Model(results, g.params, "segment")
@@ -203,7 +226,7 @@ class _Variant:
             view = self.arena[off + pos0 * cols * 4: off + (pos0 + B) * cols * 4].view(F32)
             self._req.set_output_tensor(i, ov.Tensor(view.reshape(B, cols), shared_memory=True))
         if self._kv_pieces:
-            self._bind_blocks(N)
+            (self._bind_rows if self.per_row else self._bind_blocks)(N)
         self._req.infer()
         for i, dst in self._copies:
             np.copyto(dst, self._req.get_output_tensor(i).data)
@@ -227,6 +250,23 @@ class _Variant:
                     view = self.arena[off + start * cols * esize: off + (start + br) * cols * esize
                                       ].view(self._spare[cols].dtype).reshape(br, cols)
                 self._req.set_output_tensor(first + p, ov.Tensor(view, shared_memory=True))
+
+    def _bind_rows(self, N: int):
+        """A decode batch's K/V rows go to their KV rows in place: result piece i (row i, of its
+        own sequence) to KV row rows[i]; padding rows' pieces only go to a spare row, so they
+        never touch a real sequence's cache."""
+        esize = self.kv_esize
+        for first, off, cols, rows_off in self._kv_pieces:
+            rows, dtype = self.arena[rows_off: rows_off + 4 * N].view(np.int32), self._spare[cols].dtype
+            for i in range(self.bucket):
+                if i >= N:
+                    view = self._spare[cols]
+                elif not 0 <= rows[i] < self.kv_rows:
+                    raise ValueError(f"KV row {rows[i]} is outside the region's {self.kv_rows}")
+                else:
+                    at = off + int(rows[i]) * cols * esize
+                    view = self.arena[at: at + cols * esize].view(dtype).reshape(1, cols)
+                self._req.set_output_tensor(first + i, ov.Tensor(view, shared_memory=True))
 
     def run_last_row(self, N: int, pos0: int):
         """A row-wise tail ending in the lm-head (final norm, logits) needs row N-1 only: it is

@@ -101,3 +101,14 @@ def short_tmp():
     d = tempfile.mkdtemp(prefix="st", dir="/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def engine_npu(gguf_reader, ray_session):
+    """An engine with all three processor actors over an f16 paged KV cache (the service's)."""
+    from socllm.actors.engine import Engine
+    from socllm.actors.service import KV_DTYPE
+    eng = Engine(reader=gguf_reader, context=256, processors_=("cpu", "gpu", "npu"), max_seqs=4,
+                 kv_mb=8, kv_dtype=KV_DTYPE["q8"])
+    yield eng
+    eng.close()

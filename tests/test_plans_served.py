@@ -38,7 +38,7 @@ def wanted(oracle, tokenizer):
     return [_greedy(oracle, tokenizer, t, 10) for t in TEXTS]
 
 
-@pytest.mark.parametrize("plan", ["hetero", "tensor", "seqcut", "hybrid",
+@pytest.mark.parametrize("plan", ["hetero", "tensor", "seqcut", "hybrid", "npu",
                                   pytest.param("cpu", marks=pytest.mark.slow)])  # numpy: 40 s
 def test_every_plan_gives_the_oracles_tokens_through_the_service(ray_session, wanted, plan):
     import socllm

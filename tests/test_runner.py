@@ -79,16 +79,6 @@ def test_a_chunk_stopped_between_layers_resumes_without_recomputing(engine16, or
         runner.step(rows(a, 2), {2: tab[2]}, all_rows=False, span=(0, 3))    # buffer 0: whole
 
 
-@pytest.fixture(scope="module")
-def engine_npu(gguf_reader, ray_session):
-    from socllm.actors.engine import Engine
-    from socllm.actors.service import KV_DTYPE
-    eng = Engine(reader=gguf_reader, context=256, processors_=("cpu", "gpu", "npu"), max_seqs=2,
-                 kv_mb=4, kv_dtype=KV_DTYPE["q8"])
-    yield eng
-    eng.close()
-
-
 def test_npu_prefill_chunks_and_gpu_decode_share_the_paged_cache(engine_npu, oracle, tokenizer):
     """Agent.xpu §4.3: a prompt prefilled in the NPU's static 32-row chunk graphs (its K/V
     written in place, block by block, through a block table out of order; attention gathering
