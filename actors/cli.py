@@ -15,9 +15,8 @@ import signal
 import sys
 
 from socllm.policies.agent import POLICIES
-from socllm.policies.config import (SERVE_PLAN_NAMES, PRECISIONS, SERVE_PRECISIONS, ConfigError,
+from socllm.policies.config import (SERVE_PLAN_NAMES, SERVE_PRECISIONS, ConfigError,
                                     EngineConfig, ServeConfig)
-from socllm.policies.placement import PLANS
 
 
 class UsageError(Exception):
@@ -58,11 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--plan", choices=PLANS, default=None, help="default: the fastest plan for this device")
+    g.add_argument("--plan", choices=SERVE_PLAN_NAMES, default=None,
+                   help="as serve's (default: a running service's, else auto)")
     # unset: a running service's precision, else the config's (generate_served compares)
-    g.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="activations: f32 (the oracle's path), f16/bf16 (hints to OpenVINO), q16 / q8 "
-                        f"(int16 / int8 activations in the GPU's decode matmuls); default: {eng.precision}")
+    g.add_argument("--precision", choices=SERVE_PRECISIONS, default=None,
+                   help="activations: f32 (the oracle's path), q16 / q8 (int16 / int8 activations "
+                        f"in the GPU's decode matmuls); default: {eng.precision}")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")
@@ -143,42 +143,22 @@ def _generate(a) -> int:
         done = generate_served(a)
         if done is not None:
             return done
-    from socllm.actors.engine import Engine
     from socllm.models.chat import chat_prompt
     from socllm.models.gguf_file import default_model_path, open_gguf
     from socllm.models.llama import load_config
     from socllm.models.tokenizer import Tokenizer
+    from .serve_cli import generate_private
     # everything that can be wrong with the input fails here, before Ray or the pool exist
     reader = open_gguf(a.model or default_model_path())
-    load_config(reader)
+    cfg = load_config(reader)
     tok = Tokenizer(reader)
     n = len(tok.encode(chat_prompt(reader, a.prompt) if a.chat else a.prompt, bos=tok.add_bos))
     if n >= a.context:
         raise ValueError(f"the prompt has {n} tokens; the context holds {a.context}")
-    eng = Engine(a.config, reader=reader, one_shot=True)
     del reader, tok              # the GGUF's mapping goes with them
-    try:
-        sampling = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed)
-        if a.json:
-            "".join(eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision,
-                               stop=a.stop or (), **sampling))
-            out = eng.last
-            print(json.dumps({k: out[k] for k in ("text", "tokens", "prompt_tokens", "plan", "placement",
-                                                  "precision", "timings")}))
-        else:
-            for piece in eng.stream(a.prompt, chat=a.chat, plan=a.plan, precision=a.precision,
-                                    stop=a.stop or (), **sampling):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-            t = eng.last["timings"]
-            placed = "+".join(f"{k} {v}" for k, v in eng.last["placement"].items())
-            print(f"[{eng.last['plan']} ({placed}), {eng.last['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
-                  f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]",
-                  file=sys.stderr)
-    finally:
-        eng.close()
-    return 0
+    # the KV cache of one sequence of the context (f16 elements, f32 at f32), a block over
+    row = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * (4 if a.config.precision == "f32" else 2)
+    return generate_private(a, max(1.0, (a.context + 32) * row / 2**20))
 
 
 def _info(a) -> int:

@@ -191,14 +191,36 @@ def generate_served(a) -> int | None:
     if svc is None:
         return None
     import ray
-
-    from .client import Client
     d = ray.get(svc.describe.remote())
     for flag, mine, theirs in (("--model", a.model and os.path.realpath(a.model), d["model_path"]),
                                ("--plan", a.plan, d["plan"]), ("--precision", a.precision, d["precision"])):
         if mine is not None and mine != theirs:
             raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
                              f"private engine with {flag} {mine}")
+    return run_generate(svc, a, "service")
+
+
+def generate_private(a, kv_mb: float) -> int:
+    """`socllm generate` with no service (or --local): the same paged engine as `serve`'s, in
+    this process's own Ray session (not detached), for this one request, stopped after it.
+    kv_mb: the KV cache, sized for one sequence of the context."""
+    from .llm import LLM
+    c = a.config
+    llm = LLM(c.model, context=c.context, threads=c.threads, precision=c.precision,
+              plan=a.plan or "auto", max_seqs=1, kv_mb=kv_mb, policy="fcfs", warm=False,
+              cache_dir=c.cache_dir)
+    try:
+        return run_generate(llm._service, a, "private")
+    finally:
+        llm.close()
+
+
+def run_generate(svc, a, where: str) -> int:
+    """One request of `socllm generate` on a service (`where`: "service" or "private"),
+    streamed to stdout (or one JSON object), its timings on stderr."""
+    import ray
+
+    from .client import Client
     client = Client(svc)
     params = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed,
                   stop=a.stop, priority=a.priority)
@@ -225,7 +247,7 @@ def generate_served(a) -> int | None:
     elif out.get("timings"):
         t = out["timings"]
         placed = "+".join(f"{k} {v}" for k, v in out["placement"].items())
-        print(f"[service: {out['plan']} ({placed}), {out['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
+        print(f"[{where}: {out['plan']} ({placed}), {out['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
               f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]",
               file=sys.stderr)
     return 0

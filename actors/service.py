@@ -114,11 +114,16 @@ class Service(ServingLoop):
             from socllm.memory.blocks import BlockPool
             from .engine import Engine
             c = self.config
-            self.engine = e = Engine(c, kv_dtype=KV_DTYPE[c.precision], double_rows=c.prefill_chunk)
+            # the second activation buffer holds proactive chunks that stop between layers
+            # (the agent policy's, Agent.xpu §4.4)
+            spans = POLICIES[c.policy].slice_s is not None
+            self.engine = e = Engine(c, kv_dtype=KV_DTYPE[c.precision],
+                                     double_rows=c.prefill_chunk if spans else 0)
             self.precision = c.precision
             self.runner, self.placement = self._start_plan(e)
             self.plan = self.runner.plan
-            self.step_profile = self.runner.profile_batches(c.max_seqs)
+            # the agent policy sizes its mixed batches from this device's step times
+            self.step_profile = self.runner.profile_batches(c.max_seqs) if c.policy == "agent" else {}
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
             self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
@@ -149,7 +154,8 @@ class Service(ServingLoop):
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
         runner = Runner(e, base if plan == "auto" else plan, self.precision,
                         c.prefill_chunk if npu else 0)
-        runner.warm(c.max_seqs)
+        if c.warm:
+            runner.warm(c.max_seqs)
         if plan == "auto":
             n = c.prefill_chunk
             rows = [(0, i, 0) for i in range(n)]
@@ -165,7 +171,7 @@ class Service(ServingLoop):
             runner.chunks_on(on)
             runner.plan = plan = "hetero" if on == "npu" else base
             _plan_cache(c.cache_dir, key, {"plan": plan, "chunk_ms": chunk_ms})
-        if runner.chunk_on == "npu":
+        if runner.chunk_on == "npu" and c.warm:
             runner.warm_npu()
         return runner, {"asked": asked, "plan": plan, "from": source, "decode": runner.decode_on,
                         "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms}

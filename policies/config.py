@@ -162,6 +162,9 @@ class ServeConfig(EngineConfig):
     # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
     # proxy did not pass on (actors/http.py). Clients poll continuously (each poll within 10 s).
     abandon_s: float = 30.0
+    # build every kernel and graph the requests may need at start (a service); False: the first
+    # request builds what it uses (`socllm generate`'s private engine: one request)
+    warm: bool = True
     http_host: str = "127.0.0.1"      # the OpenAI-compatible endpoint (this device only)
     http_port: int = 8000             # 0: no HTTP
 
@@ -170,6 +173,7 @@ class ServeConfig(EngineConfig):
     def __post_init__(self):
         super().__post_init__()
         _need(self.kv_mb > 0, "kv_mb", "> 0", self.kv_mb)
+        _need(isinstance(self.warm, bool), "warm", "True or False", self.warm)
         _need(self.policy in POLICIES, "policy", "one of " + ", ".join(POLICIES), self.policy)
         _need(self.plan in SERVE_PLAN_NAMES, "plan", "one of " + ", ".join(SERVE_PLAN_NAMES), self.plan)
         _need(_whole(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_CHUNK, "prefill_chunk",

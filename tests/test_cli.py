@@ -82,7 +82,7 @@ def test_generate_json_end_to_end():
 def test_ctrl_c_mid_generation_leaves_nothing_behind():
     import signal
     import time
-    actors = lambda: set(subprocess.run(["pgrep", "-f", "ControlActor|ProcessorActor|Planner"],
+    actors = lambda: set(subprocess.run(["pgrep", "-f", "ControlActor|ProcessorActor|Planner|Service"],
                                         capture_output=True, text=True).stdout.split())
     before, actors_before = _segments(), actors()
     p = subprocess.Popen(SOCLLM + ["generate", "1, 2, 3, 4, 5, 6, 7, 8,", "--max-tokens", "2000",

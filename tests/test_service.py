@@ -142,6 +142,13 @@ def test_cli_generate_uses_the_service(served, oracle, tokenizer):
     assert out["text"] == _want(oracle, tokenizer, FRANCE, 8) and out["precision"] == "f32"
     r = _cli(served[0], "generate", FRANCE, "--plan", "npu")
     assert r.returncode == 2 and "--local" in r.stderr
+    # --local: the same paged engine, private to the command (its own actors, stopped after):
+    # the same text and the same plan as the service's
+    r = _cli(served[0], "generate", FRANCE, "--max-tokens", "8", "--json", "--local",
+             "--precision", "f32", "--plan", "hetero", timeout=240)
+    assert r.returncode == 0, r.stderr
+    local = json.loads(r.stdout)
+    assert (local["text"], local["plan"], local["placement"]) == (out["text"], "hetero", out["placement"])
 
 
 def test_mixed_requests_at_once_each_get_their_oracle_text(client, oracle, tokenizer):
