@@ -17,6 +17,8 @@ from contextlib import aclosing
 
 import ray
 
+from socllm.policies.request import ENDED
+
 from .service import NAME, NAMESPACE
 
 POLL_S = 10.0
@@ -91,7 +93,7 @@ class Client:
             while not done:
                 out = ray.get(self.service.poll.remote(rid, seen, POLL_S))
                 yield from out["pieces"]
-                seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
+                seen, done = out["seen"], out["state"] in ENDED
                 self.last = out
             _raise_unless_finished(rid, out)
         finally:
@@ -105,7 +107,7 @@ class Client:
         try:
             while not done:
                 out = await self.service.poll.remote(rid, seen, POLL_S)
-                seen, done = out["seen"], out["state"] in ("finished", "cancelled", "failed")
+                seen, done = out["seen"], out["state"] in ENDED
                 yield out
         finally:
             if not done:

@@ -1,19 +1,20 @@
-"""The client side of socllm: load a model into the pool, start the actors, generate.
+"""The pool and its actors: load a model into the pool, start the planner and the processor
+actors, revive one that dies, tear it all down.
 
-    with Engine() as eng:                       # the default model, the fastest plan here
-        for piece in eng.stream("The capital of France is", max_tokens=16):
-            print(piece, end="")
+    with Engine(context=256) as eng:            # the default model
+        out = eng.generate_ids(ids, plan="gpu", max_tokens=16)   # one sequence (tests, benchmarks)
 
-The engine starts a local Ray instance when none is running (and stops it on close) or joins the
-running one (`ray start --head`). It creates the pool, writes the weights into it once, starts
-the planner, the CPU control actor and the GPU and NPU actors, and tears all of it down on close,
-on errors and on Ctrl-C: no actor, process or shared-memory segment is left behind.
+The service (actors/service.py) drives its steps through actors/runner.py; so does
+generate_ids, for one sequence at a time, on the same paged programs. The engine starts a local
+Ray instance when none is running (and stops it on close) or joins the running one (`ray start
+--head`). It creates the pool, writes the weights into it once, starts the planner and the CPU,
+GPU and NPU actors asked for, and tears all of it down on close, on errors and on Ctrl-C: no
+actor, process or shared-memory segment is left behind.
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import itertools
 import os
 import secrets
 import time
@@ -23,21 +24,19 @@ import ray
 
 from socllm.memory.arena import Arena
 from socllm.memory.blocks import BLOCK_ROWS
-from socllm.memory.layout import KV_DTYPES, W_TOKENS, Control, plan_layout, write_weights
+from socllm.memory.layout import KV_DTYPES, Control, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
 from socllm.models.gguf_file import ModelError, model_path, open_gguf, verify_default_model
 from socllm.models.llama import load_config, load_weights, matrix_types
 from socllm.models.tokenizer import Tokenizer
-from socllm.policies.buckets import MAX_CHUNK
-from socllm.policies.config import DEFAULT_PRECISION, PRECISIONS, EngineConfig  # noqa: F401
-from socllm.policies.placement import PLANS, default_plan, processors, weight_problem
-from socllm.policies.request import StopText, check_stop
+from socllm.policies.buckets import MAX_CHUNK, bucket_for
+from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS, EngineConfig  # noqa: F401
+from socllm.policies.placement import SERVE_PLANS, weight_problem
 from socllm.policies.rowcut import load_profile
-from socllm.policies.sampling import SamplingParams
+from socllm.policies.sampling import Sampler, SamplingParams
 from socllm.policies.threads import actor_env
 
-from .control import ControlActor
 from .planner import Planner
 from .processor import ProcessorActor
 
@@ -82,15 +81,14 @@ def ensure_ray(threads: int, address: str | None = None) -> bool:
 class Engine:
     def __init__(self, config: EngineConfig | None = None, *,
                  processors_: tuple = ("cpu", "gpu", "npu"), n_layers: int | None = None,
-                 reader=None, rowcut_profile: str | None = None, one_shot: bool = False,
+                 reader=None, rowcut_profile: str | None = None,
                  kv_dtype: str = "f32", double_rows: int = 0, **fields):
         """config: every knob (policies/config.py: model, context, threads, precision, max_seqs,
         kv_mb and the environment's), passed on to every actor; fields: some of them, as
         keywords, over `config` or else over EngineConfig.from_env() (the environment's knobs,
         read in this process). rowcut_profile: the tensor plan's profile
         (scripts/profile_rowcut.py); default: this device's at policies/rowcut.PROFILE_PATH if
-        there is one, else an even cut. one_shot: one request and gone (the CLI): `auto`
-        compiles no NPU graph for later ones. kv_dtype: the KV cache's elements
+        there is one, else an even cut. kv_dtype: the KV cache's elements
         (memory/layout.KV_DTYPES); "f16" runs paged programs on the GPU only (the service below
         f32). double_rows: the double activation buffer's rows (memory/layout.py; the service's
         prefill chunk), 0: none."""
@@ -102,7 +100,7 @@ class Engine:
         # the machine's budget resolved here, once: every actor gets the same number
         self.config = config = dataclasses.replace(config, threads=config.budget)
         model, context = config.model, config.context
-        self.max_seqs, self.kv_mb, self.one_shot = config.max_seqs, config.kv_mb, one_shot
+        self.max_seqs, self.kv_mb = config.max_seqs, config.kv_mb
         self.kv_dtype, self.double_rows = kv_dtype, double_rows
         self.rowcut_profile = load_profile(rowcut_profile)
         path = model_path(model)           # None: the default; a packaged model's name: its file
@@ -165,10 +163,10 @@ class Engine:
         self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
         self.ctl = Control(self.arena.buf, lay)
         ray.get(self.planner.set_layout.remote(lay.to_dict()))
-        self._names.update({p: f"{tag}-{p}" for p in procs if p != "cpu"})
+        self._names.update({p: f"{tag}-{p}" for p in procs})
         peers = {p: ProcessorActor.options(runtime_env=env, name=self._names[p]).remote(
                      p, self.arena.name, lay.to_dict(), self.config)
-                 for p in procs if p != "cpu"}
+                 for p in procs}
         self._actors += list(peers.values())
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
             # a discrete GPU's KV cache lives in its memory: steps of one request must not move
@@ -178,23 +176,19 @@ class Engine:
             self._actors.remove(npu)
             self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
                                   "is in the GPU's memory, not in the pool the NPU writes)"
-        self.control = ControlActor.options(runtime_env=env).remote(
-            self.arena.name, lay.to_dict(), self.config, self._names["planner"],
-            {p: self._names[p] for p in peers}, self.one_shot)
-        self._actors.append(self.control)
         self.peers = peers
         ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached
         self.watches = {p: a.watch.remote() for p, a in self.processors().items()}
-        self.available = {"cpu", *peers}
+        self.available = set(peers)
+        self._runners: dict = {}      # (plan, precision, chunk) -> Runner (generate_ids)
         if self.rowcut_profile is not None and "gpu" in peers:
             # a profile measured on another device would mislead the solver: an even cut instead
             device = ray.get(peers["gpu"].info.remote())["device"]
             if self.rowcut_profile.get("device") != device:
                 self.rowcut_profile = None
                 ray.get(self.planner.set_rowcut_profile.remote(None))
-        self._ids = itertools.count(1)
 
-    # -- generation ----------------------------------------------------------------------------
+    # -- one sequence at a time, on the service's paged programs (tests and benchmarks) --------
     def encode_prompt(self, prompt: str, chat: bool = False) -> list:
         if not prompt or not prompt.strip():
             raise ValueError("the prompt is empty")
@@ -204,106 +198,60 @@ class Engine:
             raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.context}")
         return ids
 
-    def _check(self, plan, precision):
-        plan = plan or default_plan(self.available)
-        if plan not in PLANS:
-            raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(PLANS)})")
-        missing = processors(plan, self.available) - self.available
-        if missing:
-            raise ValueError(f"plan {plan!r} needs the {', '.join(sorted(missing))} actor(s), not started")
+    def runner(self, plan=None, precision=None, chunk: int = 0):
+        """The runner (actors/runner.py) of a plan (policies/placement.py SERVE_PLANS; None:
+        the GPU's, else the CPU's) at a precision, whose static NPU graphs take `chunk` rows."""
+        from .runner import Runner
+        plan = plan or ("gpu" if "gpu" in self.available else "cpu")
+        if plan not in SERVE_PLANS:
+            raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(SERVE_PLANS)})")
         precision = precision or self.config.precision
-        if precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-        return plan, precision
+        if precision not in SERVE_PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r} (choose from "
+                             f"{', '.join(SERVE_PRECISIONS)})")
+        key = (plan, precision, chunk)
+        if key not in self._runners:
+            self._runners[key] = Runner(self, plan, precision, chunk)
+        return self._runners[key]
 
-    def submit(self, ids: list, plan=None, precision=None, ignore_eos=False, request_id=None,
-               **sampling):
-        plan, precision = self._check(plan, precision)
-        params = SamplingParams(**sampling).__dict__
-        rid = request_id if request_id is not None else next(self._ids)
-        return self.control.generate.remote(rid, ids, params, plan, precision,
-                                            [] if ignore_eos else self.stop_ids)
+    def generate_ids(self, ids: list, plan=None, precision=None, ignore_eos: bool = False,
+                     **sampling) -> dict:
+        """One sequence: its prompt prefilled in one chunk (static NPU graphs: the bucket that
+        holds it), then decoded a token a step, sampled as `sampling` says (SamplingParams).
+        placement: the programs its prefill chunks and its decode steps ran on (the plan's, or
+        the base processor's where the plan's could not take a chunk; "+"-joined if several)."""
+        params = SamplingParams(**sampling)
+        if not ids or len(ids) >= self.context:
+            raise ValueError(f"a prompt of {len(ids)} tokens (the context holds {self.context})")
+        chunk = bucket_for(min(len(ids), MAX_CHUNK))
+        run = self.runner(plan, precision, chunk)
+        before = dict(run.ran)
+        tokens, pre_s, dec_s = run.generate(ids, params.max_tokens, Sampler(params),
+                                            () if ignore_eos else self.stop_ids, chunk)
+        # where the steps ran: the programs whose step counts grew ("seqcut chunk 300" ->
+        # seqcut); a chunk the plan's program cannot take runs on the base processor
+        ran = {phase: "+".join(sorted({k.split()[0] for k, n in run.ran.items()
+                                      if k.split()[1] == phase and n > before.get(k, 0)}))
+               for phase in ("chunk", "batch")}
+        n_dec = len(tokens) - 1
+        return {"tokens": tokens, "prompt_tokens": list(ids), "plan": run.plan,
+                "placement": {"prefill": ran["chunk"] or run.chunk_on,
+                              "decode": ran["batch"] or run.decode_on},
+                "precision": run.precision,
+                "timings": {"ttft_s": pre_s, "prefill_tok_s": len(ids) / max(pre_s, 1e-9),
+                            "decode_tok_s": n_dec / dec_s if n_dec > 0 else 0.0}}
 
-    def run(self, ids: list, plan=None, precision=None, **sampling):
-        """Yields each generated token id as the control actor writes it to the pool's token ring
-        (stop token included); the result dict is in `self.last` afterwards. Closing the
-        generator early, or `cancel()` from another thread, stops the generation at its next
-        step. One generation at a time per engine (the service queues the rest)."""
-        rid = next(self._ids)
-        self.ctl["cancel"] = 0
-        self.words.store(W_TOKENS, 0, wake=False)   # the ring's count starts at zero for this request
-        ref = self.submit(ids, plan, precision, request_id=rid, **sampling)
-        self.running = rid
-        lay = self.layout
-        ring = self.arena.buf[lay.io["ring"]: lay.io["ring"] + lay.context * 4].view(np.int32)
-        seen, done = 0, False
-        mask = (1 << 30) - 1                        # the high bit of the count word says "done"
-        try:
-            while not done:
-                cur = self.words.wait_change(W_TOKENS, seen, 0.25)
-                if cur == seen:
-                    finished = bool(ray.wait([ref], timeout=0)[0])   # only while nothing arrives
-                    cur = self.words.get(W_TOKENS)
-                    if cur == seen:
-                        done = finished             # an error: ray.get below raises it
-                        continue
-                for t in ring[seen & mask: cur & mask]:
-                    yield int(t)
-                seen, done = cur, cur > mask
-        finally:
-            if not done:                            # left early: stop it, and let it end
-                self.ctl["cancel"] = rid
-            self.running = None
-            self.last = ray.get(ref)
-
-    def cancel(self):
-        """Stop the running generation at its next step (from any thread)."""
-        if self.running is not None:
-            self.ctl["cancel"] = self.running
+    def logits_after(self, ids: list, plan=None, precision=None) -> np.ndarray:
+        """Teacher-forced logits [len(ids), V], one decode step a token."""
+        return self.runner(plan, precision).logits_after(ids)
 
     def text(self, tokens: list) -> str:
         """The text of generated tokens; a stop token ends the text and is not part of it."""
         return self.tokenizer.decode([t for t in tokens if t not in self.stop_ids])
 
-    def stream(self, prompt: str, chat: bool = False, plan=None, precision=None, stop=(),
-               **sampling):
-        """Yields text pieces as tokens arrive, up to (not including) a stop token or the first
-        of the `stop` strings; the final result dict is in `self.last`."""
-        ids = self.encode_prompt(prompt, chat)
-        dec, stops, text = self.tokenizer.stream(), StopText(check_stop(stop)), ""
-        for t in self.run(ids, plan, precision, **sampling):
-            piece = "" if t in self.stop_ids or stops.hit else stops.feed(dec.feed(t))
-            if stops.hit:
-                self.cancel()
-            if piece:
-                text += piece
-                yield piece
-        tail = stops.feed(dec.flush()) + stops.flush()
-        if tail:
-            text += tail
-            yield tail
-        self.last["text"] = text
-
-    def generate(self, prompt: str, chat: bool = False, plan=None, precision=None, **sampling) -> dict:
-        ids = self.encode_prompt(prompt, chat)
-        out = ray.get(self.submit(ids, plan, precision, **sampling))
-        out["text"] = self.text(out["tokens"])
-        return out
-
-    def generate_ids(self, ids: list, plan=None, precision=None, **sampling) -> dict:
-        return ray.get(self.submit(ids, plan, precision, **sampling))
-
-    def logits_after(self, ids: list, plan=None, precision=None) -> np.ndarray:
-        plan, precision = self._check(plan, precision)
-        return ray.get(self.control.logits_after.remote(ids, plan, precision))
-
-    def prepare(self, plan=None, precision=None, buckets=(32,)):
-        plan, precision = self._check(plan, precision)
-        return ray.get(self.control.prepare.remote(plan, precision, tuple(buckets)))
-
     def processors(self) -> dict:
-        """name -> the processor actor (the control actor is the cpu)."""
-        return {"cpu": self.control, **self.peers}
+        """name -> the processor actor."""
+        return dict(self.peers)
 
     def info(self) -> list:
         """Each processor actor's engine.info(); one that is being restarted says so."""

@@ -23,11 +23,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 
+from socllm.policies.request import ENDED
+
 from .service import NAME, NAMESPACE
 
 APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
-POLL_S = 10.0
-ENDED = ("finished", "cancelled", "failed")
 
 app = FastAPI(title="socllm", docs_url=None, redoc_url=None)
 
@@ -205,16 +205,10 @@ class OpenAIServer:
         return {**meta, "object": "chat.completion" if chat else "text_completion",
                 "choices": [choice], "usage": out["usage"]}
 
-    async def _polls(self, rid: int):
-        seen, done = 0, False
-        try:
-            while not done:
-                out = await self.svc.poll.remote(rid, seen, POLL_S)
-                seen, done = out["seen"], out["state"] in ENDED
-                yield out
-        finally:
-            if not done:                    # the client went away: cancel the request
-                self.svc.cancel.remote(rid)
+    def _polls(self, rid: int):
+        """The request's polls (actors/client.py apolls: leaving early cancels the request)."""
+        from .client import Client
+        return Client(self.svc).apolls(rid)
 
     async def _events(self, rid: int, meta: dict, chat: bool, request: Request):
         def event(delta: str | None, reason=None, usage=None, first=False):

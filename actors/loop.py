@@ -1,173 +1,198 @@
-"""The service's loop (Agent.xpu §4.1, §4.3): schedule -> run -> postprocess, on its own thread.
+"""The engine's step (Agent.xpu §4.1, §4.3; nano-vllm's LLMEngine.step), on the service's loop
+thread: schedule -> run (actors/runner.py) -> postprocess -> publish.
 
-Each iteration runs one prefill chunk of the first request that needs one (prefill runs singly,
-in chunks) and then one decode step of every prefilled request (continuous batching: requests
-join and leave the batch at every step), through actors/runner.py; the sampled tokens become the
-requests' text, and requests end where they end. A mixin of the Service actor (actors/service.py),
-whose request table, scheduler, runner and streams it uses.
+Each step runs one prefill chunk of the first request that needs one (prefill runs singly, in
+chunks) and then one decode step of every prefilled request (continuous batching: requests join
+and leave the batch at every step); the sampled tokens become the requests' text, and requests
+end where they end. Every request is one Sequence (policies/request.py); the service
+(actors/service.py) adds them, and tells their clients through `publish`.
 """
 from __future__ import annotations
 
+import collections
+import threading
 import time
 import traceback
 
-from socllm.policies.request import Request
+from socllm.policies.request import Sequence
 
 from .runner import ProcessorLost
 
 KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
+CHECK_S = 1.0                 # how often a busy loop looks for dead actors and gone clients
 
 
-class ServingLoop:
-    def _serve(self):
-        """Each iteration: one prefill chunk of the first request that needs one (Agent.xpu
-        §4.3: prefill runs singly, in chunks), then one decode step of every prefilled request
-        (continuous batching: requests join and leave the batch at every step)."""
-        stopped = False         # the last iteration stopped a chunk for a reactive arrival
-        next_check = 0.0        # when to look for dead processor actors next
+class ServingEngine:
+    def __init__(self, config, pool, runner, scheduler, metrics, publish):
+        """pool: actors/engine.py's Engine (the pool and its actors); publish(seq): tell seq's
+        client that it changed (called on this thread)."""
+        self.config, self.pool, self.runner, self.scheduler = config, pool, runner, scheduler
+        self.metrics, self.publish = metrics, publish
+        self.table: dict = {}                 # id -> Sequence, ended ones too (KEEP_ENDED)
+        self.slots = list(range(config.max_seqs))[::-1]   # free rows of the block tables
+        self.cv = threading.Condition()       # guards the table, the scheduler and the slots
+        self.stopping = False
+        self.part = None             # a prefill chunk stopped between spans (_prefill_spans)
+        self.stage_s = 1e-4          # its seconds per stage and row, learned
+        self.stopped = False         # the last step stopped a chunk for a reactive arrival
+        self.doing = "idle"          # the step now: what a new request waits behind
+        self.last_step = time.monotonic()     # when the last step ended
+        self.next_check = 0.0
+        self.token_times: collections.deque = collections.deque()   # tokens/s over a minute
+        # prefill chunks, decode steps (of which in the step's kernels: the rest is sampling
+        # and text), rows decoded
+        self.times = dict.fromkeys(("prefill_chunks", "prefill_s", "prefill_stops", "decode_steps",
+                                    "decode_rows", "decode_s", "decode_kernels_s"), 0)
+        self.running: list = []      # the sequences of the phase running now (faults end them)
+        self.recoveries: list = []   # processor actors that died and came back
+        self.abandoned = 0           # requests cancelled because their client stopped polling
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self):
         while not self.stopping:
-            with self.cv:
-                for req in [r for r in self.scheduler.running if r.id in self.cancelled]:
-                    self._end(req, "cancelled", "cancelled")
-                for req in [r for r in self.scheduler.running if r.id in self.abandoned_ids]:
-                    self._end(req, "cancelled", "abandoned")
-                batch = self.scheduler.schedule()
-                for req in batch.preempted:
-                    req.state = "waiting"
-                    if req.id in self.slot:      # admitted earlier (not in this schedule)
-                        self.slots.append(self.slot.pop(req.id))
-                if not batch:
-                    self.doing = "idle"
-                    self.cv.wait(0.5)
-                for req in self.scheduler.running:
-                    if req.id not in self.slot:
-                        self.slot[req.id] = self.slots.pop()
-            if not batch or time.monotonic() >= next_check:    # a death outside the steps
-                next_check = time.monotonic() + 1.0               # (idle, or an unused actor)
-                self._cancel_abandoned()
-                lost = self.engine.lost()
-                if lost:
-                    self._recover(lost, [])
-                    continue
-            if not batch:
-                continue
-            step = [batch.prefill[0]] if batch.prefill else []
+            batch, self.running = self.schedule(), []
             try:
-                if batch.prefill and self._prefill(batch.prefill) and not stopped:
-                    stopped = True             # stopped for a reactive arrival: schedule it
-                    self.last_step = time.monotonic()
-                    continue                   # now (once: decode runs if it could not start)
-                stopped = False
-                step = batch.decode
-                if batch.decode:
-                    self._decode(batch.decode)
-                self.last_step = time.monotonic()
-            except ProcessorLost as ex:     # redone at the next iteration, once it is back
-                self._recover(ex.names, step)
-            except Exception as ex:   # one bad step fails its requests, never the service
+                self.watch(batch)
+                if batch:
+                    self.step(batch)
+            except ProcessorLost as ex:     # redone at the next step, once it is back
+                self.recover(ex.names, self.running)
+            except Exception as ex:         # one bad step fails its requests, never the service
                 traceback.print_exc()
-                self._fail(step, ex)
+                self.fail(self.running, ex)
 
-    def _cancel_abandoned(self):
-        """Cancel the running requests whose client is gone: no poll open and none for
-        abandon_s (policies/config.py ServeConfig)."""
-        now, limit = time.monotonic(), self.config.abandon_s
+    def step(self, batch):
+        """One prefill chunk, then one decode batch (skipped once when the chunk stopped
+        between layers for a reactive arrival: that one is scheduled first)."""
+        self.running = batch.prefill[:1]
+        if batch.prefill and self.prefill(batch.prefill) and not self.stopped:
+            self.stopped, self.last_step = True, time.monotonic()
+            return
+        self.stopped, self.running = False, batch.decode
+        if batch.decode:
+            self.decode(batch.decode)
+        self.last_step = time.monotonic()
+
+    def schedule(self):
+        """End what was cancelled, ask the policy for the next batch, give running sequences a
+        row of the block tables; idle, wait for a request."""
         with self.cv:
-            for req in self.scheduler.running:
-                polled = self.polled.get(req.id)
-                if polled is not None and not polled[0] and now - polled[1] > limit:
-                    self.abandoned_ids.add(req.id)
+            for seq in [s for s in self.scheduler.running if s.stop_asked]:
+                self.end(seq, "cancelled", seq.stop_asked)
+            batch = self.scheduler.schedule()
+            for seq in batch.preempted:
+                seq.state = "waiting"
+                self._free_slot(seq)
+            if not batch:
+                self.doing = "idle"
+                self.cv.wait(0.5)
+            for seq in self.scheduler.running:
+                if seq.slot is None:
+                    seq.slot = self.slots.pop()
+        return batch
+
+    def watch(self, batch):
+        """Idle, or every CHECK_S: cancel the requests whose client is gone (no poll open and
+        none for abandon_s) and raise ProcessorLost for an actor that died outside a step."""
+        now = time.monotonic()
+        if batch and now < self.next_check:
+            return
+        self.next_check = now + CHECK_S
+        with self.cv:
+            for seq in self.scheduler.running:
+                if not seq.polls and not seq.stop_asked and now - seq.last_poll > self.config.abandon_s:
+                    seq.stop_asked = "abandoned"
                     self.abandoned += 1
+        lost = self.pool.lost()
+        if lost:
+            raise ProcessorLost(lost)
 
-    def _fail(self, step: list, ex: Exception):
+    # -- faults --------------------------------------------------------------------------------
+    def fail(self, running: list, ex: Exception):
         if self.part is not None:
-            step, self.part = [*step, self.part["req"]], None
-        for req in {r.id: r for r in step}.values():
-            if not req.ended:
-                self._end(req, "failed", "error", f"{type(ex).__name__}: {ex}")
+            running, self.part = [*running, self.part["seq"]], None
+        for seq in running:
+            if not seq.ended:
+                self.end(seq, "failed", "error", f"{type(ex).__name__}: {ex}")
 
-    def _recover(self, names: list, step: list):
-        """A processor actor died inside a step (DESIGN.md §5): Ray restarts it and its
-        constructor attaches the pool again; the programs are installed in it again and the loop
-        goes on. Nothing of the lost step was accepted, so the next iteration redoes it: it
-        rewrites the same KV rows with the same values, and the KV of earlier steps is in the pool,
-        which outlived the process. A chunk suspended between layers starts over (a span cut
-        short may have updated its activations in place)."""
+    def recover(self, names: list, running: list):
+        """A processor actor died (DESIGN.md §5): Ray restarts it and its constructor attaches
+        the pool again; the programs are installed in it again and the loop goes on. Nothing of
+        the lost step was accepted, so the next step redoes it: it rewrites the same KV rows with
+        the same values, and the KV of earlier steps is in the pool, which outlived the process.
+        A chunk suspended between layers starts over (a span cut short may have updated its
+        activations in place)."""
         t0 = time.monotonic()
         self.part = None
         try:
-            restart_s = self.engine.revive(names)
+            restart_s = self.pool.revive(names)
             self.runner.reinstall()
         except Exception as ex:
             traceback.print_exc()
-            self._fail(step, ex)
+            self.fail(running, ex)
             return
         now = time.monotonic()
         self.recoveries.append({"processors": names, "at": time.time(), "restart_s": round(restart_s, 2),
                                 "recovery_s": round(now - t0, 2),
                                 # from the end of the last step that ran to now: the service's gap
-                                "stalled_s": round(now - self.last_step, 2) if step else None})
+                                "stalled_s": round(now - self.last_step, 2) if running else None})
 
-    def _prefill(self, ready: list) -> bool:
+    # -- prefill -------------------------------------------------------------------------------
+    def prefill(self, ready: list) -> bool:
         """One prefill chunk of the first request in `ready` (the policy's order). A policy with
         a slice_s runs proactive chunks in the second activation buffer, a span of layers at a
         time, and stops between spans when it says a reactive request waits; the chunk resumes
-        at a later iteration (unless its request lost its blocks meanwhile). Returns True if
-        the chunk stopped before its end."""
-        req, part = ready[0], self.part
-        if part is not None and (part["req"].ended or part["key"] != self._chunk_key(part["req"])
-                                 or part["req"] not in self.scheduler.running):
+        at a later step (unless its request lost its blocks meanwhile). Returns True if the
+        chunk stopped before its end."""
+        seq, part = ready[0], self.part
+        if part is not None and (part["seq"].ended or part["key"] != _chunk_key(part["seq"])
+                                 or part["seq"] not in self.scheduler.running):
             part = self.part = None          # ended, cancelled or preempted: its rows are gone
-        if part is not None and part["req"] in ready and req.priority != "reactive":
-            req = part["req"]                # a suspended chunk goes on before newer ones
-        if part is not None and part["req"] is not req and req.priority != "reactive":
+        if part is not None and part["seq"] in ready and seq.priority != "reactive":
+            seq = part["seq"]                # a suspended chunk goes on before newer ones
+        if part is not None and part["seq"] is not seq and seq.priority != "reactive":
             # an aged chunk while the second buffer holds one the policy defers: the deferred one
             # gives up its buffer and starts over later (at most one chunk's work), so that no
             # proactive chunk ever runs whole where a reactive arrival would wait for all of it
             part = self.part = None
         # reactive chunks run whole in the first buffer
-        if self.scheduler.slice_s is None or req.priority == "reactive" or not self.runner.meta[1:]:
-            self._prefill_chunk(req)
+        if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:]:
+            self._prefill_chunk(seq)
             return False
-        return self._prefill_spans(req)
+        return self._prefill_spans(seq)
 
-    def _chunk_key(self, req: Request) -> tuple:
-        return req.computed, self.slot.get(req.id), tuple(req.blocks)
+    def _start_chunk(self, seq: Sequence, rows_max: int) -> tuple:
+        ids = seq.prompt + seq.tokens     # a preempted request prefills its tokens too
+        lo = seq.computed
+        hi = min(len(ids), lo + rows_max)
+        seq.state = "prefilling"
+        if seq.prefill_start is None:
+            seq.prefill_start = time.monotonic()
+            self.metrics.prefill_started(seq)
+        return [(ids[i], i, seq.slot) for i in range(lo, hi)], hi == len(ids)
 
-    def _start_chunk(self, req: Request, rows_max: int) -> tuple:
-        seq = req.prompt + req.tokens     # a preempted request prefills its tokens too
-        lo = req.computed
-        hi = min(len(seq), lo + rows_max)
-        req.state = "prefilling"
-        if req.prefill_start is None:
-            req.prefill_start = time.monotonic()
-            self.metrics.prefill_started(req)
-        s = self.slot[req.id]
-        return [(seq[i], i, s) for i in range(lo, hi)], hi == len(seq)
-
-    def _end_chunk(self, req: Request, rows: list, last: bool, logits, t0: float):
-        req.computed += len(rows)
+    def _end_chunk(self, seq: Sequence, rows: list, last: bool, logits, t0: float):
+        seq.computed += len(rows)
         if last:
-            self._accept(req, self.streams[req.id][2](logits[0]))
-        self.loop_times["prefill_chunks"] += 1
-        self.loop_times["prefill_s"] += time.perf_counter() - t0
+            self.accept(seq, seq.sampler(logits[0]))
+        self.times["prefill_chunks"] += 1
+        self.times["prefill_s"] += time.perf_counter() - t0
 
-    def _prefill_chunk(self, req: Request):
+    def _prefill_chunk(self, seq: Sequence):
         t0 = time.perf_counter()
-        rows, last = self._start_chunk(req, self.config.prefill_chunk)
-        self.doing = f"chunk {req.priority} {len(rows)}"
+        rows, last = self._start_chunk(seq, self.config.prefill_chunk)
+        self.doing = f"chunk {seq.priority} {len(rows)}"
         # the plan's chunk program where it takes these rows (runner.py), else the base processor
-        logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False)
-        self._end_chunk(req, rows, last, logits, t0)
+        logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False)
+        self._end_chunk(seq, rows, last, logits, t0)
 
-    def _prefill_spans(self, req: Request) -> bool:
+    def _prefill_spans(self, seq: Sequence) -> bool:
         """Agent.xpu §4.4 ②: spans of about slice_s (the per-stage time learned from earlier
         spans), a check for a reactive arrival after each."""
         t0 = time.perf_counter()
         if self.part is None:
-            rows, last = self._start_chunk(req, self.runner.lay.double_rows)
-            self.part = {"req": req, "rows": rows, "last": last, "stage": 0,
-                         "key": self._chunk_key(req)}
+            rows, last = self._start_chunk(seq, self.runner.lay.double_rows)
+            self.part = {"seq": seq, "rows": rows, "last": last, "stage": 0, "key": _chunk_key(seq)}
         part, stages = self.part, self.runner.stages
         rows = part["rows"]
         while True:
@@ -175,8 +200,8 @@ class ServingLoop:
             k = max(1, int(self.scheduler.slice_s / max(1e-6, self.stage_s * len(rows))))
             hi = min(stages, lo + k)
             t = time.perf_counter()
-            self.doing = f"span {req.priority} {len(rows)} {lo}-{hi}"
-            logits = self.runner.step(rows, {rows[0][2]: req.blocks}, all_rows=False, buffer=1,
+            self.doing = f"span {seq.priority} {len(rows)} {lo}-{hi}"
+            logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False, buffer=1,
                                       span=(lo, hi))
             per = (time.perf_counter() - t) / ((hi - lo) * len(rows))
             self.stage_s += 0.3 * (per - self.stage_s)       # seconds per stage and row
@@ -184,76 +209,100 @@ class ServingLoop:
             if hi == stages:
                 break
             if self.scheduler.preempts_prefill():
-                self.loop_times["prefill_s"] += time.perf_counter() - t0
-                self.loop_times["prefill_stops"] += 1
+                self.times["prefill_s"] += time.perf_counter() - t0
+                self.times["prefill_stops"] += 1
                 return True
         self.part = None
-        self._end_chunk(req, rows, part["last"], logits, t0)
+        self._end_chunk(seq, rows, part["last"], logits, t0)
         return False
 
-    def _decode(self, batch: list):
-        rows = [(r.tokens[-1], r.computed, self.slot[r.id]) for r in batch]
+    # -- decode and postprocess ----------------------------------------------------------------
+    def decode(self, batch: list):
+        rows = [(s.tokens[-1], s.computed, s.slot) for s in batch]
         self.doing = f"decode {len(rows)}"
         t0 = time.perf_counter()
-        logits = self.runner.step(rows, {self.slot[r.id]: r.blocks for r in batch}, all_rows=True)
+        logits = self.runner.step(rows, {s.slot: s.blocks for s in batch}, all_rows=True)
         t1 = time.perf_counter()
-        for i, req in enumerate(batch):
-            req.computed += 1
-            self._accept(req, self.streams[req.id][2](logits[i]))
-        t = self.loop_times
+        for i, seq in enumerate(batch):
+            seq.computed += 1
+            self.accept(seq, seq.sampler(logits[i]))
+        t = self.times
         t["decode_steps"] += 1
         t["decode_rows"] += len(batch)
         t["decode_kernels_s"] += t1 - t0
         t["decode_s"] += time.perf_counter() - t0
 
-    def _accept(self, req: Request, tok: int):
-        """Postprocess one sampled token: stream its text, end the request where it ends."""
+    def accept(self, seq: Sequence, tok: int):
+        """Postprocess one sampled token: its text to the client, the request ended where it
+        ends."""
         now = time.monotonic()
-        if req.first_token is None:
-            req.first_token = now
-        req.state = "decoding"
-        self.metrics.token(req, now)
+        if seq.first_token is None:
+            seq.first_token = now
+        seq.state = "decoding"
+        self.metrics.token(seq, now)
         self.token_times.append(now)
-        req.tokens.append(tok)
-        dec, stops, _ = self.streams[req.id]
-        e = self.engine
-        if tok in e.stop_ids and not req.ignore_eos:
+        seq.tokens.append(tok)
+        pool, stops = self.pool, seq.stops
+        if tok in pool.stop_ids and not seq.ignore_eos:
             reason = "stop"
         else:
-            self._emit(req, stops.feed(dec.feed(tok)))
+            self._emit(seq, stops.feed(seq.decoder.feed(tok)))
             reason = "stop" if stops.hit else "length" if (
-                len(req.tokens) >= req.params.max_tokens or req.rows >= e.context) else None
+                len(seq.tokens) >= seq.params.max_tokens or seq.rows >= pool.context) else None
         if reason:
             if not stops.hit:
-                self._emit(req, stops.feed(dec.flush()) + stops.flush())
-            with self.cv:
-                self._end(req, "finished", reason)
+                self._emit(seq, stops.feed(seq.decoder.flush()) + stops.flush())
+            self.end(seq, "finished", reason)
 
-    def _emit(self, req: Request, piece: str):
+    def _emit(self, seq: Sequence, piece: str):
         if piece:
-            req.text += piece
-            self.pieces[req.id].append(piece)
-            self._wake(req.id)
+            seq.text += piece
+            seq.pieces.append(piece)
+            self.publish(seq)
 
-    def _end(self, req: Request, state: str, reason: str, error: str | None = None):
+    # -- the table -----------------------------------------------------------------------------
+    def add(self, seq: Sequence):
+        """A new request (raises ValueError for one that could never fit)."""
+        seq.arrived_during = self.doing
+        with self.cv:
+            self.scheduler.add(seq)
+            self.table[seq.id] = seq
+            self.metrics.arrived(seq)
+            self.cv.notify()
+
+    def cancel(self, seq: Sequence):
+        """A waiting request leaves the queue now; a running one before its next step."""
+        with self.cv:
+            if seq.state == "waiting":
+                self.end(seq, "cancelled", "cancelled")
+            else:
+                seq.stop_asked = "cancelled"
+                self.cv.notify()
+
+    def end(self, seq: Sequence, state: str, reason: str, error: str | None = None):
         """End a request: its blocks and its row of the block tables are free at once."""
         with self.cv:
-            req.end(state, reason, error)
-            self.scheduler.finish(req)
-            if req.id in self.slot:
-                self.slots.append(self.slot.pop(req.id))
-            self.cancelled.discard(req.id)
-            self.abandoned_ids.discard(req.id)
-            self.streams.pop(req.id, None)
-            self.polled.pop(req.id, None)
-            self.metrics.ended(req)
-            ended = [r for r in self.table.values() if r.ended]
+            seq.end(state, reason, error)
+            self.scheduler.finish(seq)
+            self._free_slot(seq)
+            self.metrics.ended(seq)
+            ended = [s for s in self.table.values() if s.ended]
             for old in ended[:max(0, len(ended) - KEEP_ENDED)]:
-                for d in (self.table, self.pieces, self.events):
-                    d.pop(old.id, None)
-        self._wake(req.id)
+                del self.table[old.id]
+        self.publish(seq)
 
-    def _wake(self, rid: int):
-        ev, loop = self.events.get(rid), self.loop
-        if ev is not None and loop is not None:
-            loop.call_soon_threadsafe(ev.set)
+    def _free_slot(self, seq: Sequence):
+        if seq.slot is not None:
+            self.slots.append(seq.slot)
+            seq.slot = None
+
+    def stop(self):
+        self.stopping = True
+        with self.cv:
+            self.cv.notify_all()
+
+
+def _chunk_key(seq: Sequence) -> tuple:
+    """What a suspended chunk's rows depend on: where its prefill was, its row, its blocks."""
+    return seq.computed, seq.slot, tuple(seq.blocks)
+

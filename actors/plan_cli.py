@@ -112,10 +112,10 @@ def run(a) -> int:
         print(f"{e['op']:10s} {e['layer']:5d} {e['strategy']:9s} {parts:32s} {e['predicted_s'] * 1e6:12.1f}  {alts}")
     print("(layers 1.. as layer 0; --json lists every op)")
     for key, v in out["auto_plans"].items():
-        model, procs = key.split("|")[:2]
+        model, machine = key.split("|")[:2]
         timed = ", ".join(f"{k} {ms:.0f} ms" for k, ms in v["chunk_ms"].items())
         print(f"serve --plan auto chose {v['plan']} for {os.path.basename(model.split(':')[0])} on "
-              f"{procs} (a whole chunk: {timed})")
+              f"{machine} (a whole chunk: {timed})")
     return 0
 
 

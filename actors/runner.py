@@ -16,11 +16,44 @@ import numpy as np
 import ray
 
 from socllm.graph.program import StepProgram
-from socllm.memory.ready import SleepPredictor
+from socllm.memory.layout import W_FIRST_LOC
+from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
 from socllm.policies.buckets import KV_STEP, MAX_CHUNK, bucket_for
 from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS, seq_parts
 
-from .control import PRECISIONS, run_step
+PRECISIONS = {"f32": 0, "q8": 3, "q16": 4}     # a step's precision code in the control block
+
+
+def next_epoch(ctl, words) -> int:
+    """The next step's epoch, shared through the control block by every process that drives
+    steps of this pool: stamps only grow."""
+    epoch = ctl["epoch"] + 1
+    if epoch > MAX_EPOCH:            # stamps would wrap: every processor is idle, reset them
+        words.words[W_FIRST_LOC:] = 0
+        epoch = 1
+    return epoch
+
+
+def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos0: int,
+             precision: str, check_errors, span: tuple | None = None) -> int:
+    """One step from any process attached to the pool: the control block's words, the go words
+    of the processors the program uses, then their done words (a step's length is learned:
+    predict sleeps most of it, then polls). check_errors(procs, waiting) raises a processor's
+    error; waiting: called because the done words are late (where to look for a dead actor).
+    span: (lo, hi), run only the program's stages lo .. hi-1 (graph/program.py stage_of).
+    Returns the step's epoch."""
+    epoch = next_epoch(ctl, words)
+    ctl["epoch"], ctl["program"], ctl["n"], ctl["pos0"] = epoch, pid, n, pos0
+    ctl["span_lo"], ctl["span_hi"] = span or (0, 0)
+    ctl["precision"] = PRECISIONS[precision]
+    base = epoch * STEP
+    for p in procs:
+        words.store(lay.go(p), epoch)
+    for p in procs:
+        while not predict.wait(words, (pid, p, span), lay.done(p), base + final[p], timeout_s=0.25):
+            check_errors(procs, True)
+    check_errors(procs, False)
+    return epoch
 
 
 class ProcessorLost(RuntimeError):
@@ -115,8 +148,11 @@ class Runner:
             return (on if on in ("gpu", "cpu") else self.base, False, buffer, 0)
         n = len(rows)
         if on == "seqcut":
-            parts = seq_parts(n)
-            if len(parts) > 1 and n <= self.lay.max_rows and self.npu_fits(rows, n):
+            # its NPU parts are static buckets from the chunk's first row (whole blocks where
+            # that starts one); its GPU margin writes K/V through the row map: n need not fill
+            # a block (300 rows: 256 on the NPU, 44 on the GPU)
+            parts, br = seq_parts(n), self.lay.block_rows
+            if len(parts) > 1 and n <= self.lay.max_rows and self.npu_fits(rows, -(-n // br) * br):
                 return ("seqcut", False, 0, n)
         elif on == "hybrid":
             if n <= MAX_CHUNK and bucket_for(n) <= self.lay.max_rows and self.npu_fits(rows, bucket_for(n)):
@@ -218,6 +254,33 @@ class Runner:
                 best = min(best, time.perf_counter() - t)
             out[n] = best
         return out
+
+    # -- one sequence, offline (Engine.generate_ids / logits_after: tests and benchmarks) ----------
+    def generate(self, ids: list, max_tokens: int, sample, stop_ids=(), chunk: int = MAX_CHUNK,
+                 slot: int = 0) -> tuple:
+        """One sequence in `slot` over blocks 0 .. (no request may hold them): its prompt in
+        chunks of `chunk` rows, then decode steps of one row, each token from sample(logits).
+        -> (tokens, seconds of the prefill, seconds of the decode)."""
+        lay = self.lay
+        blocks = list(range(-(-min(len(ids) + max_tokens, lay.context) // lay.block_rows)))
+        if len(ids) >= lay.context or len(blocks) > lay.kv_blocks:
+            raise ValueError(f"a prompt of {len(ids)} tokens in a context of {lay.context}")
+        t0 = time.perf_counter()
+        for lo in range(0, len(ids), chunk):
+            logits = self.step([(t, lo + i, slot) for i, t in enumerate(ids[lo: lo + chunk])],
+                               {slot: blocks}, all_rows=False)
+        t1 = time.perf_counter()
+        out = [sample(logits[0])]
+        while out[-1] not in stop_ids and len(out) < max_tokens and len(ids) + len(out) < lay.context:
+            logits = self.step([(out[-1], len(ids) + len(out) - 1, slot)], {slot: blocks}, all_rows=True)
+            out.append(sample(logits[0]))
+        return out, t1 - t0, time.perf_counter() - t1
+
+    def logits_after(self, ids: list, slot: int = 0) -> np.ndarray:
+        """Teacher-forced logits [len(ids), V], one decode step a token (numerical checks)."""
+        blocks = list(range(-(-len(ids) // self.lay.block_rows)))
+        return np.stack([self.step([(t, pos, slot)], {slot: blocks}, all_rows=True)[0].copy()
+                         for pos, t in enumerate(ids)])
 
     def _run(self, prog, n: int, pos0: int, precision: str, span=None):
         pid, procs, final = prog

@@ -11,9 +11,9 @@ DESIGN.md §5), and cancel it by id.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import os
+import platform
 import threading
 import time
 import traceback
@@ -22,10 +22,11 @@ import ray
 
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
-from socllm.policies.request import Request, StopText, check_priority
+from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS
+from socllm.policies.request import Sequence, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
 
-from .loop import ServingLoop
+from .loop import ServingEngine
 
 NAMESPACE, NAME = "socllm", "service"
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
@@ -36,12 +37,28 @@ KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction")
 
 
-def _plan_key(e, c) -> str:
-    """What an auto plan's timing depends on: the model file, the processors, the knobs."""
-    st = os.stat(e.model_path)
-    procs = ",".join(f"{d['processor']}:{d.get('device')}" for d in e.info())
-    return f"{e.model_path}:{st.st_size}:{int(st.st_mtime)}|{procs}|{c.budget}|{c.precision}|" \
-           f"{c.prefill_chunk}|{c.context}|{c.max_seqs}"
+def _processors(plan: str) -> tuple:
+    """The processor actors a plan runs on (policies/placement.py SERVE_PLANS): its programs'
+    and the GPU for what they cannot take (auto: the GPU and the NPU, to time them)."""
+    if plan == "auto":
+        return ("gpu", "npu")
+    need = {p for on in SERVE_PLANS[plan] for p in PROCESSORS_OF.get(on, (on,))}
+    return tuple(sorted(need | ({"gpu"} if plan != "cpu" else set())))
+
+
+def _plan_key(c) -> str:
+    """What an auto plan's timing depends on: the model file, this machine (its CPU, its OpenCL
+    drivers, an NPU's device node), the knobs."""
+    from socllm.models.gguf_file import model_path
+    path = os.path.realpath(model_path(c.model))
+    st = os.stat(path)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.machine())
+    icd = "/etc/OpenCL/vendors"
+    drivers = ",".join(sorted(os.listdir(icd))) if os.path.isdir(icd) else ""
+    npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))
+    return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
+           f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}"
 
 
 def _plan_cache(cache_dir: str | None, key: str | None = None,
@@ -68,7 +85,7 @@ def _plan_cache(cache_dir: str | None, key: str | None = None,
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class Service(ServingLoop):
+class Service:
     def __init__(self, config: ServeConfig):
         """config: every knob (policies/config.py), validated and read from the environment by
         the caller (`socllm serve`: ServeConfig.from_env): this actor, its engine and the
@@ -76,34 +93,11 @@ class Service(ServingLoop):
         if not isinstance(config, ServeConfig):
             raise TypeError(f"the service takes a ServeConfig, got {type(config).__name__}")
         self.config = config
-        self.polled: dict = {}                # id -> [polls open, when the last one returned]
-        self.streams: dict = {}               # id -> (StreamDecoder, StopText, Sampler)
-        self.slot: dict = {}                  # id -> the request's row of the block tables
-        self.table: dict = {}                 # id -> Request
-        self.pieces: dict = {}                # id -> [text piece]: what polls hand out
-        self.events: dict = {}                # id -> asyncio.Event, set when a request changes
-        self.cancelled: set = set()
-        self.slots = list(range(config.max_seqs))[::-1]   # free rows of the block tables
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
-        self.token_times: collections.deque = collections.deque()   # for tokens/s over a minute
-        # the loop's time: prefill chunks, decode steps (of which in the step's kernels: the rest
-        # is sampling and text), rows decoded
-        self.loop_times = dict.fromkeys(("prefill_chunks", "prefill_s", "prefill_stops",
-                                         "decode_steps", "decode_rows", "decode_s",
-                                         "decode_kernels_s"), 0)
-        self.recoveries: list = []   # processor actors that died and came back (actors/loop.py)
-        self.abandoned = 0           # requests cancelled because their client stopped polling
-        self.abandoned_ids: set = set()    # ... and those the loop has yet to end
-        self.last_step = time.monotonic()   # when the loop's last step ended
-        self.doing = "idle"          # the loop's step now: what a new request waits behind
-        self.part = None             # a prefill chunk stopped between spans (actors/loop.py)
-        self.stage_s = 1e-4          # its seconds per stage and row, learned
-        self.engine, self.error, self.loop = None, None, None
+        self.engine, self.core, self.error, self.loop = None, None, None, None
         self.ids = iter(range(1, 1 << 62))
-        self.cv = threading.Condition()
         self.ready_event = threading.Event()
-        self.stopping = False
         from .metrics import ServiceMetrics
         self.metrics = ServiceMetrics()
         threading.Thread(target=self._main, name="socllm-service", daemon=True).start()
@@ -117,7 +111,9 @@ class Service(ServingLoop):
             # the second activation buffer holds proactive chunks that stop between layers
             # (the agent policy's, Agent.xpu §4.4)
             spans = POLICIES[c.policy].slice_s is not None
-            self.engine = e = Engine(c, kv_dtype=KV_DTYPE[c.precision],
+            self.plan_key = _plan_key(c)
+            plan = c.plan if c.plan != "auto" else _plan_cache(c.cache_dir, self.plan_key) or "auto"
+            self.engine = e = Engine(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
                                      double_rows=c.prefill_chunk if spans else 0)
             self.precision = c.precision
             self.runner, self.placement = self._start_plan(e)
@@ -127,13 +123,19 @@ class Service(ServingLoop):
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
             self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
+            self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
             self.ready_event.set()
             return
         self.ready_event.set()
-        self._serve()
+        self.core.run()
+
+    def _publish(self, seq: Sequence):
+        """Wake the polls of a sequence that changed (from the loop's thread)."""
+        if seq.event is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(seq.event.set)
 
     def _start_plan(self, e) -> tuple:
         """The runner of the plan asked for (policies/placement.py SERVE_PLANS), warmed. auto:
@@ -148,7 +150,7 @@ class Service(ServingLoop):
         if asked == "auto" and "npu" not in e.available:
             plan, source = base, "no npu"
         elif asked == "auto":
-            key = _plan_key(e, c)
+            key = self.plan_key
             cached = _plan_cache(c.cache_dir, key)
             plan, source = (cached, "cached") if cached else ("auto", "timed")
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
@@ -222,20 +224,12 @@ class Service(ServingLoop):
         check_priority(priority)
         if sampling.get("max_tokens") is None:      # OpenAI's default: up to the context's end
             sampling["max_tokens"] = max(1, self.engine.context - len(ids))
-        req = Request(next(self.ids), ids, SamplingParams(**sampling), priority, stop,
-                      ignore_eos=bool(ignore_eos))
-        self.streams[req.id] = (self.engine.tokenizer.stream(), StopText(req.stop),
-                                Sampler(req.params))
-        req.arrived_during = self.doing
-        with self.cv:
-            self.scheduler.add(req)              # raises for a request that could never fit
-            self.polled[req.id] = [0, time.monotonic()]
-            self.table[req.id] = req
-            self.pieces[req.id] = []
-            self.events[req.id] = asyncio.Event()
-            self.metrics.arrived(req)
-            self.cv.notify()
-        return req.id
+        params = SamplingParams(**sampling)
+        seq = Sequence(next(self.ids), ids, params, priority, stop, ignore_eos=bool(ignore_eos),
+                       sampler=Sampler(params), decoder=self.engine.tokenizer.stream(),
+                       event=asyncio.Event())
+        self.core.add(seq)                  # raises for a request that could never fit
+        return seq.id
 
     def _prompt_ids(self, prompt, messages, ids) -> list:
         e = self.engine
@@ -263,47 +257,38 @@ class Service(ServingLoop):
         there are none and the request runs on. After its first piece, a request's polls return
         at most every coalesce_s, with every piece made meanwhile: a Ray reply per token would
         cost the cores the kernels run on (DESIGN.md §5)."""
-        req = self.table.get(rid)
-        if req is None:
+        seq = self.core.table.get(rid)
+        if seq is None:
             raise KeyError(f"no request {rid}")
-        ev = self.events[rid]
-        ev.clear()
-        polled = self.polled.setdefault(rid, [0, time.monotonic()])
-        polled[0] += 1
+        seq.event.clear()
+        seq.polls += 1
         try:
-            if len(self.pieces[rid]) <= seen and not req.ended:
+            if len(seq.pieces) <= seen and not seq.ended:
                 try:
-                    await asyncio.wait_for(ev.wait(), timeout_s)
+                    await asyncio.wait_for(seq.event.wait(), timeout_s)
                 except asyncio.TimeoutError:
                     pass
-            if seen and not req.ended and coalesce_s > 0:
+            if seen and not seq.ended and coalesce_s > 0:
                 await asyncio.sleep(coalesce_s)
         finally:
-            polled[0] -= 1
-            polled[1] = time.monotonic()
-            if req.ended:
-                self.polled.pop(rid, None)
-        pieces = self.pieces[rid][seen:]
-        return {"pieces": pieces, "seen": seen + len(pieces), "state": req.state,
-                "finish_reason": req.finish_reason, "error": req.error, "usage": req.usage()}
+            seq.polls -= 1
+            seq.last_poll = time.monotonic()
+        pieces = seq.pieces[seen:]
+        return {"pieces": pieces, "seen": seen + len(pieces), "state": seq.state,
+                "finish_reason": seq.finish_reason, "error": seq.error, "usage": seq.usage()}
 
     async def cancel(self, rid: int) -> bool:
         """Cancel a request: a waiting one leaves the queue, a running one stops at its next
         step and its KV is free for the next request."""
-        req = self.table.get(rid)
-        if req is None or req.ended:
+        seq = self.core.table.get(rid)
+        if seq is None or seq.ended:
             return False
-        with self.cv:
-            if req.state == "waiting":
-                self._end(req, "cancelled", "cancelled")
-            else:                      # the loop ends it before its next step
-                self.cancelled.add(rid)
-                self.cv.notify()
+        self.core.cancel(seq)
         return True
 
     def request(self, rid: int) -> dict:
         """A request's table entry (and, once it ended, how it ran)."""
-        req = self.table[rid]
+        req = self.core.table[rid]
         out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
                                             "finish_reason", "error", "arrival", "prefill_start",
                                             "first_token", "arrived_during")}
@@ -332,10 +317,10 @@ class Service(ServingLoop):
 
     def status(self) -> dict:
         from .metrics import pss_mb
-        now = time.monotonic()
-        while self.token_times and self.token_times[0] < now - 60:
-            self.token_times.popleft()
-        reqs = list(self.table.values())
+        now, core = time.monotonic(), self.core
+        while core.token_times and core.token_times[0] < now - 60:
+            core.token_times.popleft()
+        reqs = list(core.table.values())
         procs = []
         uptime = time.time() - self.started
         info = self.engine.info()
@@ -351,22 +336,21 @@ class Service(ServingLoop):
                        "blocks_free": self.kv.n_free, "block_rows": self.kv.block_rows,
                        "sequences_max": self.scheduler.max_seqs,
                        "sequences_used": len(self.scheduler.running)},
-                "tokens_per_s_1min": round(len(self.token_times) / min(60.0, max(uptime, 1e-3)), 2),
-                "loop": {k: round(v, 3) for k, v in self.loop_times.items()},
-                "recoveries": self.recoveries[-10:], "recoveries_total": len(self.recoveries),
-                "abandoned_total": self.abandoned,
+                "tokens_per_s_1min": round(len(core.token_times) / min(60.0, max(uptime, 1e-3)), 2),
+                "loop": {k: round(v, 3) for k, v in core.times.items()},
+                "recoveries": core.recoveries[-10:], "recoveries_total": len(core.recoveries),
+                "abandoned_total": core.abandoned,
                 "memory_pss_mb": round(pss_mb(self.pids()), 1),
                 "memory_pss_mb_by_process": {k: round(pss_mb([p]), 1)
                                              for k, p in self.processes(info).items()}}
 
     def prometheus(self) -> str:
-        return self.metrics.text(self.table.values(), self.kv)
+        return self.metrics.text(self.core.table.values(), self.kv)
 
     def shutdown(self) -> bool:
         """Stop the loop and tear the engine down (actors killed, pool unlinked)."""
-        self.stopping = True
-        with self.cv:
-            self.cv.notify_all()
+        if self.core is not None:
+            self.core.stop()
         if self.engine is not None:
             self.engine.close()
         return True

@@ -8,8 +8,7 @@
             blocks of block_rows rows (memory/blocks.py), whichever is more
   slots     reusable activation slots, sized for `max_rows` rows (graph/liveness.py); with a
             double buffer, a second set for a suspended prefill chunk (Agent.xpu §4.4 ①)
-  io        ids int32 [max_rows], logits f32 [max_seqs, vocab], token ring int32 [context],
-            row metadata and block tables of a serving step, GPU decode scratch
+  io        ids int32 [max_rows], logits f32 [max_seqs, vocab], row metadata and block tables of a serving step, GPU decode scratch
   control   int64 fields of the current step (CTL_*)
   words     u32 ready words: go and done word per processor, then one per tensor location
 """
@@ -26,10 +25,9 @@ from .arena import ALIGN, align
 PROCESSORS = ("cpu", "gpu", "npu")
 # span_lo, span_hi: the stages of the program this step runs (graph/program.py stage_of; 0, 0:
 # all): a prefill chunk in its own activation buffer runs a few layers at a time
-CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "request", "finished", "cancel",
-              "span_lo", "span_hi")
+CTL_FIELDS = ("epoch", "program", "n", "pos0", "precision", "error", "span_lo", "span_hi")
 _CTL = {name: i for i, name in enumerate(CTL_FIELDS)}
-W_GO, W_DONE, W_TOKENS, W_ERROR, W_FIRST_LOC = 0, 4, 8, 9, 16
+W_GO, W_DONE, W_ERROR, W_FIRST_LOC = 0, 4, 9, 16
 
 
 KV_DTYPES = {"f32": 4, "f16": 2}     # a KV element's type -> its bytes
@@ -50,7 +48,7 @@ class PoolLayout:
     max_seqs: int = 1                              # sequences a serving step may hold
     slots: list = field(default_factory=list)      # slot id -> offset
     slot_bytes: list = field(default_factory=list)
-    io: dict = field(default_factory=dict)         # "ids" | "logits" | "ring" -> offset
+    io: dict = field(default_factory=dict)         # "ids" | "logits" | "pos" | ... -> offset
     max_rows: int = 0
     context: int = 0
     vocab: int = 0
@@ -136,7 +134,7 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     # rope: the fused decode row's cos / sin and its kernels' counters; rope_rows: a serving
     # step's cos / sin per row
     lay.io = {"ids": take(max_rows * 4), "logits": take(max_seqs * vocab * 4),
-              "ring": take(context * 4), "pos": take(max_rows * 4), "rows": take(max_rows * 4),
+              "pos": take(max_rows * 4), "rows": take(max_rows * 4),
               "seq": take(max_rows * 4), "btab": take(max_seqs * lay.max_blocks * 4),
               "act_rows": take(max(max_seqs * align(2 * max_k + 8 * max_k // 32, 64),
                                        align(max(max_seqs, max_rows), 16)

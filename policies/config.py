@@ -26,8 +26,6 @@ from .threads import machine_budget
 # greedy text a little less often than f32 (16 vs 18 of 48), for 21-25 % more tok/s at 4-16
 # streams on 2 cores, none at 1-2 (scripts/results/quality-2core-zen5*.txt)
 DEFAULT_PRECISION = "q16"
-# a one-shot engine's: f16 / bf16 are hints to OpenVINO (actors/control.py has their codes)
-PRECISIONS = ("f32", "f16", "bf16", "q16", "q8")
 # a serving decode step's linears: q16 int16 for one or two rows, f32 for more
 # (actors/kernels_cl.py INT_ROWS_MAX says why); q8 int8 activations per 32-block, llama.cpp's own
 # for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
@@ -73,7 +71,7 @@ class EngineConfig:
     threads: int = 0                  # the machine's thread budget; 0: every core we may use
     precision: str = DEFAULT_PRECISION    # a request's default
     max_seqs: int = 1                 # sequences a serving step holds
-    kv_mb: float = 0.0                # the paged KV cache, MB (0: none, a one-shot engine)
+    kv_mb: float = 0.0                # the paged KV cache, MB (0: one sequence of the context)
     # the environment's knobs (from_env; ENV names the variables)
     fuse: bool = True                 # decode through the fused kernels; False: op by op (profiles)
     whole_graph: bool = True          # a prompt's first NPU chunk as one graph (policies/buckets.py)
@@ -84,7 +82,7 @@ class EngineConfig:
     cache_dir: str | None = None      # what socllm keeps between runs (auto plans); from_env:
                                       # $XDG_CACHE_HOME/socllm, else ~/.cache/socllm
 
-    precisions: ClassVar[tuple] = PRECISIONS
+    precisions: ClassVar[tuple] = SERVE_PRECISIONS
 
     def __post_init__(self):
         _need(self.model is None or isinstance(self.model, str) and self.model != "", "model",
@@ -167,8 +165,6 @@ class ServeConfig(EngineConfig):
     warm: bool = True
     http_host: str = "127.0.0.1"      # the OpenAI-compatible endpoint (this device only)
     http_port: int = 8000             # 0: no HTTP
-
-    precisions: ClassVar[tuple] = SERVE_PRECISIONS
 
     def __post_init__(self):
         super().__post_init__()

@@ -5,6 +5,9 @@
 
 The table entry keeps what the paper's request manager keeps: id, state, priority class, prompt
 and generated tokens, sampling parameters, KV held, and the arrival / first token / finish times.
+A Sequence (nano-vllm's noun) adds what serving it takes: its sampler, its text's decoder and stop
+strings, the pieces a client has yet to read and how they are told, its row of the block tables,
+and the state of its client's polls: one object per request, no table keyed by its id.
 """
 from __future__ import annotations
 
@@ -111,3 +114,24 @@ class StopText:
     def flush(self) -> str:
         out, self.held = ("" if self.hit else self.held), ""
         return out
+
+
+@dataclass(eq=False)
+class Sequence(Request):
+    """A request as the service serves it (actors/loop.py): pure data, no Ray."""
+    sampler: object = None                # policies/sampling.Sampler(params): logits [V] -> id
+    decoder: object = None                # the tokenizer's stream decoder: ids -> text pieces
+    stops: StopText | None = None         # the text up to the first stop string
+    pieces: list = field(default_factory=list)    # text pieces, in order: what polls hand out
+    event: object = None                  # set (on the service's event loop) when it changes
+    slot: int | None = None               # its row of the block tables while it runs
+    polls: int = 0                        # its client's polls open now
+    last_poll: float = field(default_factory=time.monotonic)   # when the last one returned
+    stop_asked: str | None = None         # "cancelled" | "abandoned": ended before the next step
+
+    __eq__, __hash__ = object.__eq__, object.__hash__     # one object per request: identity
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.stops is None:
+            self.stops = StopText(self.stop)

@@ -4,7 +4,10 @@ all alike. Reports min/median/max over repetitions, TTFT, tokens/s, memory, and 
 engine's first greedy tokens equal the numpy oracle's.
 
     socllm bench [--model F.gguf] [--prompts 32,128,512,1024] [--decode 128] [--reps 3]
-                 [--plans auto] [--peers llama.cpp,openvino-genai] [--json FILE] [--plot FILE.png]
+                 [--plans gpu,hetero/q8] [--peers llama.cpp,openvino-genai] [--json FILE] [--plot FILE.png]
+
+A plan is a serving plan (policies/placement.py SERVE_PLANS: cpu, gpu, npu, hetero, tensor, seqcut,
+hybrid), run one request at a time through Engine.generate_ids on the service's paged programs.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def prompt_ids(tokenizer, n: int, variant: int = 0) -> list:
 
 
 class Socllm:
-    """A plan, optionally with a precision: "auto" (the default precision), "gpu", "auto/q8"."""
+    """A serving plan, optionally with a precision: "gpu" (the default precision), "gpu/q8"."""
 
     def __init__(self, engine, spec: str):
         from socllm.policies.config import DEFAULT_PRECISION
@@ -159,8 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="32,128,512,1024")
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--plans", default="auto,auto/f32,auto/q8",
-                    help="plan[/precision],... (no precision: the default, q16)")
+    ap.add_argument("--plans", default="gpu,gpu/f32,gpu/q8",
+                    help="plan[/precision],... of cpu, gpu, npu, hetero, tensor, seqcut, hybrid and "
+                         "f32, q16, q8 (no precision: the default, q16)")
     ap.add_argument("--peers", default="llama.cpp,openvino-genai")
     ap.add_argument("--json", dest="json_path")
     ap.add_argument("--plot")
@@ -186,6 +190,14 @@ def main(argv=None) -> int:
     unknown = [p for p in peers if p not in PEERS]
     if unknown or a.reps < 1 or a.decode < 2 or min(prompts) < 1:
         print(f"socllm bench: error: bad arguments (unknown peers {unknown}?)", file=sys.stderr)
+        return 2
+    from socllm.policies.config import SERVE_PRECISIONS
+    from socllm.policies.placement import SERVE_PLANS
+    bad = [p for p in a.plans.split(",") if p.partition("/")[0] not in SERVE_PLANS
+           or p.partition("/")[2] not in ("", *SERVE_PRECISIONS)]
+    if bad:
+        print(f"socllm bench: error: unknown plan/precision {', '.join(bad)} (plans: "
+              f"{', '.join(SERVE_PLANS)}; precisions: {', '.join(SERVE_PRECISIONS)})", file=sys.stderr)
         return 2
     from socllm.actors.engine import Engine
     eng = Engine(model=a.model, context=max(2048, max(prompts) + a.decode + 8))

@@ -1,5 +1,6 @@
 """Wall-clock time from starting `socllm generate` to its first streamed byte, against a running
-service (`socllm serve`) and with a private engine (`--local`), as a user at a shell meets it.
+service (`socllm serve`) and with a private one (`--local`: a Service of its own, in its own Ray
+session, stopped after), as a user at a shell meets it.
 
     python -m socllm.scripts.cli_ttft [--reps 5] [--prompt "The capital of France is"] [--no-local]
 
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="cli_ttft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prompt", default="The capital of France is")
-    ap.add_argument("--no-local", action="store_true", help="skip the private-engine runs")
+    ap.add_argument("--no-local", action="store_true", help="skip the private-service (--local) runs")
     a = ap.parse_args(argv)
     modes = [("service", [])] + ([] if a.no_local else [("local", ["--local"])])
     for name, extra in modes:

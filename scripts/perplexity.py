@@ -19,9 +19,10 @@ Engines (--runs, a comma list; the same windows and token ids for each):
   oracle            the numpy fp32 oracle on the GGUF's weights (the variants above: --variants)
   llama.cpp         llama_cpp.Llama (logits_all, n_ctx = window, n_threads 2) on the same GGUF, fed
                     socllm's token ids: every window evaluated from an empty KV cache
-  local:P           socllm.actors.engine.Engine (cpu + gpu actors), one request at a time:
-                    teacher-forced through its decode steps at precision P (Control.logits_after:
-                    what a precision changes; prefill computes in f32), f32 KV cache
+  local:P           socllm.actors.engine.Engine (cpu + gpu actors), one window at a time:
+                    teacher-forced through the GPU's one-row paged decode steps at precision P
+                    (Engine.logits_after: what a precision changes; prefill computes in f32),
+                    f32 KV cache
   served:P          the service's paged steps (actors/runner.py Runner, KV dtype of P as the
                     service picks it): --rows windows teacher-forced together, one row each per
                     decode batch, so the batched kernels run (a short last group repeats a window)
@@ -152,8 +153,8 @@ def local_engine(reader, context: int, threads: int = 2):
 
 
 def local_logits(eng, precision: str):
-    """Teacher-forced logits of a window through the local engine's decode steps (plan gpu: the
-    plan `auto` decodes with)."""
+    """Teacher-forced logits of a window through the local engine's decode steps (plan gpu: what
+    every serving plan but npu and tensor decodes on)."""
     return lambda w: eng.logits_after(w, plan="gpu", precision=precision)
 
 

@@ -75,8 +75,8 @@ def test_the_gpu_plan_on_a_discrete_device_gives_the_oracles_tokens(tmp_path, fo
 
 
 def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced, ray_session):
-    """The GPU actor on a discrete device: one-shot generations (the gpu plan, and auto, which
-    then never moves a request's steps to the NPU: its actor is not started) and the service's
+    """The GPU actor on a discrete device: generate_ids (the gpu plan, and the default plan,
+    which never moves a request's steps to the NPU: its actor is not started) and the service's
     paged steps (chunks over a block table, then a decode batch) copy only the control plane's
     writes up and the logits down."""
     from socllm.actors.engine import Engine

@@ -70,10 +70,16 @@ def test_steps_crossing_a_kv_bucket_match_numpy_with_one_graph_per_bucket(form):
 
 @pytest.mark.parametrize("n_prompt,plan", [(300, "npu"), (254, "npu"), (300, "hetero")])
 def test_npu_tokens_equal_the_oracle_across_kv_buckets(engine, oracle, n_prompt, plan):
-    """300 prompt tokens prefill in chunks 256 + 32 + 12 (pos0 0, 256, 288: KV buckets 256, 512,
-    512); 254 tokens decode across row 256."""
+    """A prompt prefilled in one chunk (generate_ids: 300 tokens in the 512 bucket), and again in
+    chunks of 32 rows on the NPU's 32-row graphs (the runner: pos0 0 .. 288, so the chunks from
+    row 256 on read KV bucket 512); 254 tokens decode across row 256."""
     rng = np.random.default_rng(n_prompt)
     ids = [int(x) for x in rng.integers(100, 40000, n_prompt)]
     want = oracle.greedy(ids, 5)
     got = engine.generate_ids(ids, plan=plan, precision="f32", max_tokens=5)["tokens"]
     assert got == want[:len(got)] and (len(got) == len(want) or got[-1] in engine.stop_ids)
+    run = engine.runner(plan, "f32", 32)
+    before = run.ran["npu chunk 32"]
+    got, _, _ = run.generate(ids, 5, lambda logits: int(np.argmax(logits)), engine.stop_ids, 32)
+    assert got == want[:len(got)] and (len(got) == len(want) or got[-1] in engine.stop_ids)
+    assert run.ran["npu chunk 32"] - before == -(-n_prompt // 32)     # every chunk on the NPU

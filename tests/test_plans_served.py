@@ -73,9 +73,11 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         assert chosen == {"npu": "hetero", "gpu": "gpu"}[faster] and pl["prefill"] == faster
         assert [o.text for o in llm.generate(list(TEXTS), max_tokens=10)] == wanted
     [(key, kept)] = json.loads((tmp_path / "socllm" / "plans.json").read_text()).items()
-    assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"]} and "gpu:" in key and "npu:" in key
-    with socllm.LLM(**knobs) as llm:
+    assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"]} and ".gguf:" in key
+    with socllm.LLM(**knobs) as llm:              # only the chosen plan's processors start
         again = llm.describe["placement"]
         assert (llm.describe["plan"], again["from"], again["chunk_ms"]) == (chosen, "cached", {})
+        started = {p["processor"] for p in llm.status()["processors"]}
+        assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
     with socllm.LLM(**{**knobs, "max_seqs": 2}) as llm:       # other knobs: timed anew
         assert llm.describe["placement"]["from"] == "timed"
