@@ -147,6 +147,7 @@ def _generate(a) -> int:
     from socllm.models.gguf_file import default_model_path, open_gguf
     from socllm.models.llama import load_config
     from socllm.models.tokenizer import Tokenizer
+    from socllm.policies.buckets import MAX_CHUNK, bucket_for
     from .serve_cli import generate_private
     # everything that can be wrong with the input fails here, before Ray or the pool exist
     reader = open_gguf(a.model or default_model_path())
@@ -158,7 +159,10 @@ def _generate(a) -> int:
     del reader, tok              # the GGUF's mapping goes with them
     # the KV cache of one sequence of the context (f16 elements, f32 at f32), a block over
     row = cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * (4 if a.config.precision == "f32" else 2)
-    return generate_private(a, max(1.0, (a.context + 32) * row / 2**20))
+    # the prompt in one chunk: a static NPU graph of the bucket that holds it (auto times the
+    # GPU and the NPU at that size the first time, policies/buckets.py PREFILL_BUCKETS)
+    chunk = bucket_for(min(n, MAX_CHUNK))
+    return generate_private(a, max(1.0, (a.context + chunk) * row / 2**20), chunk)
 
 
 def _info(a) -> int:

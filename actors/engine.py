@@ -22,6 +22,8 @@ import time
 import numpy as np
 import ray
 
+from socllm.graph.build import build_graph
+from socllm.graph.liveness import assign_slots
 from socllm.memory.arena import Arena
 from socllm.memory.blocks import BLOCK_ROWS
 from socllm.memory.layout import KV_DTYPES, Control, plan_layout, write_weights
@@ -142,14 +144,16 @@ class Engine:
         self.planner = Planner.options(runtime_env=env, name=self._names["planner"]).remote(
             self.cfg, n_layers, self.rowcut_profile)
         self._actors.append(self.planner)
-        slot_bytes = ray.get(self.planner.slot_bytes.remote(MAX_CHUNK))
+        # the slots' sizes from the same graph, here: the planner actor starts meanwhile
+        slots = assign_slots(build_graph(self.cfg, n_layers))
+        slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
         if n_layers is not None:      # a truncated model (tests): only the first layers' weights
             weights = {k: v for k, v in weights.items()
                        if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
         layers = self.cfg.n_layers if n_layers is None else n_layers
         self.n_layers = layers
         kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
-        double = (self.double_rows, ray.get(self.planner.slot_bytes.remote(self.double_rows))) \
+        double = (self.double_rows, [slots.nbytes(i, self.double_rows) for i in range(len(slots.sizes))]) \
             if self.double_rows else ()
         block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * KV_DTYPES[self.kv_dtype]   # every layer's K, V
         lay = plan_layout(weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context,
@@ -162,12 +166,12 @@ class Engine:
         del weights
         self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
         self.ctl = Control(self.arena.buf, lay)
-        ray.get(self.planner.set_layout.remote(lay.to_dict()))
         self._names.update({p: f"{tag}-{p}" for p in procs})
         peers = {p: ProcessorActor.options(runtime_env=env, name=self._names[p]).remote(
                      p, self.arena.name, lay.to_dict(), self.config)
                  for p in procs}
         self._actors += list(peers.values())
+        ray.get(self.planner.set_layout.remote(lay.to_dict()))     # started beside them
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
             # a discrete GPU's KV cache lives in its memory: steps of one request must not move
             # between it and a processor writing the host's (auto would prefill on the NPU)

@@ -200,14 +200,15 @@ def generate_served(a) -> int | None:
     return run_generate(svc, a, "service")
 
 
-def generate_private(a, kv_mb: float) -> int:
+def generate_private(a, kv_mb: float, chunk: int) -> int:
     """`socllm generate` with no service (or --local): the same paged engine as `serve`'s, in
     this process's own Ray session (not detached), for this one request, stopped after it.
-    kv_mb: the KV cache, sized for one sequence of the context."""
+    kv_mb: the KV cache, sized for one sequence of the context; chunk: the prompt's rows a step."""
     from .llm import LLM
     c = a.config
     llm = LLM(c.model, context=c.context, threads=c.threads, precision=c.precision,
               plan=a.plan or "auto", max_seqs=1, kv_mb=kv_mb, policy="fcfs", warm=False,
+              prefill_chunk=chunk,
               cache_dir=c.cache_dir)
     try:
         return run_generate(llm._service, a, "private")

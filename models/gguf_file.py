@@ -11,10 +11,11 @@ import importlib
 import importlib.util
 import json
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -108,6 +109,36 @@ class _Reader(GGUFReader):
         if type(self.data) is not np.ndarray:
             self.data = self.data.view(np.ndarray)
         return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        """gguf's parts of one field, with its arrays of strings and scalars (a vocabulary:
+        ~100k elements, 1.2 s of the default model's 1.3 s open) read in one pass instead of a
+        recursive call and 2-4 array views per element: the same parts, the same indices."""
+        if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+            return super()._get_field_parts(orig_offs, raw_type)
+        if type(self.data) is not np.ndarray:
+            self.data = self.data.view(np.ndarray)
+        data, offs = self.data, orig_offs
+        raw_itype = data[offs: offs + 4].view(np.uint32)
+        alen = data[offs + 4: offs + 12].view(np.uint64)
+        itype, n, offs = GGUFValueType(int(raw_itype[0])), int(alen[0]), offs + 12
+        nptype = self.gguf_scalar_to_np.get(itype)
+        if itype == GGUFValueType.STRING:
+            mem, parts = data.data, [raw_itype, alen]
+            for _ in range(n):
+                slen = struct.unpack_from("<Q", mem, offs)[0]
+                parts += (data[offs: offs + 8].view(np.uint64), data[offs + 8: offs + 8 + slen])
+                offs += 8 + slen
+            idxs = list(range(3, 3 + 2 * n, 2))
+        elif nptype is not None:
+            size = np.dtype(nptype).itemsize
+            arr = data[offs: offs + size * n].view(nptype)
+            parts = [raw_itype, alen, *(arr[i: i + 1] for i in range(n))]
+            offs += size * n
+            idxs = list(range(2, 2 + n))
+        else:                           # arrays of arrays: gguf's own way
+            return super()._get_field_parts(orig_offs, raw_type)
+        return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY] + ([itype] if n else [])
 
 
 def _sha256(path: str) -> str:

@@ -78,3 +78,35 @@ def test_models_lists_families_and_types_per_processor():
     assert d["families"]["gemma3"]["runs"] and "sliding-window" in d["families"]["gemma3"]["what"]
     matrices = d["tensor_types"]["attention and MLP matrices"]
     assert "Q4_1" in matrices["gpu"] and "Q6_K" in matrices["cpu"]
+
+
+def test_the_fast_reader_gives_ggufs_own_fields(model_path, tmp_path):
+    """models/gguf_file.py reads arrays (a vocabulary) in one pass: every field's parts, data
+    indices and types, and every tensor's offset, equal gguf's reader's, on the default model
+    and on a file with arrays of every kind, an empty one and a big-endian-free nested one."""
+    import gguf
+    import numpy as np
+
+    from socllm.models.gguf_file import open_gguf
+    path = tmp_path / "arrays.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("a.strings", ["", "x", "héllo", "a" * 300])
+    w.add_array("a.ints", [1, -2, 3])
+    w.add_array("a.floats", [0.5, -1.25])
+    w.add_array("a.bools", [True, False])
+    w.add_array("a.empty", [])
+    w.add_array("a.nested", [[1, 2], [3]])
+    w.add_tensor("t", np.arange(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for p in (model_path, str(path)):
+        a, b = open_gguf(p), gguf.GGUFReader(p, "r")
+        assert list(a.fields) == list(b.fields)
+        for k, fa in a.fields.items():
+            fb = b.fields[k]
+            assert (fa.offset, fa.types, fa.data) == (fb.offset, fb.types, fb.data), k
+            assert len(fa.parts) == len(fb.parts), k
+            assert all(x.dtype == y.dtype and np.array_equal(x, y) for x, y in zip(fa.parts, fb.parts)), k
+        assert [(t.name, t.data_offset) for t in a.tensors] == [(t.name, t.data_offset) for t in b.tensors]
