@@ -278,6 +278,14 @@ class Engine:
                 pass                     # being restarted
         return pids
 
+    def drop(self, name: str):
+        """Stop a processor actor no plan uses any more (auto timed it and chose another)."""
+        actor = self.peers.pop(name)
+        self.watches.pop(name, None)
+        self.available.discard(name)
+        self._actors.remove(actor)
+        ray.kill(actor)
+
     # -- a processor actor that died (Ray restarts it: actors/processor.py MAX_RESTARTS) -----------
     def lost(self) -> list:
         """Names of the processor actors whose process died since they were last revived (their

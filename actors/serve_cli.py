@@ -10,6 +10,8 @@ import os
 import socket
 import sys
 
+from socllm.policies.placement import NPU_MARGIN
+
 from .service import NAME, NAMESPACE
 
 def _join(address: str | None) -> None:
@@ -137,7 +139,7 @@ def status(a) -> int:
     print(f"http       {st['frontends'].get('http', '-')}")
     pl = st["placement"]
     timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pl["chunk_ms"].items())
-    why = {"timed": "the faster at start: " + timed, "cached": "auto, as timed at an earlier start",
+    why = {"timed": f"timed at start: {timed}; the npu must be {NPU_MARGIN}x faster", "cached": "auto, as timed at an earlier start",
            "no npu": "auto: no npu", "asked": "as asked"}[pl["from"]]
     other = f" (chunks it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
     print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "

@@ -22,7 +22,7 @@ import ray
 
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
-from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS
+from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
 from socllm.policies.request import Sequence, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
 
@@ -47,8 +47,8 @@ def _processors(plan: str) -> tuple:
 
 
 def _plan_key(c) -> str:
-    """What an auto plan's timing depends on: the model file, this machine (its CPU, its OpenCL
-    drivers, an NPU's device node), the knobs."""
+    """What an auto plan's choice depends on: the model file, this machine (its CPU, its OpenCL
+    drivers, an NPU's device node), the knobs, the rule."""
     from socllm.models.gguf_file import model_path
     path = os.path.realpath(model_path(c.model))
     st = os.stat(path)
@@ -58,7 +58,7 @@ def _plan_key(c) -> str:
     drivers = ",".join(sorted(os.listdir(icd))) if os.path.isdir(icd) else ""
     npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))
     return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
-           f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}"
+           f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}"
 
 
 def _plan_cache(cache_dir: str | None, key: str | None = None,
@@ -139,20 +139,20 @@ class Service:
 
     def _start_plan(self, e) -> tuple:
         """The runner of the plan asked for (policies/placement.py SERVE_PLANS), warmed. auto:
-        HeteroLLM §4.3's decider, by timing on this device: whichever of the base processor's
-        kernels and the NPU's static graphs ran a whole prefill chunk faster at start (the
-        fastest of 3, on block 0 where no request holds blocks), decode on the base processor;
+        HeteroLLM §4.3's decider, by timing on this device: the NPU's static graphs where they ran
+        a whole prefill chunk NPU_MARGIN times faster than the base processor's kernels at start
+        (the fastest of 3, on block 0 where no request holds blocks; their memory is the price),
+        else the base processor; decode on the base processor;
         the choice is cached per model, device and knobs (plan_cache), so later starts skip it."""
         from .runner import Runner
         c, lay = self.config, e.layout
         base = "gpu" if "gpu" in e.available else "cpu"
         asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
-        if asked == "auto" and "npu" not in e.available:
-            plan, source = base, "no npu"
-        elif asked == "auto":
+        if asked == "auto":
             key = self.plan_key
             cached = _plan_cache(c.cache_dir, key)
-            plan, source = (cached, "cached") if cached else ("auto", "timed")
+            plan, source = (cached, "cached") if cached else \
+                ("auto", "timed") if "npu" in e.available else (base, "no npu")
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
         runner = Runner(e, base if plan == "auto" else plan, self.precision,
                         c.prefill_chunk if npu else 0)
@@ -169,8 +169,10 @@ class Service:
                     runner.step(rows, blocks, all_rows=False, on=on)
                     best = min(best, time.perf_counter() - t)
                 chunk_ms[on] = round(1e3 * best, 1)
-            on = min(chunk_ms, key=chunk_ms.get)
+            on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
             runner.chunks_on(on)
+            if on != "npu":
+                e.drop("npu")            # its graphs and its process: memory no step uses
             runner.plan = plan = "hetero" if on == "npu" else base
             _plan_cache(c.cache_dir, key, {"plan": plan, "chunk_ms": chunk_ms})
         if runner.chunk_on == "npu" and c.warm:
