@@ -14,15 +14,18 @@
                     the rest of a layer on the dominant processor — the GPU in decode, the NPU in
                     prefill (§4.2, Figure 11). On this device both processors are the same two
                     cores, so it never pays here (measured below); `auto` does not pick it.
-  auto              the control-plane decider (HeteroLLM §4.3): per phase and chunk size, the
-                    plan measured fastest on this device (`resolve`: NPU prefill from 256 rows,
-                    GPU otherwise); the default.
+  auto              the control-plane decider (HeteroLLM §4.3): the service times a whole
+                    prompt chunk on the GPU and the NPU at start (actors/service.py, NPU_MARGIN).
+
+The one engine runs each plan as paged programs (SERVE_PLANS below, policies/planner.py
+paged_program); `placement` is the layer-level placement of the planner's step programs for one
+bucket (socllm plan, the simulator, the kernel tests).
 """
 from __future__ import annotations
 
 from socllm.models.quant import MATRIX_TYPES
 
-from .buckets import MAX_CHUNK, PREFILL_BUCKETS, bucket_for
+from .buckets import PREFILL_BUCKETS
 
 PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid", "auto")
 
@@ -47,7 +50,6 @@ def weight_problem(proc: str, types: dict) -> str | None:
     kind, name = next(iter(bad.items()))
     more = f" and {', '.join(list(bad)[1:])}" if len(bad) > 1 else ""
     return f"the {proc} kernels do not read {kind}{more} weights yet (e.g. {name})"
-CONCRETE = PLANS[:-1]
 LAYER_LEVEL = ("cpu", "gpu", "npu", "hetero")   # a placement per op; `tensor` is a graph pass
 
 
@@ -63,13 +65,6 @@ def placement(plan: str, phase: str, bucket: int | None = None):
     if bucket is None or (HETERO_SPLIT_FROM is not None and bucket >= HETERO_SPLIT_FROM):
         return lambda op: "gpu" if op.kind == "attention" else "npu"
     return lambda op: "npu"
-
-
-def processors(plan: str, available: set = frozenset()) -> set:
-    if plan == "auto":
-        return {"gpu", "npu"} & set(available) or {"cpu"}
-    return {"hetero": {"gpu", "npu"}, "tensor": {"gpu", "npu"}, "seqcut": {"gpu", "npu"},
-            "hybrid": {"gpu", "npu"}}.get(plan, {plan})
 
 
 # Measured on the 2-core dev machine (PoCL's OpenCL and OpenVINO both on the CPU;
@@ -90,7 +85,6 @@ def processors(plan: str, available: set = frozenset()) -> set:
 #   hetero 399, npu 392;  512 (plans in the other order, min/median/max): npu 455/464/464,
 #   hetero 416/424/425, gpu 360/362/365 — at 512 the GPU's attention and two hops a layer cost
 #   hetero 9 % against the NPU alone, whose attention now reads only its KV bucket.
-NPU_PREFILL_FROM = 256   # bucket from which the NPU alone prefills faster than the GPU
 #   The same, median of 3, tok/s: prefill 512: npu 468, hetero (split) 437 (-6.6 %).
 #   With the NPU's whole-model first-chunk graph (policies/buckets.whole_graph), the split — a
 #   processor hop before and after every layer's attention — also cuts that graph into 61 pieces.
@@ -123,64 +117,14 @@ def seq_parts(rows: int) -> list:
     return parts
 
 
-def seqcut_steps(rows: int) -> list:
-    """The seqcut plan's prefill steps, [(rows, bucket)]: a step of up to MAX_CHUNK rows cut
-    between the NPU and the GPU (bucket: its rows), or, where the cut leaves no GPU margin, its
-    NPU chunks as steps of their own (each a prepared bucket)."""
-    steps = []
-    for lo in range(0, rows, MAX_CHUNK):
-        n = min(MAX_CHUNK, rows - lo)
-        parts = seq_parts(n)
-        if len({p for *_, p in parts}) > 1:
-            steps.append((n, n))
-        else:
-            steps += [(hi - a, hi - a) for a, hi, _ in parts]
-    return steps
 
 
-def hybrid_steps(rows: int) -> list:
-    """The hybrid plan's prefill steps, [(rows, bucket)] (HeteroLLM §4.1.1's hybrid cut): a step
-    of up to MAX_CHUNK rows padded to one static NPU bucket, its linears row-cut with the GPU
-    (the tensor plan's program at that bucket)."""
-    return [(min(MAX_CHUNK, rows - lo), bucket_for(min(MAX_CHUNK, rows - lo)))
-            for lo in range(0, rows, MAX_CHUNK)]
 
 
-def resolve(plan: str, phase: str, bucket: int, available: set) -> str:
-    """A concrete plan for one step: `auto` picks, per phase and chunk bucket, the plan measured
-    fastest here; it never picks a plan measured slower than the best single processor.
-    `seqcut` (bucket: the step's rows) cuts prefill steps between the NPU and the GPU where it
-    has both and the rows make two parts; decode runs on the GPU."""
-    if plan == "hybrid":                 # padding + row-cut for prefill; decode on the GPU
-        if not {"gpu", "npu"} <= available:
-            return "gpu" if "gpu" in available else "cpu"
-        return "tensor" if phase == "prefill" else "gpu"
-    if plan == "seqcut":
-        procs = {p for _, _, p in seq_parts(bucket)} if phase == "prefill" else {"gpu"}
-        if not procs <= available:
-            return "gpu" if "gpu" in available else "cpu"
-        return "seqcut" if len(procs) > 1 else procs.pop()
-    if plan != "auto":
-        return plan
-    if phase == "prefill" and bucket >= NPU_PREFILL_FROM and "npu" in available:
-        return "npu"
-    if "gpu" in available:
-        return "gpu"
-    return "npu" if "npu" in available else "cpu"
 
 
-def default_plan(available: set) -> str:
-    return "auto"
 
 
-def online_prepare(plan: str, concrete: str, compiled: bool, available: set) -> str:
-    """HeteroLLM's online-prepare for `auto`: a chunk `resolve` gives to the NPU whose graph is
-    not compiled yet runs on the GPU. Compiling inside the request (3-6 s here, not cached on
-    disk) costs more than the NPU saves on it (~1 ms a row: 614 vs 363 tok/s at 512 rows); the
-    engine compiles the graph after the request, for the next ones."""
-    if plan == "auto" and concrete == "npu" and not compiled and "gpu" in available:
-        return "gpu"
-    return concrete
 
 
 # Serving plans (`socllm serve --plan`, policies/config.py): what each runs a decode batch and a

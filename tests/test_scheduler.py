@@ -132,13 +132,3 @@ def test_ended_requests_report_usage():
     r.tokens = [1, 2, 3]
     r.end("cancelled", "cancelled")
     assert r.ended and r.usage() == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-
-
-def test_auto_never_compiles_an_npu_graph_inside_a_request():
-    from socllm.policies.placement import online_prepare, resolve
-    both = {"cpu", "gpu", "npu"}
-    assert resolve("auto", "prefill", 512, both) == "npu"
-    assert online_prepare("auto", "npu", compiled=False, available=both) == "gpu"
-    assert online_prepare("auto", "npu", compiled=True, available=both) == "npu"
-    assert online_prepare("npu", "npu", compiled=False, available=both) == "npu"   # asked for
-    assert online_prepare("auto", "npu", compiled=False, available={"cpu", "npu"}) == "npu"

@@ -9,7 +9,7 @@ import pytest
 
 from socllm.graph.build import build_graph
 from socllm.graph.seqcut import seq_cut
-from socllm.policies.placement import resolve, seq_parts
+from socllm.policies.placement import seq_parts
 
 TEXT = os.path.join(os.path.dirname(__file__), "..", "scripts", "data", "pride_and_prejudice_ch1-2.txt")
 
@@ -20,10 +20,6 @@ TEXT = os.path.join(os.path.dirname(__file__), "..", "scripts", "data", "pride_a
     (256, [(0, 256, "npu")]), (40, [(0, 40, "gpu")])])
 def test_seq_parts_are_static_npu_chunks_and_a_gpu_margin(rows, parts):
     assert seq_parts(rows) == parts
-    want = "seqcut" if len({p for *_, p in parts}) > 1 else parts[0][2]
-    assert resolve("seqcut", "prefill", rows, {"cpu", "gpu", "npu"}) == want
-    assert resolve("seqcut", "decode", 1, {"cpu", "gpu", "npu"}) == "gpu"
-    assert resolve("seqcut", "prefill", rows, {"cpu", "gpu"}) == "gpu"
 
 
 def test_the_cut_graph_runs_every_op_per_part_and_the_logits_in_the_last(model_config):
@@ -53,12 +49,6 @@ def test_the_lowered_cut_syncs_only_on_the_kv_cache(engine):
     assert not any(t.waits for t in prog.tasks["npu"])
     assert len(waiting) == 2 * engine.n_layers
 
-
-def test_hybrid_steps_pad_to_one_bucket_and_row_cut():
-    from socllm.policies.placement import hybrid_steps
-    assert hybrid_steps(300) == [(300, 512)] and hybrid_steps(1100) == [(1024, 1024), (76, 128)]
-    assert resolve("hybrid", "prefill", 512, {"cpu", "gpu", "npu"}) == "tensor"
-    assert resolve("hybrid", "decode", 1, {"cpu", "gpu", "npu"}) == "gpu"
 
 
 def test_hybrid_prefill_gives_the_oracles_greedy_tokens(engine, oracle, tokenizer):
