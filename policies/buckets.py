@@ -73,7 +73,7 @@ WHOLE_GRAPH_FROM = 256   # prefill bucket from which a prompt's first chunk runs
 
 def whole_graph(phase: str, bucket: int) -> bool:
     """Does a prefill chunk of this bucket at pos0 = 0 run as one whole-model NPU graph with its
-    weights compiled in (const_weights)? Only the buckets the NPU prefills in the auto plan
-    : each such graph holds 227-452 MB of its own. (The
+    weights compiled in (const_weights)? Only the larger buckets: each such graph holds
+    227-452 MB of its own. (The
     config's whole_graph, policies/config.py, turns them off.)"""
     return phase == "prefill" and bucket >= WHOLE_GRAPH_FROM
