@@ -13,9 +13,9 @@ __all__ = ["connect", "Client", "ServiceNotRunning", "RequestCancelled", "LLM", 
 
 def __getattr__(name):          # lazy: `import socllm.models...` does not start Ray
     if name in ("LLM", "Completion"):
-        from socllm.actors import llm
+        from socllm.actors.front import llm
         return getattr(llm, name)
     if name in __all__:
-        from socllm.actors import client
+        from socllm.actors.front import client
         return getattr(client, name)
     raise AttributeError(f"module 'socllm' has no attribute {name!r}")

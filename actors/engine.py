@@ -39,8 +39,8 @@ from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import Sampler, SamplingParams
 from socllm.policies.threads import actor_env
 
-from .planner import Planner
-from .processor import ProcessorActor
+from socllm.actors.planner import Planner
+from socllm.actors.processor import ProcessorActor
 
 OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
 
@@ -60,7 +60,7 @@ def ensure_ray(threads: int, address: str | None = None) -> bool:
     explicit `address` that does not answer raises NoCluster."""
     if ray.is_initialized():
         return False
-    from .cluster import NoCluster, join
+    from socllm.actors.cluster import NoCluster, join
     try:
         join(address)
         return False
@@ -205,7 +205,7 @@ class Engine:
     def runner(self, plan=None, precision=None, chunk: int = 0):
         """The runner (actors/runner.py) of a plan (policies/placement.py SERVE_PLANS; None:
         the GPU's, else the CPU's) at a precision, whose static NPU graphs take `chunk` rows."""
-        from .runner import Runner
+        from socllm.actors.runner import Runner
         plan = plan or ("gpu" if "gpu" in self.available else "cpu")
         if plan not in SERVE_PLANS:
             raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(SERVE_PLANS)})")

@@ -16,7 +16,7 @@ import traceback
 
 from socllm.policies.request import Sequence
 
-from .runner import ProcessorLost
+from socllm.actors.runner import ProcessorLost
 
 KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
 CHECK_S = 1.0                 # how often a busy loop looks for dead actors and gone clients

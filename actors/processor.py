@@ -14,8 +14,8 @@ from socllm.memory.arena import Arena
 from socllm.memory.layout import Control, PoolLayout
 from socllm.memory.ready import ReadyWords
 
-BACKENDS = {"cpu": ("socllm.actors.cpu", "CPUBackend"), "gpu": ("socllm.actors.gpu", "GPUBackend"),
-            "npu": ("socllm.actors.npu", "NPUBackend")}
+BACKENDS = {"cpu": ("socllm.actors.cpu.backend", "CPUBackend"), "gpu": ("socllm.actors.gpu.backend", "GPUBackend"),
+            "npu": ("socllm.actors.npu.backend", "NPUBackend")}
 
 
 # Ray restarts a processor actor whose process dies (its constructor attaches the same pool
@@ -39,7 +39,7 @@ class ProcessorCore:
         mod, cls = BACKENDS[kind]
         self.backend = getattr(importlib.import_module(mod), cls)(self.arena.buf, self.lay,
                                                                   config.threads, config=config)
-        from .worker import Worker
+        from socllm.actors.worker import Worker
         self.worker = Worker(kind, self.backend, self.words, self.ctl, self.lay,
                              config.sleep_fraction)
 

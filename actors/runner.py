@@ -135,7 +135,7 @@ class Runner:
     def npu_fits(self, rows: list, bucket: int | None = None) -> bool:
         """Can a static chunk graph of `bucket` rows (the NPU's chunk rows) take these prefill
         rows: at most its bucket, of one sequence, starting at a block boundary (its K/V rows
-        are written a whole block at a time, ov_segment.py)?"""
+        are written a whole block at a time, npu/segment.py)?"""
         bucket = self.npu_chunk if bucket is None else bucket
         return bool(bucket) and len(rows) <= bucket and rows[0][1] % self.lay.block_rows == 0 \
             and bucket % self.lay.block_rows == 0 and len({r[2] for r in rows}) == 1
@@ -192,7 +192,7 @@ class Runner:
             meta["ids"][:n], meta["pos"][:n], meta["seq"][:n] = tok, pos, seq
             meta["rows"][:n] = self.btab[seq, pos // br] * br + pos % br
         # one row: its position is also pos0 (the fused decode kernels' RoPE and key count); a
-        # static chunk's first position picks its KV-length bucket (ov_segment.py)
+        # static chunk's first position picks its KV-length bucket (npu/segment.py)
         static = key[3] and not all_rows
         self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0,
                   self.precision if all_rows else self.chunk_precision, span)

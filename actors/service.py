@@ -26,7 +26,7 @@ from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
 from socllm.policies.request import Sequence, check_priority
 from socllm.policies.sampling import Sampler, SamplingParams
 
-from .loop import ServingEngine
+from socllm.actors.loop import ServingEngine
 
 NAMESPACE, NAME = "socllm", "service"
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
@@ -98,7 +98,7 @@ class Service:
         self.engine, self.core, self.error, self.loop = None, None, None, None
         self.ids = iter(range(1, 1 << 62))
         self.ready_event = threading.Event()
-        from .metrics import ServiceMetrics
+        from socllm.actors.metrics import ServiceMetrics
         self.metrics = ServiceMetrics()
         threading.Thread(target=self._main, name="socllm-service", daemon=True).start()
 
@@ -106,7 +106,7 @@ class Service:
     def _main(self):
         try:
             from socllm.memory.blocks import BlockPool
-            from .engine import Engine
+            from socllm.actors.engine import Engine
             c = self.config
             # the second activation buffer holds proactive chunks that stop between layers
             # (the agent policy's, Agent.xpu §4.4)
@@ -144,7 +144,7 @@ class Service:
         (the fastest of 3, on block 0 where no request holds blocks; their memory is the price),
         else the base processor; decode on the base processor;
         the choice is cached per model, device and knobs (plan_cache), so later starts skip it."""
-        from .runner import Runner
+        from socllm.actors.runner import Runner
         c, lay = self.config, e.layout
         base = "gpu" if "gpu" in e.available else "cpu"
         asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
@@ -318,7 +318,7 @@ class Service:
         return named
 
     def status(self) -> dict:
-        from .metrics import pss_mb
+        from socllm.actors.metrics import pss_mb
         now, core = time.monotonic(), self.core
         while core.token_times and core.token_times[0] < now - 60:
             core.token_times.popleft()

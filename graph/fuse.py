@@ -1,6 +1,6 @@
 """Decode operator fusion (Transformer-Lite §2.2): a pass over one processor's decode task list.
 
-It rewrites runs of tasks into the fused kernels of actors/cl/decode.cl and epilogue.cl, so a layer
+It rewrites runs of tasks into the fused kernels of actors/gpu/cl/decode.cl and epilogue.cl, so a layer
 is 5 launches instead of 15, and it never changes what the step computes:
 
   rmsnorm -> linears reading it           norm_prep (+ the linears below)
@@ -28,7 +28,7 @@ from .program import StepProgram, Task, reads
 
 @dataclass
 class Fused:
-    op: str                 # a kernel of actors/cl/decode.cl
+    op: str                 # a kernel of actors/gpu/cl/decode.cl
     args: dict              # refs and sizes, like Task.args
     waits: list = field(default_factory=list)
     signals: list = field(default_factory=list)

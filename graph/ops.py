@@ -1,4 +1,4 @@
-"""Shape inference of the op set (the semantics are actors/kernels_numpy.py).
+"""Shape inference of the op set (the semantics are actors/cpu/kernels.py).
 
 Each rule checks its inputs' shapes symbolically and gives the output shape; outputs that the
 builder declared beforehand (KV caches, io) are checked against it instead.

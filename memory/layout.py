@@ -31,7 +31,7 @@ W_GO, W_DONE, W_ERROR, W_FIRST_LOC = 0, 4, 9, 16
 
 
 KV_DTYPES = {"f32": 4, "f16": 2}     # a KV element's type -> its bytes
-ATT_SPLITS = 16     # key splits of the GPU's decode attention (ATT_S of actors/cl/decode.cl)
+ATT_SPLITS = 16     # key splits of the GPU's decode attention (ATT_S of actors/gpu/cl/decode.cl)
 
 
 @dataclass
@@ -123,14 +123,14 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     lay.slot_bytes = list(slot_bytes)
     lay.slots = [take(b, ALIGN) for b in slot_bytes]
     # act: the GPU's prepared activation row for its decode GEMVs (values f32 or int8, block
-    # scales, block sums; actors/cl/decode.cl) for the widest matmul input, rewritten per GEMV
+    # scales, block sums; actors/gpu/cl/decode.cl) for the widest matmul input, rewritten per GEMV
     # input; rope: the per-step RoPE cos/sin table (head_dim <= 1024); att: split-K decode
     # attention's partials, ATT_SPLITS x heads x (head_dim + 2) f32 (heads x head_dim <= max_k,
     # head_dim >= 16)
     act = 4 * max_k + 8 * max_k // 32
     # pos, rows, seq: a serving step's row metadata; btab: its block tables (graph/build.py)
-    # act_rows: a decode batch's rows prepared in int16 for its linears (actors/cl/paged.cl), or
-    # its (or a prefill chunk's) in int8, padded to whole tiles of 16 rows (actors/cl/batch.cl);
+    # act_rows: a decode batch's rows prepared in int16 for its linears (actors/gpu/cl/paged.cl), or
+    # its (or a prefill chunk's) in int8, padded to whole tiles of 16 rows (actors/gpu/cl/batch.cl);
     # rope: the fused decode row's cos / sin and its kernels' counters; rope_rows: a serving
     # step's cos / sin per row
     lay.io = {"ids": take(max_rows * 4), "logits": take(max_seqs * vocab * 4),

@@ -20,14 +20,14 @@ from .buckets import MAX_CHUNK
 from .threads import machine_budget
 
 # one default precision, served and local. q16: int16 activations (per 32-block) in the GPU's
-# decode GEMVs for one or two rows, f32 for more (actors/kernels_cl.py INT_ROWS_MAX), relative
+# decode GEMVs for one or two rows, f32 for more (actors/gpu/kernels.py INT_ROWS_MAX), relative
 # error ~2.5e-5 of f32: the oracle's greedy text on 48 of 48 prompts, perplexity equal to 1e-5.
 # q8 (int8, llama.cpp's scheme) is within 0.2 % of llama.cpp's perplexity but agrees with its
 # greedy text a little less often than f32 (16 vs 18 of 48), for 21-25 % more tok/s at 4-16
 # streams on 2 cores, none at 1-2 (scripts/results/quality-2core-zen5*.txt)
 DEFAULT_PRECISION = "q16"
 # a serving decode step's linears: q16 int16 for one or two rows, f32 for more
-# (actors/kernels_cl.py INT_ROWS_MAX says why); q8 int8 activations per 32-block, llama.cpp's own
+# (actors/gpu/kernels.py INT_ROWS_MAX says why); q8 int8 activations per 32-block, llama.cpp's own
 # for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
 # f32 the numpy oracle's path. Prefill chunks run in int8 tiles at q8, else in f32.
 SERVE_PRECISIONS = ("q8", "q16", "f32")
@@ -77,7 +77,7 @@ class EngineConfig:
     whole_graph: bool = True          # a prompt's first NPU chunk as one graph (policies/buckets.py)
     sleep_fraction: float = 0.0       # HeteroLLM §4.2 predicted sleep (memory/ready.py: off here)
     cl_discrete: bool = False         # the GPU's copying path forced on a unified device (PoCL)
-    pocl_cpu: str | None = None       # the CPU PoCL compiles for (actors/opencl.py)
+    pocl_cpu: str | None = None       # the CPU PoCL compiles for (actors/gpu/device.py)
     pocl_as_is: bool = False          # PoCL as it ships: no CPU named
     cache_dir: str | None = None      # what socllm keeps between runs (auto plans); from_env:
                                       # $XDG_CACHE_HOME/socllm, else ~/.cache/socllm
@@ -158,7 +158,7 @@ class ServeConfig(EngineConfig):
     prefill_chunk: int = 128          # prompt rows a step: others' decode steps run between chunks
     # a running request whose text nobody has asked for this long (no poll open, none returned
     # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
-    # proxy did not pass on (actors/http.py). Clients poll continuously (each poll within 10 s).
+    # proxy did not pass on (actors/front/http.py). Clients poll continuously (each poll within 10 s).
     abandon_s: float = 30.0
     # build every kernel and graph the requests may need at start (a service); False: the first
     # request builds what it uses (`socllm generate`'s private engine: one request)

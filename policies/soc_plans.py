@@ -176,7 +176,7 @@ def against_published(soc: SoC, planners: dict, weights: str = "w4a16") -> list:
     """The SoC's published results (policies/socs/*.json "published") beside the simulated ones.
     planners: model name -> planner_for(...). Rows: {what, model, strategy, prompt_len, source,
     published, simulated, ratio (simulated / published)}. A workload's figures (they name rates)
-    are the workload simulation's (actors/simulate_cli.py --workload)."""
+    are the workload simulation's (actors/front/simulate.py --workload)."""
     rows = []
     for e in soc.published:
         if "reactive_rate" in e:

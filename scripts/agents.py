@@ -100,7 +100,7 @@ class SocllmPolicy:
     def start(self):
         import ray
 
-        from socllm.actors.http import deploy
+        from socllm.actors.front.http import deploy
         from socllm.actors.service import NAME, NAMESPACE, Service
         from socllm.policies.config import ServeConfig
         from socllm.policies.threads import actor_env
@@ -139,7 +139,7 @@ class SocllmPolicy:
     def stop(self):
         import ray
 
-        from socllm.actors.http import undeploy
+        from socllm.actors.front.http import undeploy
         undeploy()
         ray.get(self.svc.shutdown.remote(), timeout=120)
         ray.kill(self.svc)

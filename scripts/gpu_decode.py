@@ -29,7 +29,7 @@ import numpy as np
 
 def setup(model: str | None, context: int, precision: str):
     """-> (arena, layout, cfg, tokenizer, weights, backend, {phase: units}) for the gpu plan."""
-    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.gpu.backend import GPUBackend
     from socllm.graph.program import StepProgram
     from socllm.models.tokenizer import Tokenizer
     from socllm.policies.buckets import MAX_CHUNK

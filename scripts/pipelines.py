@@ -40,12 +40,12 @@ def worker(role: str, threads: int, seconds: float, start_at: float, batch: int,
         def step():
             run_steps(gpu, units, "q8", pos, 1, batch)
     elif role == "prefill-npu":    # a 128-row prefill chunk on OpenVINO's static graph (q8:
-        from socllm.actors.npu import NPUBackend     # int8 dynamic quantization of activations)
+        from socllm.actors.npu.backend import NPUBackend     # int8 dynamic quantization of activations)
         arena, lay, prog = pool_program("npu", "prefill", CHUNK)
         backend = NPUBackend(arena.buf, lay, threads)
         units = backend.build_units(prog, "q8")
     else:                          # the service's own chunk: paged, linears in q8 weight tiles
-        from socllm.actors.gpu import GPUBackend
+        from socllm.actors.gpu.backend import GPUBackend
         arena, lay, prog = pool_program("gpu", "chunk", CHUNK, 1, "f16", chunk=True)
         chunk_rows(arena, lay)
         backend = GPUBackend(arena.buf, lay, threads)

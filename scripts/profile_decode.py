@@ -81,7 +81,7 @@ def batch_rows(arena, lay, n: int, pos: int):
 
 
 def build(precision: str, profile: bool, batch: int = 0, kv_dtype: str = "f32", model=None):
-    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.gpu.backend import GPUBackend
     arena, lay, prog = pool_program("gpu", "decode", 1, batch, kv_dtype, model=model)
     gpu = GPUBackend(arena.buf, lay, EngineConfig.from_env().budget, profile=profile)
     units = gpu.build_units(prog, precision)

@@ -34,7 +34,7 @@ def shape_args(args: dict) -> dict:
 def _contention(gpu, core, shared, config, arena, lay, tasks, reps, n=256) -> float:
     """The widest linear cut in halves, the halves on the GPU and the NPU at once, over the
     slower half alone (>= 1): what running two processors at once costs on this device."""
-    from socllm.actors.ov_segment import OVSegment
+    from socllm.actors.npu.segment import OVSegment
     from socllm.graph.program import cut_rows
     from socllm.scripts.profile_rowcut import _at_once
     t = max((t for t in tasks if t.op == "linear"), key=lambda t: t.args["M"] * t.args["K"])
@@ -69,8 +69,8 @@ def main(argv=None) -> dict:
     budget = apply_budget()
     import openvino as ov
 
-    from socllm.actors.gpu import GPUBackend
-    from socllm.actors.ov_segment import OVSegment
+    from socllm.actors.gpu.backend import GPUBackend
+    from socllm.actors.npu.segment import OVSegment
     from socllm.scripts.profile_decode import pool_program
     rows = [int(r) for r in a.rows.split(",")]
     arena, lay, prog = pool_program("gpu", "prefill", max(rows))

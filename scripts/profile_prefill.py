@@ -22,7 +22,7 @@ from .profile_decode import apply_budget
 
 
 def build(bucket: int, per_layer: bool):
-    from socllm.actors import npu as npu_mod
+    from socllm.actors.npu import backend as npu_mod
     from .profile_decode import pool_program
     config = EngineConfig.from_env(**({"whole_graph": False} if per_layer else {}))
     arena, lay, prog = pool_program("npu", "prefill", bucket)

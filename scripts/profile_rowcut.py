@@ -48,8 +48,8 @@ def main(argv=None) -> dict:
     budget = apply_budget()
     import openvino as ov
 
-    from socllm.actors.gpu import GPUBackend
-    from socllm.actors.ov_segment import OVSegment
+    from socllm.actors.gpu.backend import GPUBackend
+    from socllm.actors.npu.segment import OVSegment
     from socllm.graph.partition import ALIGN, DOMINANT
     from socllm.graph.program import cut_rows
     from socllm.policies.rowcut import contention, solve_part

@@ -119,7 +119,7 @@ class Socllm:
     def __init__(self, gguf: str, max_seqs: int, precision: str | None = None):
         import ray
 
-        from socllm.actors.http import deploy
+        from socllm.actors.front.http import deploy
         from socllm.actors.service import NAME, NAMESPACE, Service
         from socllm.policies.config import ServeConfig
         from socllm.policies.threads import actor_env

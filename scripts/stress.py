@@ -33,7 +33,7 @@ import time
 
 import requests
 
-from socllm.actors.client import RequestCancelled
+from socllm.actors.front.client import RequestCancelled
 
 from .serve_bench import DATA, Socllm, pct
 

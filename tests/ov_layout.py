@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 
-from socllm.actors.kernels_numpy import NumpyKernels
-from socllm.actors.ov_segment import OVSegment
+from socllm.actors.cpu.kernels import NumpyKernels
+from socllm.actors.npu.segment import OVSegment
 
 D, H, KVH, HD, F, V = 576, 9, 3, 64, 1536, 4096   # SmolLM2-135M sizes; V cut from 49152 for speed
 EPS, THETA = 1e-5, 10000.0

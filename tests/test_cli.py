@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+SOCLLM = [sys.executable, "-m", "socllm.actors.front.cli"]
 # `socllm generate` joins the cluster RAY_ADDRESS names (the test session's), never one the user runs
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -14,12 +14,12 @@ import pytest
 
 from socllm.policies.config import ENV, ConfigError, EngineConfig, ServeConfig
 
-SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+SOCLLM = [sys.executable, "-m", "socllm.actors.front.cli"]
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_cli_defaults_are_the_config_fields():
-    from socllm.actors.cli import _parser
+    from socllm.actors.front.cli import _parser
     serve, gen = _parser().parse_args(["serve"]), _parser().parse_args(["generate", "hi"])
     flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
     assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "plan",
@@ -82,7 +82,7 @@ def test_from_env_refuses_a_bad_value_in_one_line_naming_the_variable(var, text)
     (["generate", "hi", "--context", "8"], "--context must be at least 16, got 8"),
 ])
 def test_the_cli_says_a_field_as_its_flag(args, line, capsys):
-    from socllm.actors.cli import main
+    from socllm.actors.front.cli import main
     assert main(args) == 2                      # refused before any Ray cluster is looked for
     assert capsys.readouterr().err.strip().splitlines() == [f"socllm: error: {line}"]
 

@@ -21,7 +21,7 @@ import pytest
 from testlib import free_port
 
 BIN = os.path.dirname(sys.executable)
-SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+SOCLLM = [sys.executable, "-m", "socllm.actors.front.cli"]
 RAY = os.path.join(BIN, "ray")
 # a bound on each command, not a speed assertion: a stale cluster file answered in well under a
 # second here, against minutes of Ray retrying it before; 60 s leaves room for a loaded machine

@@ -20,7 +20,7 @@ def forced(monkeypatch):
 
 
 def test_a_discrete_buffer_is_a_copy_until_ranges_move(forced):
-    from socllm.actors.kernels_cl import CLKernels, make_context, wrap_arena
+    from socllm.actors.gpu.kernels import CLKernels, make_context, wrap_arena
     ctx, queue, _ = make_context()
     arena = np.zeros(1 << 16, np.uint8)
     arena[:256].view(np.float32)[:] = 1.0

@@ -1,4 +1,4 @@
-"""E0M4 FP4 weights (models/e0m4.py) and their OpenCL GEMV (actors/cl/e0m4.cl), as specifications.
+"""E0M4 FP4 weights (models/e0m4.py) and their OpenCL GEMV (actors/gpu/cl/e0m4.cl), as specifications.
 
 Numerics: dequantization is exact (the bitwise decode equals (q - z) * scale / 8 in f64, rounded
 once); quantization errs by at most half a code step; the OpenCL GEMV agrees with the numpy one at
@@ -151,7 +151,7 @@ def q4_weights(gguf_reader):
 @pytest.fixture(scope="module")
 def cl_dev():
     import pyopencl as cl
-    from socllm.actors.kernels_cl import make_context, wrap_arena
+    from socllm.actors.gpu.kernels import make_context, wrap_arena
     ctx, queue, _ = make_context()
     raw = np.zeros((8 << 20) + 4096, np.uint8)
     start = -raw.ctypes.data % 4096                                 # page-aligned, as the pool's
@@ -170,7 +170,7 @@ def put(arena, top, a) -> tuple[int, int]:
                 ids=["cpu", "gpu-split"])
 def e0m4_kernels(cl_dev, request):
     """This device's build, and the one a GPU gets (rows split over 4 work-items, vload_half)."""
-    from socllm.actors.kernels_e0m4 import E0M4Kernels
+    from socllm.actors.gpu.e0m4 import E0M4Kernels
     _, ctx, queue, _, buf = cl_dev
     return E0M4Kernels(ctx, queue, buf, request.param)
 

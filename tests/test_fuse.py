@@ -1,4 +1,4 @@
-"""Decode operator fusion: the pass (graph/fuse.py) and its kernels (actors/cl/decode.cl).
+"""Decode operator fusion: the pass (graph/fuse.py) and its kernels (actors/gpu/cl/decode.cl).
 
 The fused decode step must compute what the op-by-op step computes: f32 within 1e-5 (sums only
 reassociated), q16 within 1e-3 of the logits' scale, q8 within 5e-2; KV rows written in place the same way.
@@ -75,7 +75,7 @@ def test_an_intermediate_read_elsewhere_is_not_dropped(model_config):
 # -- the fused step against the op-by-op step, on the real model's first layers ---------------
 def _pool(cfg, model_weights, program, **layout):
     """The model's first LAYERS layers in a pool (64 rows, context 128) and one of its programs."""
-    from socllm.actors.gpu import GPUBackend
+    from socllm.actors.gpu.backend import GPUBackend
     from socllm.policies.planner import PlannerCore
     from socllm.memory.arena import Arena
     from socllm.memory.layout import plan_layout, write_weights
@@ -105,8 +105,8 @@ def shaped(request):
     """-> a pool's GPU backend: the build for this machine (a CPU's work shapes), or the one with
     a GPU's (kernels_cl.GPU_SHAPED: a GEMV row pair over a group, epilogues over the last group,
     attention a group per head), both on PoCL"""
-    from socllm.actors.gpu import GPUBackend
-    from socllm.actors.kernels_cl import GPU_SHAPED
+    from socllm.actors.gpu.backend import GPUBackend
+    from socllm.actors.gpu.kernels import GPU_SHAPED
     made = {}
 
     def backend(pool):
@@ -161,8 +161,8 @@ def test_bound_fused_units_follow_the_position_word_from_step_to_step(pool, shap
     """Units built once run two steps (pos0 37, then 38): the fused kernels read pos0 from the
     position word begin_step writes (copied up on a discrete device), not from their pre-bound
     arguments; both steps' logits and KV rows equal the op-by-op steps'."""
-    from socllm.actors.gpu import GPUBackend
-    from socllm.actors.kernels_cl import GPU_SHAPED
+    from socllm.actors.gpu.backend import GPUBackend
+    from socllm.actors.gpu.kernels import GPU_SHAPED
     monkeypatch.setenv("SOCLLM_CL_DISCRETE", discrete)
     arena, lay, prog, _ = pool
     opts = GPU_SHAPED if shaped(pool) is not pool[3] else ""

@@ -11,7 +11,7 @@ from tiny_gguf import write_tiny
 
 from socllm.models.inspect import inspect
 
-SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+SOCLLM = [sys.executable, "-m", "socllm.actors.front.cli"]
 
 
 def _tiny(path, arch="llama", matrix=QT.Q4_1, extra=()):

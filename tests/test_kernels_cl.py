@@ -18,8 +18,8 @@ import pytest
 
 import pyopencl  # noqa: F401  (a hard dependency: missing or broken, this file fails)
 
-from socllm.actors.kernels_cl import GPU_SHAPED, CLKernels, Mirror, discrete, make_context, wrap_arena
-from socllm.actors.kernels_numpy import KV_NUMPY, NumpyKernels
+from socllm.actors.gpu.kernels import GPU_SHAPED, CLKernels, Mirror, discrete, make_context, wrap_arena
+from socllm.actors.cpu.kernels import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
 from socllm.models.synthetic import blocks, random_blocks
@@ -362,7 +362,7 @@ def test_misaligned_offsets_raise_instead_of_faulting(dev, lay, rng):
         dev[1].run("linear", {"x": ("a", x + 4), "w": w, "out": ("a", out), "K": D, "M": F}, 1, 0)
 
 
-# -- decode GEMVs on a prepared activation row (fused_cl.py): f32, int16 (q16), int8 (q8) -------
+# -- decode GEMVs on a prepared activation row (gpu/fused.py): f32, int16 (q16), int8 (q8) -------
 ACT_OFF, ROPE_OFF = ARENA_BYTES - (1 << 20), ARENA_BYTES - (1 << 19)   # past a free gap
 BITS = {"f32": 32, "q16": 16, "q8": 8}
 
@@ -395,7 +395,7 @@ def build(dev, request):
 
 
 def linear_act(clk, precision, x, w, out, K, M, pos0=0, res=None, pos_word=False):
-    from socllm.actors.fused_cl import FusedCL
+    from socllm.actors.gpu.fused import FusedCL
     from socllm.graph.fuse import Fused
     f = FusedCL(clk, ACT_OFF, ROPE_OFF, precision, pos_word=pos_word)
     f.run(Fused("prep", {"x": x, "K": K}), 1, pos0)
@@ -453,7 +453,7 @@ def test_linear_act_adds_the_residual_and_writes_kv_rows(dev, lay, rng):
     keep = np.arange(cap) != pos0
     np.testing.assert_array_equal(after[keep], before[keep])
     # with the step's position word (GPUBackend): the row it names, whatever pos0 the call says
-    from socllm.actors.fused_cl import pos_word_at
+    from socllm.actors.gpu.fused import pos_word_at
     dev[0][pos_word_at(ROPE_OFF):][:4].view(np.int32)[0] = pos0 + 1
     before = after.copy()
     linear_act(dev[1], "f32", ("a", x), w, ("kv", cache), D, M, pos0=0, pos_word=True)
@@ -464,7 +464,7 @@ def test_linear_act_adds_the_residual_and_writes_kv_rows(dev, lay, rng):
 
 
 def test_fused_scratch_must_be_aligned(dev):
-    from socllm.actors.fused_cl import FusedCL
+    from socllm.actors.gpu.fused import FusedCL
     with pytest.raises(ValueError, match="64-byte"):
         FusedCL(dev[1], ACT_OFF + 32, ROPE_OFF)
 
@@ -472,7 +472,7 @@ def test_fused_scratch_must_be_aligned(dev):
 @pytest.mark.parametrize("precision,tol", [("f32", RTOL), ("q16", 1e-4), ("q8", 2e-2)])
 def test_lm_head_act_matches_numpy(dev, lay, rng, build, precision, tol):
     """The final norm prepared in natural order, then the Q8_0 lm-head (two rows a work-item)."""
-    from socllm.actors.fused_cl import FusedCL
+    from socllm.actors.gpu.fused import FusedCL
     from socllm.graph.fuse import Fused
     Vs = 1001                                         # odd: the last work-item has one row
     x, w, table = rows(lay, rng, 1, D), lay.put(rng.uniform(0.5, 1.5, D).astype(np.float32)), lay.w8(Vs, D, rng)

@@ -6,8 +6,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from socllm.actors.kernels_numpy import NumpyKernels
-from socllm.actors.ov_segment import OVSegment
+from socllm.actors.cpu.kernels import NumpyKernels
+from socllm.actors.npu.segment import OVSegment
 from socllm.graph.program import cut_rows
 
 from ov_layout import (CAP, CONFIG, D, EPS, F, H, HD, KVH, V, Layout, close, decoder_layer,

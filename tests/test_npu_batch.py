@@ -1,4 +1,4 @@
-"""Paged decode batches on the NPU's static graphs (ov_segment.py per_row): N rows of different
+"""Paged decode batches on the NPU's static graphs (npu/segment.py per_row): N rows of different
 sequences, each at its own position, in a graph of B >= N rows. Row i's K/V go to KV row
 rows[i] alone, padding rows' nowhere in the cache; row i's attention reads sequence seq[i]'s
 rows 0 .. pos[i] through its block table. First against the numpy specification (the segments
@@ -10,8 +10,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from socllm.actors.kernels_numpy import NumpyKernels
-from socllm.actors.ov_segment import OVSegment
+from socllm.actors.cpu.kernels import NumpyKernels
+from socllm.actors.npu.segment import OVSegment
 
 from ov_layout import CONFIG, D, H, HD, KVH, THETA, Layout, close, f32, rand_rows
 from testlib import PROMPTS

@@ -7,8 +7,8 @@ import numpy as np
 import openvino as ov
 import pytest
 
-from socllm.actors.kernels_numpy import NumpyKernels
-from socllm.actors.ov_segment import OVSegment
+from socllm.actors.cpu.kernels import NumpyKernels
+from socllm.actors.npu.segment import OVSegment
 from socllm.policies.buckets import KV_STEP, kv_bucket
 
 from ov_layout import CAP, CONFIG, D, HD, KVH, Layout, close, decoder_layer, f32, rand_rows, slots

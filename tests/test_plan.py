@@ -14,7 +14,7 @@ from socllm.policies.plan_report import plan_step
 from socllm.policies.predict import Predictor, features, held_out_error
 
 PROFILE = os.path.join(os.path.dirname(__file__), "..", "scripts", "results", "op-profile-2core.json")
-CLI = [sys.executable, "-m", "socllm.actors.cli", "plan"]
+CLI = [sys.executable, "-m", "socllm.actors.front.cli", "plan"]
 
 
 SHAPES = [{"K": 576, "M": 1536, "w": ["w4"]}, {"K": 1536, "M": 576, "w": ["w4"]},

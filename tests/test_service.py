@@ -18,7 +18,7 @@ import pytest
 
 from testlib import free_port
 
-SOCLLM = [sys.executable, "-m", "socllm.actors.cli"]
+SOCLLM = [sys.executable, "-m", "socllm.actors.front.cli"]
 FRANCE = "The capital of France is"
 COUNT = "1, 2, 3, 4, 5, 6, 7, 8,"          # greedy: counts on for hundreds of tokens
 ABANDON_S = 3.0                             # the served fixture's --abandon-s
@@ -347,7 +347,7 @@ def test_an_http_client_that_disconnects_cancels_its_request(served, client):
     """Streaming clients that close their connection after the first token: their requests are
     cancelled, not run to their 400 tokens (f32: ~25 s each). Serve's proxy now and then does not
     pass a disconnect on to the replica (measured: 1 of 20, 1 of 50, 0 of 30 in three runs of
-    streams closed after their first token; see actors/http.py), and such a request runs on while
+    streams closed after their first token; see actors/front/http.py), and such a request runs on while
     the replica still polls; so two of the three must be cancelled, and all three must end."""
     import ray
     import requests

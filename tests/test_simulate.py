@@ -116,7 +116,7 @@ def test_decode_rates_within_a_quarter_of_heterollms_published_ones(planners):
 
 
 def test_socllm_simulate_prints_json_and_refuses_bad_input():
-    cli = [sys.executable, "-m", "socllm.actors.cli", "simulate"]
+    cli = [sys.executable, "-m", "socllm.actors.front.cli", "simulate"]
     r = subprocess.run(cli + ["--model", "llama-3b", "--prompt-len", "300", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -173,7 +173,7 @@ def test_the_simulated_core_ultra_serves_agents_with_agent_xpus_published_figure
     weights by default; the JSON carries the simulated reduction of the reactive mean latency
     (agent against fcfs on the iGPU, positive: the agent policy is faster) beside the published
     one for the same model and rates; the SoC's workload figures stay out of the per-step table."""
-    cli = [sys.executable, "-m", "socllm.actors.cli", "simulate", "--soc", "core-ultra"]
+    cli = [sys.executable, "-m", "socllm.actors.front.cli", "simulate", "--soc", "core-ultra"]
     r = subprocess.run(cli + ["--workload", "agents", "--model", "llama-3b", "--minutes", "3",
                               "--reactive-rate", "3", "--proactive-rate", "6", "--json"],
                        capture_output=True, text=True, timeout=300)
@@ -193,7 +193,7 @@ def test_longer_proactive_prompts_load_the_simulated_baseline_more():
     longer inputs than the default replay's): the same arrivals with longer prompts keep the
     iGPU baseline busier, so its reactive requests wait longer; a median out of range is refused
     in one line."""
-    cli = [sys.executable, "-m", "socllm.actors.cli", "simulate", "--soc", "core-ultra", "--workload",
+    cli = [sys.executable, "-m", "socllm.actors.front.cli", "simulate", "--soc", "core-ultra", "--workload",
            "agents", "--model", "llama-3b", "--minutes", "3", "--json"]
     runs = {}
     for words in ("320", "600"):

@@ -5,7 +5,7 @@ NPU rules (DESIGN.md §1): every shape is static — B rows (the bucket), kv_len
 (a KV-length bucket, policies/buckets.kv_bucket) — and the runtime values N and pos0 are graph
 inputs, never shapes. A segment that reads the KV cache is compiled once per KV-length bucket it
 meets, on first use (Transformer-Lite §2.1), so its attention costs O(pos0 + B), not O(capacity). Semantics are those of
-actors/kernels_numpy.py op by op, computed for B rows: rows N..B are padding, zeroed where they
+actors/cpu/kernels.py op by op, computed for B rows: rows N..B are padding, zeroed where they
 enter the graph (the arena may hold any bytes there) so every output stays finite, and written back
 like the rest. So every slot the segment touches, and every KV cache from row pos0, must have room
 for B rows.
@@ -29,7 +29,7 @@ import openvino.opset13 as ops
 
 from socllm.policies.buckets import kv_bucket
 
-from .ov_build import BUILDERS, F32, Graph, kv_from_cache
+from socllm.actors.npu.graph import BUILDERS, F32, Graph, kv_from_cache
 
 
 def pick_device(core: ov.Core) -> str:

@@ -1,6 +1,6 @@
 """Building an OpenVINO graph from socllm tasks: SSA over arena offsets (`Graph`) and one small
-builder per op (`BUILDERS`), with the semantics of actors/kernels_numpy.py. OVSegment
-(ov_segment.py) compiles and runs what these build.
+builder per op (`BUILDERS`), with the semantics of actors/cpu/kernels.py. OVSegment
+(npu/segment.py) compiles and runs what these build.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import openvino.opset15 as ops15
 
 from socllm.models.quant import FORMATS, QK, codes
 
-from .kernels_numpy import strided_rows, visible
+from socllm.actors.cpu.kernels import strided_rows, visible
 
 F32 = np.float32
 
@@ -470,7 +470,7 @@ def _attention(g: Graph, a):
 def _attention_rows(g: Graph, a, q):
     """A paged decode batch: row i (sequence seq[i] at position pos[i]) attends to its own
     sequence's keys 0 .. pos[i] (a window: the last `window` of them), gathered through its block
-    table, kv_len keys per row (the bucket of the step's largest position, ov_segment.py).
+    table, kv_len keys per row (the bucket of the step's largest position, npu/segment.py).
     q [B, H*hd], scaled. Padding rows (pos, seq zeroed where they enter) see key 0 of sequence
     0, and their output is zeroed: finite whatever the region holds."""
     H, KVH, hd, B, T = a["heads"], a["kv_heads"], a["head_dim"], g.B, g.kv_len

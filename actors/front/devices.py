@@ -8,7 +8,7 @@ def describe_devices() -> dict:
     config = EngineConfig.from_env()
     out = {"threads": config.budget, "cpu": {"actor": "control (numpy kernels, sampling, step control)"}}
     try:
-        from .opencl import cl, name_the_cpu
+        from socllm.actors.gpu.device import cl, name_the_cpu
         name_the_cpu(config)
         plats = []
         for p in cl.get_platforms():
@@ -18,14 +18,14 @@ def describe_devices() -> dict:
                  "note": "PoCL runs OpenCL on the CPU: a real OpenCL run, not a GPU" if "Portable" in p.name else ""}
                 for d in p.get_devices()]})
         out["opencl"] = plats
-        from .kernels_cl import make_context
+        from socllm.actors.gpu.kernels import make_context
         _, _, dev = make_context(config=config)
         out["gpu_actor"] = f"{dev.platform.name}: {dev.name}"
     except Exception as e:
         out["opencl"] = f"unavailable: {e}"
     try:
         import openvino as ov
-        from .ov_segment import pick_device
+        from socllm.actors.npu.segment import pick_device
         core = ov.Core()
         out["openvino"] = {"version": ov.__version__, "devices": {
             d: core.get_property(d, "FULL_DEVICE_NAME") for d in core.available_devices}}

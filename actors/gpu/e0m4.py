@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from .opencl import cl
+from socllm.actors.gpu.device import cl
 
 from socllm.models.quant import QK
 
-from .kernels_cl import SRC as CL_SRC, _aligned, _up, tuning
+from socllm.actors.gpu.kernels import SRC as CL_SRC, _aligned, _up, tuning
 
 SRC = Path(__file__).parent / "cl" / "e0m4.cl"   # built after kernels.cl, whose helpers it uses
 

@@ -16,12 +16,12 @@ import numpy as np
 
 from socllm.graph.program import StepProgram, stage_of
 
-from .worker import Unit, kernel_units
+from socllm.actors.worker import Unit, kernel_units
 
 PAGED_PHASES = ("chunk", "batch")     # actors/planner.py paged_program
 ACT_BITS = {"q16": 16, "q8": 8}       # a decode batch's linears in integers (cl/paged.cl)
 # row counts whose launches a paged program keeps recorded: a decode batch has at most max_seqs;
-# prefill chunks walk their tasks at every step (kernels_cl.py replay: as fast, nothing kept)
+# prefill chunks walk their tasks at every step (gpu/kernels.py replay: as fast, nothing kept)
 RECORDINGS = {"batch": None, "chunk": 0}
 
 
@@ -35,10 +35,10 @@ class GPUBackend:
         environment's (scripts and tests that make a backend in process)."""
         from socllm.policies.config import EngineConfig
 
-        from .kernels_cl import CLKernels, make_context, wrap_arena
+        from socllm.actors.gpu.kernels import CLKernels, make_context, wrap_arena
         config = EngineConfig.from_env() if config is None else config
         self.ctx, self.queue, self.device = make_context(profile=profile, config=config)
-        from .fused_cl import counter_at, pos_word_at
+        from socllm.actors.gpu.fused import counter_at, pos_word_at
         # a process killed inside a fused launch leaves last_group's count half-way: the
         # restarted actor (actors/processor.py) starts from zero (before a discrete copy is made)
         arena_buf[counter_at(lay.io["rope"]):][:4].view(np.int32)[0] = 0
@@ -64,7 +64,7 @@ class GPUBackend:
         self.lay, self.double, self.double_rows = lay, lay.double, lay.double_rows
         self.threads = threads
         # decode runs the fused kernels (5 launches a layer), in a GPU's work shapes on a GPU
-        # (fused_cl.py); the config's fuse False (SOCLLM_FUSE=0): op by op (for profiles)
+        # (gpu/fused.py); the config's fuse False (SOCLLM_FUSE=0): op by op (for profiles)
         self.fuse = config.fuse
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
@@ -106,7 +106,7 @@ class GPUBackend:
     def _fused_units(self, prog: StepProgram, precision: str) -> list:
         # Transformer-Lite §2.2: decode runs fused kernels (graph/fuse.py, cl/decode.cl)
         from socllm.graph.fuse import Fused, fuse_decode
-        from .fused_cl import FusedCL
+        from socllm.actors.gpu.fused import FusedCL
         fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision, self.att_off,
                         self.att_bytes, pos_word=True)
         units, k = [], self.kernels

@@ -25,7 +25,7 @@ from ray import serve
 
 from socllm.policies.request import ENDED
 
-from .service import NAME, NAMESPACE
+from socllm.actors.service import NAME, NAMESPACE
 
 APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
 
@@ -206,8 +206,8 @@ class OpenAIServer:
                 "choices": [choice], "usage": out["usage"]}
 
     def _polls(self, rid: int):
-        """The request's polls (actors/client.py apolls: leaving early cancels the request)."""
-        from .client import Client
+        """The request's polls (actors/front/client.py apolls: leaving early cancels the request)."""
+        from socllm.actors.front.client import Client
         return Client(self.svc).apolls(rid)
 
     async def _events(self, rid: int, meta: dict, chat: bool, request: Request):

@@ -1,4 +1,4 @@
-// socllm's OpenCL kernels: the 8 ops of actors/kernels_numpy.py (their specification), op for op.
+// socllm's OpenCL kernels: the 8 ops of actors/cpu/kernels.py (their specification), op for op.
 //
 // Every tensor lives in ONE buffer, the pool's arena, addressed by byte offsets: f32 activations and
 // KV rows, Q4_1 / Q8_0 weights in the planar layout of models/quant.py. Weights stay quantized in

@@ -118,9 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     m = sub.add_parser("models", help="the model families and tensor types this build runs, per processor")
     m.add_argument("--json", action="store_true")
-    from .simulate_cli import add_parser
+    from socllm.actors.front.simulate import add_parser
     add_parser(sub)
-    from .plan_cli import add_parser as add_plan
+    from socllm.actors.front.plan import add_parser as add_plan
     add_plan(sub)
     return p
 
@@ -139,7 +139,7 @@ def _validate(a):
 
 def _generate(a) -> int:
     if not a.local:
-        from .serve_cli import generate_served
+        from socllm.actors.front.serve import generate_served
         done = generate_served(a)
         if done is not None:
             return done
@@ -148,7 +148,7 @@ def _generate(a) -> int:
     from socllm.models.llama import load_config
     from socllm.models.tokenizer import Tokenizer
     from socllm.policies.buckets import MAX_CHUNK, bucket_for
-    from .serve_cli import generate_private
+    from socllm.actors.front.serve import generate_private
     # everything that can be wrong with the input fails here, before Ray or the pool exist
     reader = open_gguf(a.model or default_model_path())
     cfg = load_config(reader)
@@ -166,7 +166,7 @@ def _generate(a) -> int:
 
 
 def _info(a) -> int:
-    from socllm.actors.devices import describe_devices
+    from socllm.actors.front.devices import describe_devices
     print(json.dumps(describe_devices(), indent=2))
     return 0
 
@@ -238,17 +238,17 @@ def main(argv=None) -> int:
             _validate(a)
             return _generate(a)
         if a.cmd in ("serve", "status", "stop"):
-            from . import serve_cli
+            from socllm.actors.front import serve as serve_cli
             return getattr(serve_cli, a.cmd)(a)
         if a.cmd == "inspect":
             return _inspect(a)
         if a.cmd == "models":
             return _models(a)
         if a.cmd == "plan":
-            from .plan_cli import run as plan
+            from socllm.actors.front.plan import run as plan
             return plan(a)
         if a.cmd == "simulate":
-            from .simulate_cli import run
+            from socllm.actors.front.simulate import run
             return run(a)
         return _info(a)
     except UsageError as e:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from socllm.memory.layout import ATT_SPLITS
 from socllm.models.quant import QK
 
-from .kernels_cl import CLKernels, _aligned, _out_off, _up, weight_build
+from socllm.actors.gpu.kernels import CLKernels, _aligned, _out_off, _up, weight_build
 
 
 ACT_BITS = {"q16": 16, "q8": 8}     # other precisions: f32 activations

@@ -9,7 +9,7 @@ and PyPI has no newer PoCL.
 On such a CPU, socllm uses a copy of that exact library (checked by size and sha256) in which
 `llvm::sys::getHostCPUName` returns a CPU that LLVM 14 knows and whose features the host has:
 "icelake-server" where the host has its AVX-512 set (VNNI among them: the int8 dot products of
-actors/cl/decode.cl and batch.cl take one vpdpbusd instead of two instructions), else "znver3"
+actors/gpu/cl/decode.cl and batch.cl take one vpdpbusd instead of two instructions), else "znver3"
 (AVX2, FMA, F16C, BMI2; PoCL compiled for znver3 on the Zen 3/4 machines where socllm was measured
 before). The config's pocl_cpu (SOCLLM_POCL_CPU) names one of them instead; pocl_as_is
 (SOCLLM_POCL_AS_IS=1) leaves PoCL as it is. The copy is kept under ~/.cache/socllm, beside a link

@@ -12,12 +12,12 @@ import sys
 
 from socllm.policies.placement import NPU_MARGIN
 
-from .service import NAME, NAMESPACE
+from socllm.actors.service import NAME, NAMESPACE
 
 def _join(address: str | None) -> None:
     """Join the Ray cluster the user runs (actors/cluster.py: --address, RAY_ADDRESS, Ray's
     cluster file); NoCluster, naming what was tried, if none answers. Nothing is started."""
-    from .cluster import join
+    from socllm.actors.cluster import join
     join(address, NAMESPACE)
 
 
@@ -46,8 +46,8 @@ def serve(a) -> int:
 
     from socllm.policies.config import ServeConfig
     from socllm.policies.threads import actor_env
-    from .cli import config_of
-    from .service import Service
+    from socllm.actors.front.cli import config_of
+    from socllm.actors.service import Service
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
     a.model = a.model and os.path.abspath(a.model)
@@ -70,7 +70,7 @@ def serve(a) -> int:
         d = ray.get(svc.ready.remote())
         url = None
         if config.http_port:
-            from .http import deploy
+            from socllm.actors.front.http import deploy
             url = deploy(config.http_host, config.http_port)
     except BaseException as e:
         _remove(svc)
@@ -101,14 +101,14 @@ def _remove(svc):
 
 
 def stop(a) -> int:
-    from .cluster import NoCluster
+    from socllm.actors.cluster import NoCluster
     try:
         _join(a.address)
     except NoCluster as e:
         print(f"socllm: {e}; nothing to stop")
         return 0
     try:
-        from .http import undeploy
+        from socllm.actors.front.http import undeploy
     except ImportError:        # no ray[serve] in this install: it deployed no HTTP front end
         undeploy = None
     if undeploy is not None:
@@ -179,7 +179,7 @@ def generate_served(a) -> int | None:
     """Run `socllm generate` on the running service; None when there is none (a private
     engine runs it). A cluster named with --address must answer; one found otherwise that does
     not (a cluster file left by a Ray that died) is passed over with a note."""
-    from .cluster import NoCluster
+    from socllm.actors.cluster import NoCluster
     try:
         _join(a.address)
     except NoCluster as e:
@@ -206,7 +206,7 @@ def generate_private(a, kv_mb: float, chunk: int) -> int:
     """`socllm generate` with no service (or --local): the same paged engine as `serve`'s, in
     this process's own Ray session (not detached), for this one request, stopped after it.
     kv_mb: the KV cache, sized for one sequence of the context; chunk: the prompt's rows a step."""
-    from .llm import LLM
+    from socllm.actors.front.llm import LLM
     c = a.config
     llm = LLM(c.model, context=c.context, threads=c.threads, precision=c.precision,
               plan=a.plan or "auto", max_seqs=1, kv_mb=kv_mb, policy="fcfs", warm=False,
@@ -223,7 +223,7 @@ def run_generate(svc, a, where: str) -> int:
     streamed to stdout (or one JSON object), its timings on stderr."""
     import ray
 
-    from .client import Client
+    from socllm.actors.front.client import Client
     client = Client(svc)
     params = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed,
                   stop=a.stop, priority=a.priority)

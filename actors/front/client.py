@@ -19,7 +19,7 @@ import ray
 
 from socllm.policies.request import ENDED
 
-from .service import NAME, NAMESPACE
+from socllm.actors.service import NAME, NAMESPACE
 
 POLL_S = 10.0
 
@@ -32,7 +32,7 @@ def connect(address: str | None = None) -> "Client":
     """Find the running service through Ray: this process's cluster if it has joined one, else
     the one at `address`, else the one actors/cluster.py finds (RAY_ADDRESS, which a `ray job`
     sets, else the cluster file `ray start` wrote)."""
-    from .cluster import NoCluster, join
+    from socllm.actors.cluster import NoCluster, join
     try:
         join(address, NAMESPACE)
     except NoCluster as e:

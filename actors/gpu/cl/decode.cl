@@ -451,7 +451,7 @@ inline float2 dot2_t(__global uchar* arena, ulong qs_o, ulong d_o, ulong m_o, in
 // ROW_PAIR: the row pair (r0, r1) of a GEMV work-item; PAIR_DOT: the pair's dot products with a
 // weight. On a GPU the pair's LIN_T work-items share them and only work-item 0 (`mine`) writes;
 // on a CPU one work-item takes the pair. global (LIN_T, ceil(M / 2) rounded up to LIN_R),
-// local (LIN_T, LIN_R) (LIN_T is 1 on a CPU: fused_cl.py FusedCL._rows)
+// local (LIN_T, LIN_R) (LIN_T is 1 on a CPU: gpu/fused.py FusedCL._rows)
 #define ROW_PAIR(M) \
     const int t = get_local_id(0), r0 = 2 * get_global_id(1); \
     __local float part_[LIN_R][2 * LIN_T]; \

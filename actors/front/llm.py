@@ -39,9 +39,9 @@ class LLM:
         from socllm.models.gguf_file import model_path
         from socllm.policies.config import ServeConfig
         from socllm.policies.threads import actor_env
-        from .client import Client
-        from .engine import ensure_ray
-        from .service import Service
+        from socllm.actors.front.client import Client
+        from socllm.actors.engine import ensure_ray
+        from socllm.actors.service import Service
         bad = {"http_host", "http_port"} & set(knobs)
         if bad:
             raise ValueError(f"socllm.LLM serves no HTTP: {', '.join(sorted(bad))} do not apply")
@@ -107,7 +107,7 @@ class LLM:
         return list(await asyncio.gather(*(self._one(rid) for rid in rids)))
 
     async def _one(self, rid: int) -> Completion:
-        from .client import _raise_unless_finished
+        from socllm.actors.front.client import _raise_unless_finished
         pieces, out = [], None
         async with aclosing(self._client.apolls(rid)) as polls:
             async for out in polls:

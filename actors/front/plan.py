@@ -123,5 +123,5 @@ def _auto_plans() -> dict:
     """What `socllm serve --plan auto` timed and chose at earlier starts on this machine
     (actors/service.py plan cache): model and processors -> plan and chunk times."""
     from socllm.policies.config import EngineConfig
-    from .service import _plan_cache
+    from socllm.actors.service import _plan_cache
     return _plan_cache(EngineConfig.from_env().cache_dir)

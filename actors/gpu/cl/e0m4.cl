@@ -7,7 +7,7 @@
 // Written for PoCL on a CPU like kernels.cl: aligned vector dereferences, no OpenCL builtins in
 // the loop (PoCL's distro build does not inline them); as_float8 and CVT are clang builtins.
 
-// Appended to kernels.cl when built (kernels_e0m4.py): QK, LIN_T, LIN_R, AT, CVT, HALF and hsum8
+// Appended to kernels.cl when built (gpu/e0m4.py): QK, LIN_T, LIN_R, AT, CVT, HALF and hsum8
 // are kernels.cl's.
 
 #define E0M4_EXP 0x40000000u   // f32 sign 0, exponent 1: the floats [2, 4)

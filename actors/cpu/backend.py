@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from socllm.graph.program import StepProgram
 
-from .kernels_numpy import NumpyKernels
-from .worker import kernel_units
+from socllm.actors.cpu.kernels import NumpyKernels
+from socllm.actors.worker import kernel_units
 
 
 class CPUBackend:

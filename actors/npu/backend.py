@@ -14,7 +14,7 @@ from socllm.graph.program import StepProgram, segment_live_out
 from socllm.graph.seqcut import part_rows
 from socllm.policies.buckets import const_weights, whole_graph
 
-from .worker import Unit
+from socllm.actors.worker import Unit
 
 # q8 / q16 (int8 / int16 activations in the GPU's decode GEMVs) have no OpenVINO hint of their own:
 # the NPU's graphs stay f32. q8 also turns on OpenVINO's dynamic quantization of FullyConnected
@@ -29,9 +29,9 @@ def segments(tasks: list, per_layer: bool = True) -> list:
     """Split a task list where the NPU must stop: before a task that waits, after one that
     signals, at layer boundaries, and around each attention. Per-layer segments have the same
     structure in every layer, so one compiled graph per bucket serves all layers (weights are
-    graph inputs, ov_segment.py), and the weights dequantized inside a graph are one layer's, not
+    graph inputs, npu/segment.py), and the weights dequantized inside a graph are one layer's, not
     the model's. The attention alone in its segment is the only graph compiled per KV-length
-    bucket (ov_segment.py): the weight-bearing graphs are compiled once, whatever pos0."""
+    bucket (npu/segment.py): the weight-bearing graphs are compiled once, whatever pos0."""
     segs, cur = [], []
     for i, t in enumerate(tasks):
         layer_break = per_layer and t.layer != cur[-1].layer if cur else False
@@ -61,7 +61,7 @@ class NPUBackend:
         import openvino as ov
 
         from socllm.policies.config import EngineConfig
-        from .ov_segment import pick_device
+        from socllm.actors.npu.segment import pick_device
         self.core = ov.Core()
         self.device = pick_device(self.core)
         self.arena = arena_buf
@@ -113,7 +113,7 @@ class NPUBackend:
         return units
 
     def _unit(self, prog, seg, precision, config, const, cache=True) -> Unit:
-        from .ov_segment import OVSegment
+        from socllm.actors.npu.segment import OVSegment
         seqs = {t.seq for t in seg}
         paged = any("btab" in t.args for t in prog.tasks[self.name])
         # a whole-model graph is not cached on disk: its blob carries the weights (~105 MB), and
@@ -156,7 +156,7 @@ class NPUBackend:
                 + ("" if self.device == "NPU" else f" on OpenVINO's {self.device} device"),
                 "threads": self.threads, "whole_graph": self.whole_graph,
                 "compile_s": self.compile_s,
-                # KV-length buckets compiled on first use, after install (ov_segment.py)
+                # KV-length buckets compiled on first use, after install (npu/segment.py)
                 "compile_s_all": sum(s.compile_s for s in self.segments),
                 "compiled_graphs": len(self.shared)}
 

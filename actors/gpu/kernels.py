@@ -13,7 +13,7 @@ f32 tensors read as vectors start at multiples of 32 bytes (the pool's 64 is fin
 weights at multiples of 16 (any row of one), K and D are multiples of 32 and head_dim of 8.
 run() checks them and raises rather than fault.
 
-Decode runs fused kernels instead (cl/decode.cl, launched by fused_cl.py), whose GEMVs take the
+Decode runs fused kernels instead (cl/decode.cl, launched by gpu/fused.py), whose GEMVs take the
 activation row in f32, int16 or int8 (the f32, q16 and q8 precisions); those kernels are built into
 the same program, once per activation format.
 
@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from .opencl import cl, name_the_cpu
+from socllm.actors.gpu.device import cl, name_the_cpu
 
 from socllm.models.quant import FORMATS, QK
 

@@ -1,0 +1,1 @@
+"""The CPU processor's backend: numpy kernels, no Ray inside."""

@@ -1,0 +1,1 @@
+"""The GPU processor's backend: OpenCL kernels (pyopencl), no Ray inside."""
