@@ -121,8 +121,9 @@ def _workload(a, soc) -> int:
     planner = planner_for(cfg, shape_weights(cfg), soc, context=4096)
     # scripts/agents.py's trace, from the same text; a prompt's tokens ~1.3 a word (no tokenizer:
     # the simulated models' are not here)
-    text = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                        "data", "pride_and_prejudice_ch1-2.txt")
+    import socllm.scripts
+    text = os.path.join(os.path.dirname(os.path.abspath(socllm.scripts.__file__)), "data",
+                        "pride_and_prejudice_ch1-2.txt")
     items = [(t, c, n_prompt, n_out) for t, c, _, n_out, n_prompt in
              trace(a.minutes, {"reactive": a.reactive_rate, "proactive": a.proactive_rate}, a.seed,
                    open(text).read().split(), lambda s: round(1.3 * len(s.split())), lengths)]
