@@ -76,4 +76,4 @@ def whole_graph(phase: str, bucket: int) -> bool:
     weights compiled in (const_weights)? Only the larger buckets: each such graph holds
     227-452 MB of its own. (The
     config's whole_graph, policies/config.py, turns them off.)"""
-    return phase == "prefill" and bucket >= WHOLE_GRAPH_FROM
+    return phase in ("prefill", "chunk") and bucket >= WHOLE_GRAPH_FROM

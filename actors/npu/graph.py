@@ -416,7 +416,11 @@ def _attention(g: Graph, a):
     q = ops.multiply(g.read(a["q"], H * hd), f32(1.0 / np.sqrt(hd)))
     if g.per_row:        # paged, a decode batch: every row its own sequence and position
         return _attention_rows(g, a, q)
-    if "btab" in a:      # paged (a prefill chunk of one sequence): rows through its block table
+    if "btab" in a and T == 0 and a["k"][1] in g.kv_new and a["v"][1] in g.kv_new:
+        # paged, a prompt's first chunk as one graph (npu.py whole_graph): no key before it, its
+        # own K/V from the graph (fused; their blocks are written as results, ov_segment.py)
+        (k_cache, k_new), (v_cache, v_new) = g.kv(a["k"], KVH * hd), g.kv(a["v"], KVH * hd)
+    elif "btab" in a:    # paged (a prefill chunk of one sequence): rows through its block table
         if T == 0 or a["k"][1] in g.kv_new or a["v"][1] in g.kv_new:
             raise ValueError("a paged attention reads this step's K/V from the cache")
         (k_cache, k_new), (v_cache, v_new) = [(g.kv_paged(a[x], KVH * hd, a), None) for x in "kv"]
