@@ -84,6 +84,22 @@ def _plan_cache(cache_dir: str | None, key: str | None = None,
     return value
 
 
+def _time_chunks(runner, n: int, on: tuple, reps: int = 3) -> dict:
+    """ms of a whole prefill chunk of n rows on each of `on` (the fastest of reps, on block 0,
+    where no request holds blocks yet)."""
+    lay, ms = runner.lay, {}
+    rows = [(0, i, 0) for i in range(n)]
+    blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
+    for proc in on:
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            runner.step(rows, blocks, all_rows=False, on=proc)
+            best = min(best, time.perf_counter() - t)
+        ms[proc] = round(1e3 * best, 1)
+    return ms
+
+
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service:
     def __init__(self, config: ServeConfig):
@@ -145,7 +161,7 @@ class Service:
         else the base processor; decode on the base processor;
         the choice is cached per model, device and knobs (plan_cache), so later starts skip it."""
         from socllm.actors.runner import Runner
-        c, lay = self.config, e.layout
+        c = self.config
         base = "gpu" if "gpu" in e.available else "cpu"
         asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
         if asked == "auto":
@@ -159,16 +175,7 @@ class Service:
         if c.warm:
             runner.warm(c.max_seqs)
         if plan == "auto":
-            n = c.prefill_chunk
-            rows = [(0, i, 0) for i in range(n)]
-            blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
-            for on in (base, "npu"):
-                best = float("inf")
-                for _ in range(3):
-                    t = time.perf_counter()
-                    runner.step(rows, blocks, all_rows=False, on=on)
-                    best = min(best, time.perf_counter() - t)
-                chunk_ms[on] = round(1e3 * best, 1)
+            chunk_ms = _time_chunks(runner, c.prefill_chunk, (base, "npu"))
             on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
             runner.chunks_on(on)
             if on != "npu":

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from .agent import POLICIES
 from .buckets import MAX_CHUNK
+from .sampling import BadParam
 from .threads import machine_budget
 
 # one default precision, served and local. q16: int16 activations (per 32-block) in the GPU's
@@ -42,13 +43,9 @@ ENV = {"threads": ("SOCLLM_THREADS", int), "fuse": ("SOCLLM_FUSE", bool),
        "pocl_as_is": ("SOCLLM_POCL_AS_IS", bool)}
 
 
-class ConfigError(ValueError):
+class ConfigError(BadParam):
     """One bad knob: `field` is its name (a field, or the variable that set it), `message` the
     rest of the line; the CLI says a field as the flag that sets it."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field} {message}")
-        self.field, self.message = field, message
 
 
 def _need(ok: bool, name: str, what: str, value):

@@ -6,6 +6,15 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class BadParam(ValueError):
+    """One bad parameter: `field` its name, `message` the rest of the line. Each front end says
+    the field in its caller's terms (the CLI as its flag, HTTP and Python as the field)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field} {message}")
+        self.field, self.message = field, message
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 64
@@ -15,11 +24,11 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.max_tokens < 1:
-            raise ValueError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+            raise BadParam("max_tokens", f"must be >= 1, got {self.max_tokens}")
         if not (self.temperature >= 0.0) or self.temperature > 100:
-            raise ValueError(f"--temperature must be in [0, 100], got {self.temperature}")
+            raise BadParam("temperature", f"must be in [0, 100], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise BadParam("top_p", f"must be in (0, 1], got {self.top_p}")
 
 
 class Sampler:

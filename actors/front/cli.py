@@ -15,8 +15,8 @@ import signal
 import sys
 
 from socllm.policies.agent import POLICIES
-from socllm.policies.config import (SERVE_PLAN_NAMES, SERVE_PRECISIONS, ConfigError,
-                                    EngineConfig, ServeConfig)
+from socllm.policies.config import SERVE_PLAN_NAMES, SERVE_PRECISIONS, EngineConfig, ServeConfig
+from socllm.policies.sampling import BadParam
 
 
 class UsageError(Exception):
@@ -40,7 +40,7 @@ def config_of(a, cls):
     return cls.from_env(**{k: v for k, v in vars(a).items() if k in names and v is not None})
 
 
-def _flag(e: ConfigError) -> str:
+def _flag(e: BadParam) -> str:
     """A config error said in the command line's terms: a field as the flag that sets it (a
     variable's name stays)."""
     name = e.field if e.field.startswith("SOCLLM_") else "--" + e.field.replace("_", "-")
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"socllm: error: {e}", file=sys.stderr)
         return 2
-    except ConfigError as e:
+    except BadParam as e:          # a config knob or a sampling parameter
         print(f"socllm: error: {_flag(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
