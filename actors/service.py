@@ -11,6 +11,7 @@ DESIGN.md §5), and cancel it by id.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -24,11 +25,12 @@ from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
 from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
 from socllm.policies.request import Sequence, check_priority
-from socllm.policies.sampling import Sampler, SamplingParams
+from socllm.policies.sampling import BadParam, Sampler, SamplingParams
 
 from socllm.actors.loop import ServingEngine
 
 NAMESPACE, NAME = "socllm", "service"
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
@@ -229,6 +231,9 @@ class Service:
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
             raise RuntimeError(self.error or "the service is still starting")
+        for name in set(sampling) - set(SAMPLING_FIELDS):
+            raise BadParam(name, f"is not supported by this service (it takes "
+                                 f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos)")
         ids = self._prompt_ids(prompt, messages, ids)
         check_priority(priority)
         if sampling.get("max_tokens") is None:      # OpenAI's default: up to the context's end

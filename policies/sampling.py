@@ -14,6 +14,9 @@ class BadParam(ValueError):
         super().__init__(f"{field} {message}")
         self.field, self.message = field, message
 
+    def __reduce__(self):           # pickled as its two parts (a Ray actor raises it to callers)
+        return type(self), (self.field, self.message)
+
 
 @dataclass
 class SamplingParams:

@@ -323,6 +323,29 @@ def test_bad_http_bodies_get_4xx_with_an_error_object(served, body, status):
     assert r.status_code == status and r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("response_format", {"type": "json_object"}), ("logprobs", True), ("top_logprobs", 3),
+    ("frequency_penalty", 0.5), ("presence_penalty", 1), ("logit_bias", {"42": 5}),
+    ("tool_choice", "required"), ("best_of", 2), ("echo", True), ("min_p", 0.1)])
+def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, client, field, value):
+    """Never a silent 200: a field asked for and not done is refused, by HTTP and by the Python
+    client; the same field at the value that asks for nothing (OpenAI's defaults) is taken."""
+    import requests
+    for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                 "max_tokens": 2})):
+        r = requests.post(served[1] + path, json={**body, field: value}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        assert field in r.json()["error"]["message"]
+    ok = requests.post(served[1] + "/v1/completions", timeout=120, json={
+        "prompt": "hi", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "tools": [],
+        "response_format": {"type": "text"}, "stream_options": None, "user": "me"})
+    assert ok.status_code == 200, ok.text
+    with pytest.raises(ValueError, match=field):
+        client.generate(FRANCE, max_tokens=2, **{field: value})
+
+
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
     import requests
     want = client.generate("Once upon a time", max_tokens=48)

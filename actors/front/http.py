@@ -87,10 +87,32 @@ def _typed(body: dict, name: str, types, check=None, what: str = ""):
     return v
 
 
+# the fields of an OpenAI body this service honours (parse), and those it takes only at the value
+# that asks for nothing (what OpenAI's own clients send by default); any other field, or one of
+# these at another value, is a 400 that names it: never a silent 200 for what was not done
+HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_tokens",
+            "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user"}
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False, 0),
+           "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",),
+           "response_format": ({"type": "text"},), "echo": (False,), "best_of": (1,),
+           "suffix": ("",), "stream_options": ({"include_usage": False}, {"include_usage": True}),
+           "parallel_tool_calls": (True, False)}
+
+
+def _unhonoured(body: dict):
+    for name, value in body.items():
+        if name in HONOURED or value is None or value in NEUTRAL.get(name, ()):
+            continue
+        raise BadRequest(f"'{name}' is not supported by this service (it honours "
+                         f"{', '.join(sorted(HONOURED - {'user', 'model'}))})", name)
+
+
 def parse(body, chat: bool) -> dict:
-    """An OpenAI request body -> the service's submit() arguments (BadRequest if invalid)."""
+    """An OpenAI request body -> the service's submit() arguments (BadRequest if invalid, or if
+    it asks for what this service does not do)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _unhonoured(body)
     req = {}
     if chat:
         msgs = body.get("messages")
