@@ -1,5 +1,5 @@
 """Models known by their published configurations only: no weights, no file. The simulated SoCs
-(policies/simulate.py) plan and run socllm's own step programs for them, so their shapes must be
+(policies/sim/simulate.py) plan and run socllm's own step programs for them, so their shapes must be
 the real ones; their weights are never read.
 
 Sources: each model's configuration as its authors published it (config.json on its model card).

@@ -31,7 +31,7 @@ import time
 import psutil
 import requests
 
-from socllm.policies import workload
+from socllm.policies.sim import workload
 
 from .serve_bench import DATA, LlamaServer, free_port, pct
 

@@ -1,6 +1,6 @@
 """The op profiler (HeteroLLM §4.3, real-execution mode): each op of a prefill layer timed on the
 GPU actor's OpenCL kernels and on the NPU actor's compiled OpenVINO graphs, over a grid of row
-counts. policies/predict.py fits its prediction mode to this file; `socllm plan` reads it.
+counts. policies/sim/predict.py fits its prediction mode to this file; `socllm plan` reads it.
 
     python -m socllm.scripts.profile_ops [--rows 32,64,96,128,192,256,384,512] [--reps 5]
         [--out ~/.cache/socllm/op-profile.json]
@@ -18,7 +18,7 @@ import os
 import statistics
 import time
 
-from socllm.policies.predict import PROFILE_PATH
+from socllm.policies.sim.predict import PROFILE_PATH
 from .profile_decode import apply_budget
 
 
@@ -102,7 +102,7 @@ def main(argv=None) -> dict:
         print(f"contention: two halves of the widest linear at once take {contention:.2f}x the slower alone")
     finally:
         arena.unlink()
-    from socllm.policies.predict import held_out_error
+    from socllm.policies.sim.predict import held_out_error
     from socllm.scripts.profile_rowcut import _hop_s
     test = set(rows[2::3])
     profile = {"device": device, "threads": budget, "rows": rows, "reps": a.reps,

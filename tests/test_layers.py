@@ -23,8 +23,8 @@ KNOWN = {
     ("graph/program.py", "socllm.models.quant"),           # the format table below both
     ("memory/layout.py", "socllm.models.quant"),           # models should hand memory bytes and a ref
     ("policies/planner.py", "socllm.memory.layout"),       # compilation: into graph/
-    ("policies/soc_plans.py", "socllm.memory.layout"),     # the simulator: a sub-package
-    ("policies/soc_serving.py", "socllm.memory.blocks"),   # blocks are natural here: DESIGN to allow
+    ("policies/sim/soc_plans.py", "socllm.memory.layout"),     # the simulator: a sub-package
+    ("policies/sim/soc_serving.py", "socllm.memory.blocks"),   # blocks are natural here: DESIGN to allow
     ("policies/placement.py", "socllm.models.quant"),      # formats each backend reads: to models/
     ("actors/front/cli.py", "socllm.scripts.bench"),       # `socllm bench`: a script behind the CLI
     ("actors/front/plan.py", "socllm.scripts.profile_ops"),  # its first run measures a profile

@@ -1,5 +1,5 @@
-"""The solver's step plan (policies/plan_report.py), the profiler's prediction mode
-(policies/predict.py) and `socllm plan`."""
+"""The solver's step plan (policies/sim/plan_report.py), the profiler's prediction mode
+(policies/sim/predict.py) and `socllm plan`."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from socllm.policies.plan_report import plan_step
-from socllm.policies.predict import Predictor, features, held_out_error
+from socllm.policies.sim.plan_report import plan_step
+from socllm.policies.sim.predict import Predictor, features, held_out_error
 
 PROFILE = os.path.join(os.path.dirname(__file__), "..", "scripts", "results", "op-profile-2core.json")
 CLI = [sys.executable, "-m", "socllm.actors.front.cli", "plan"]

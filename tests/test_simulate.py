@@ -1,4 +1,4 @@
-"""The simulated SoC (policies/simulate.py, policies/soc.py): socllm's own step programs in
+"""The simulated SoC (policies/sim/simulate.py, policies/sim/soc.py): socllm's own step programs in
 virtual time. Makespans of hand-made programs are computed here by hand from the profile's
 published numbers; the published models' decode rates come out within ±25 % of HeteroLLM's."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from socllm.graph.program import StepProgram, Task
-from socllm.policies.simulate import simulate_step
-from socllm.policies.soc import load_soc
+from socllm.policies.sim.simulate import simulate_step
+from socllm.policies.sim.soc import load_soc
 
 SOC = "snapdragon-8gen3"
 K = M = 4096
@@ -71,13 +71,13 @@ def test_a_task_waiting_for_a_word_nobody_signals_is_a_deadlock():
 @pytest.fixture(scope="module")
 def planners():
     from socllm.models.published import PUBLISHED, shape_weights
-    from socllm.policies.soc_plans import planner_for
+    from socllm.policies.sim.soc_plans import planner_for
     soc = load_soc(SOC)
     return soc, {m: planner_for(cfg, shape_weights(cfg), soc, 4096) for m, cfg in PUBLISHED.items()}
 
 
 def test_socllms_programs_simulate_deterministically(planners):
-    from socllm.policies.soc_plans import decode, prefill
+    from socllm.policies.sim.soc_plans import decode, prefill
     soc, pl = planners
     for _ in range(2):
         a = [prefill(soc, pl["llama-8b"], "hetero-tensor", 300), decode(soc, pl["llama-8b"], "hetero-tensor", 300)]
@@ -91,7 +91,7 @@ def test_the_solvers_cuts_on_the_predicted_profile_follow_the_socs_characteristi
     compute-bound and the NPU is ~10x the GPU, so the GPU's share of a prefill cut is small."""
     from socllm.graph.partition import ALIGN
     from socllm.policies.rowcut import solve_part
-    from socllm.policies.soc_plans import predicted_profile
+    from socllm.policies.sim.soc_plans import predicted_profile
     from socllm.models.published import PUBLISHED
     soc, _ = planners
     prof = predicted_profile(soc, PUBLISHED["llama-8b"])
@@ -106,7 +106,7 @@ def test_the_solvers_cuts_on_the_predicted_profile_follow_the_socs_characteristi
 def test_decode_rates_within_a_quarter_of_heterollms_published_ones(planners):
     """§5.3: Hetero-tensor decodes Llama-8B at 14.01, Llama-3B at 29.9 and InternLM-1.8B at 51.12
     tokens/s; decoding on both processors reads faster than the GPU alone (43.3 -> 59.1 GB/s)."""
-    from socllm.policies.soc_plans import against_published, decode
+    from socllm.policies.sim.soc_plans import against_published, decode
     soc, pl = planners
     rows = [r for r in against_published(soc, pl) if r["what"] == "decode tok/s"]
     assert len(rows) == 3 and all(0.75 <= r["ratio"] <= 1.25 for r in rows), rows
@@ -133,7 +133,7 @@ def test_socllm_simulate_prints_json_and_refuses_bad_input():
 def test_figure_14s_ranking_at_misaligned_lengths(planners, length):
     """HeteroLLM §5.2.2, Figure 14 (Llama-8B): Hetero-tensor (here the faster of socllm's row-cut
     and seq-cut, which wins) is the fastest; Pipe beats Padding and Online-prepare."""
-    from socllm.policies.soc_plans import PREFILL, prefill
+    from socllm.policies.sim.soc_plans import PREFILL, prefill
     soc, pl = planners
     t = {s: prefill(soc, pl["llama-8b"], s, length, weights="w4a16")["seconds"] for s in PREFILL}
     assert t["hetero-tensor"] == min(t.values()) == t["seq-cut"] < t["hybrid"]
@@ -147,7 +147,7 @@ def test_the_agent_policy_on_the_simulated_soc_serves_reactive_requests_first(pl
     policy (NPU prefill beside GPU decode, reactive first) than under FCFS on the GPU; runs repeat
     exactly."""
     import random
-    from socllm.policies.soc_serving import serve, summary
+    from socllm.policies.sim.soc_serving import serve, summary
     soc, pl = planners
     rng = random.Random(1)
     items = sorted((rng.uniform(0, 120), cls, rng.randint(20, 600), rng.randint(8, 120))

@@ -1,6 +1,6 @@
 """`socllm plan`: what the solver chooses for one step, op by op, from a device's profile: this
-machine's (scripts/profile_ops.py, through the prediction mode of policies/predict.py) or a
-simulated SoC's (policies/soc.py)."""
+machine's (scripts/profile_ops.py, through the prediction mode of policies/sim/predict.py) or a
+simulated SoC's (policies/sim/soc.py)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import os
 
 
 def add_parser(sub):
-    from socllm.policies.soc import soc_names
+    from socllm.policies.sim.soc import soc_names
     p = sub.add_parser("plan", help="the solver's choice for a step, op by op, with predicted times")
     p.add_argument("--prompt-len", type=int, required=True)
     p.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
@@ -44,14 +44,14 @@ def _profile_now(path: str) -> float:
 def run(a) -> int:
     from socllm.graph.program import StepProgram
     from socllm.policies.buckets import MAX_CHUNK
-    from socllm.policies.plan_report import plan_step
-    from socllm.policies.soc_plans import planner_for
+    from socllm.policies.sim.plan_report import plan_step
+    from socllm.policies.sim.soc_plans import planner_for
     if not 0 < a.prompt_len <= (MAX_CHUNK if a.phase == "prefill" else 4095):
         raise ValueError(f"--prompt-len must be in [1, {MAX_CHUNK}] for one prefill step "
                          f"(4095 for decode), got {a.prompt_len}")
     if a.soc:
         from socllm.models.published import PUBLISHED, shape_weights
-        from socllm.policies.soc import WEIGHTS, load_soc, task_time
+        from socllm.policies.sim.soc import WEIGHTS, load_soc, task_time
         name = a.plan_model or "llama-8b"
         if name not in PUBLISHED:
             raise ValueError(f"--model with --soc is one of {', '.join(sorted(PUBLISHED))}")
@@ -73,7 +73,7 @@ def run(a) -> int:
         from socllm.models.llama import load_config, load_weights
         import os
 
-        from socllm.policies.predict import PROFILE_PATH, load_predictor
+        from socllm.policies.sim.predict import PROFILE_PATH, load_predictor
         path, measured_s = a.profile or PROFILE_PATH, None
         if a.profile is None and not os.path.exists(path):     # a first run: measure it now
             measured_s = _profile_now(path)

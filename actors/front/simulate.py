@@ -8,7 +8,7 @@ import json
 
 def add_parser(sub):
     from socllm.models.published import PUBLISHED
-    from socllm.policies.soc import WEIGHTS, soc_names
+    from socllm.policies.sim.soc import WEIGHTS, soc_names
     s = sub.add_parser("simulate", help="socllm's plans on a simulated phone SoC (HeteroLLM's strategies)")
     s.add_argument("--soc", choices=soc_names(), default="snapdragon-8gen3")
     s.add_argument("--model", dest="sim_model", choices=sorted(PUBLISHED), default="llama-8b",
@@ -36,8 +36,8 @@ def add_parser(sub):
 def run(a) -> int:
     from socllm.models.published import PUBLISHED, shape_weights
     from socllm.policies.buckets import MAX_CHUNK
-    from socllm.policies.soc import load_soc
-    from socllm.policies.soc_plans import (DECODE, PREFILL, against_published, cut_rows, decode,
+    from socllm.policies.sim.soc import load_soc
+    from socllm.policies.sim.soc_plans import (DECODE, PREFILL, against_published, cut_rows, decode,
                                            planner_for, prefill)
     if not 0 < a.prompt_len < 4096:
         raise ValueError(f"--prompt-len must be in [1, 4095], got {a.prompt_len}")
@@ -105,9 +105,9 @@ def _workload(a, soc) -> int:
     import os
 
     from socllm.models.published import PUBLISHED, shape_weights
-    from socllm.policies.soc_plans import planner_for
-    from socllm.policies.soc_serving import serve, summary
-    from socllm.policies.workload import LENGTHS, trace
+    from socllm.policies.sim.soc_plans import planner_for
+    from socllm.policies.sim.soc_serving import serve, summary
+    from socllm.policies.sim.workload import LENGTHS, trace
     if not (a.minutes > 0 and a.reactive_rate >= 0 and a.proactive_rate >= 0):
         raise ValueError("--minutes must be positive and the rates not negative")
     lengths = {cls: dict(v) for cls, v in LENGTHS.items()}

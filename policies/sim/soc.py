@@ -2,7 +2,7 @@
 of one task of a step program on one of their processors. Nothing here runs a kernel: every
 figure that comes from these profiles is a simulated one, and says so.
 
-A profile (policies/socs/<name>.json) gives, per processor, its sustained FLOPS, the memory
+A profile (policies/sim/socs/<name>.json) gives, per processor, its sustained FLOPS, the memory
 bandwidth it reaches alone and its per-kernel costs, and for the SoC the bandwidth all of them
 reach together and the synchronization costs (HeteroLLM §3, §4.2). Each number carries the
 sentence of the paper it comes from.

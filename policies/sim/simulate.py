@@ -1,5 +1,5 @@
 """A discrete-event simulator that runs socllm's own step programs in virtual time on a simulated
-SoC (policies/soc.py). Every figure it gives is simulated.
+SoC (policies/sim/soc.py). Every figure it gives is simulated.
 
 Each processor runs its task list in order, as a processor actor does (actors/worker.py): a task
 starts when the processor is free and every ready word it waits for has been signalled; a wait

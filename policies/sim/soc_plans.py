@@ -1,5 +1,5 @@
 """socllm's planner and solver against a simulated SoC: the prefill and decode strategies of
-HeteroLLM §4.1 / §5.2, as socllm's own step programs run by policies/simulate.py.
+HeteroLLM §4.1 / §5.2, as socllm's own step programs run by policies/sim/simulate.py.
 
 The row-cut solver (policies/rowcut.py) gets its profile from the SoC's cost model instead of a
 measurement: the profiler's prediction mode (HeteroLLM §4.3), each processor alone, plus a cut
@@ -12,8 +12,8 @@ from socllm.graph.partition import ALIGN, CUTTABLE, DOMINANT, part_of
 from socllm.graph.program import StepProgram, Task
 from socllm.memory.layout import plan_layout
 
-from .buckets import MAX_CHUNK, bucket_for, prefill_chunks
-from .planner import PlannerCore
+from ..buckets import MAX_CHUNK, bucket_for, prefill_chunks
+from ..planner import PlannerCore
 from .simulate import simulate_step
 from .soc import WEIGHTS, SoC, prepare_time, task_time
 
@@ -173,7 +173,7 @@ def cut_rows(planner: PlannerCore, phase: str) -> dict:
 
 
 def against_published(soc: SoC, planners: dict, weights: str = "w4a16") -> list:
-    """The SoC's published results (policies/socs/*.json "published") beside the simulated ones.
+    """The SoC's published results (policies/sim/socs/*.json "published") beside the simulated ones.
     planners: model name -> planner_for(...). Rows: {what, model, strategy, prompt_len, source,
     published, simulated, ratio (simulated / published)}. A workload's figures (they name rates)
     are the workload simulation's (actors/front/simulate.py --workload)."""

@@ -1,5 +1,5 @@
 """An agent workload on a simulated SoC (Agent.xpu §6): socllm's scheduling policies, unchanged,
-serving a trace in virtual time, their steps timed by the simulator (policies/simulate.py) on
+serving a trace in virtual time, their steps timed by the simulator (policies/sim/simulate.py) on
 socllm's own step programs. Every figure is simulated.
 
 Two ways to serve, as Agent.xpu §6.1 compares them:
@@ -22,11 +22,11 @@ import math
 from socllm.graph.program import StepProgram
 from socllm.memory.blocks import BlockPool
 
-from .agent import AgentPolicy, b_rf_from_profile
-from .buckets import bucket_for
-from .request import Request
-from .sampling import SamplingParams
-from .scheduler import FCFS
+from ..agent import AgentPolicy, b_rf_from_profile
+from ..buckets import bucket_for
+from ..request import Request
+from ..sampling import SamplingParams
+from ..scheduler import FCFS
 from .simulate import simulate_step
 from .soc import WEIGHTS
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from socllm.graph.partition import ALIGN, DOMINANT
 from socllm.graph.program import cut_rows
 
-from .buckets import prefill_chunks
-from .placement import seq_parts
+from ..buckets import prefill_chunks
+from ..placement import seq_parts
 
 PROCS = ("gpu", "npu")
 
