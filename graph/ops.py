@@ -5,6 +5,7 @@ builder declared beforehand (KV caches, io) are checked against it instead.
 """
 from __future__ import annotations
 
+import numpy as np
 import sympy
 
 from .ir import Graph, Op
@@ -66,3 +67,9 @@ def infer_shapes(g: Graph, op: Op):
         _expect(_eq(t.shape[1], shape[1]), op, f"{name} has {t.shape[1]} columns, op makes {shape[1]}")
     else:
         _expect(all(_eq(a, b) for a, b in zip(t.shape, shape)), op, f"{name} shape mismatch")
+
+
+def visible(pos: np.ndarray, L: int, window: int) -> np.ndarray:
+    """[len(pos), L]: key l is seen by the row at pos: l <= pos, and pos - l < window if any."""
+    dist = np.asarray(pos)[:, None] - np.arange(L)[None, :]
+    return (dist >= 0) & (dist < window) if window else dist >= 0

@@ -110,3 +110,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def strided_rows(arena: np.ndarray, off: int, rows: int, cols: int, ld: int, dtype) -> np.ndarray:
+    """A writable [rows, cols] view at byte off whose rows start ld elements apart (ld > cols: a
+    row-cut half's columns of the whole output); it ends at its last element."""
+    size = np.dtype(dtype).itemsize
+    if ld == cols or rows == 1:
+        return arena[off: off + rows * cols * size].view(dtype).reshape(rows, cols)
+    span = arena[off: off + ((rows - 1) * ld + cols) * size].view(dtype)
+    return np.lib.stride_tricks.as_strided(span, (rows, cols), (ld * size, size), writeable=True)

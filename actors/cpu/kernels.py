@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from socllm.graph.ops import visible
+from socllm.memory.arena import strided_rows
+
 from socllm.models.quant import FLOAT_TYPES, FORMATS, QK, dequant, dequant_float, dequant_q8_0
 
 
 # byte -> (low nibble, high nibble) as float32: [256, 2]
 _NIBBLES = np.stack([np.arange(256) & 0x0F, np.arange(256) >> 4], axis=1).astype(np.float32)
-
-
-def strided_rows(arena: np.ndarray, off: int, rows: int, cols: int, ld: int, dtype) -> np.ndarray:
-    """A writable [rows, cols] view at byte off whose rows start ld elements apart (ld > cols: a
-    row-cut half's columns of the whole output); it ends at its last element."""
-    size = np.dtype(dtype).itemsize
-    if ld == cols or rows == 1:
-        return arena[off: off + rows * cols * size].view(dtype).reshape(rows, cols)
-    span = arena[off: off + ((rows - 1) * ld + cols) * size].view(dtype)
-    return np.lib.stride_tricks.as_strided(span, (rows, cols), (ld * size, size), writeable=True)
 
 
 KV_NUMPY = {"f32": np.float32, "f16": np.float16}    # memory/layout.KV_DTYPES as numpy types
@@ -234,12 +227,6 @@ class NumpyKernels:
             hi = min(V, lo + 4096)
             dots = np.einsum("vbj,bj->vb", qs[lo:hi].reshape(hi - lo, D // QK, QK).astype(np.float32), xb)
             out[lo:hi] = (dots * d[lo:hi].astype(np.float32)).sum(axis=1)
-
-
-def visible(pos: np.ndarray, L: int, window: int) -> np.ndarray:
-    """[len(pos), L]: key l is seen by the row at pos: l <= pos, and pos - l < window if any."""
-    dist = np.asarray(pos)[:, None] - np.arange(L)[None, :]
-    return (dist >= 0) & (dist < window) if window else dist >= 0
 
 
 class _Scatter:

@@ -11,7 +11,8 @@ import openvino.opset15 as ops15
 
 from socllm.models.quant import FORMATS, QK, codes
 
-from socllm.actors.cpu.kernels import strided_rows, visible
+from socllm.graph.ops import visible
+from socllm.memory.arena import strided_rows
 
 F32 = np.float32
 
