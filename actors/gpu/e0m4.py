@@ -15,7 +15,7 @@ from socllm.actors.gpu.device import cl
 
 from socllm.models.quant import QK
 
-from socllm.actors.gpu.kernels import SRC as CL_SRC, _aligned, _up, tuning
+from socllm.actors.gpu.kernels import SRC as CL_SRC, check_aligned, round_up, tuning
 
 SRC = Path(__file__).parent / "cl" / "e0m4.cl"   # built after kernels.cl, whose helpers it uses
 
@@ -37,10 +37,10 @@ class E0M4Kernels:
         if K % QK:
             raise ValueError(f"linear_e0m4: K={K} is not a multiple of {QK}")
         qs, scale, bias = w
-        _aligned("linear_e0m4", x)
-        _aligned("linear_e0m4", qs, to=16)
+        check_aligned("linear_e0m4", x)
+        check_aligned("linear_e0m4", qs, to=16)
         self.knl.set_args(self.buf, x, qs, scale, bias, out, K, M)
-        cl.enqueue_nd_range_kernel(self.queue, self.knl, (self.lin_t, _up(M, self.lin_r)),
+        cl.enqueue_nd_range_kernel(self.queue, self.knl, (self.lin_t, round_up(M, self.lin_r)),
                                    (self.lin_t, self.lin_r))
 
     def finish(self):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from socllm.memory.layout import ATT_SPLITS
 from socllm.models.quant import QK
 
-from socllm.actors.gpu.kernels import CLKernels, _aligned, _out_off, _up, weight_build
+from socllm.actors.gpu.kernels import CLKernels, check_aligned, out_offset, round_up, weight_build
 
 
 ACT_BITS = {"q16": 16, "q8": 8}     # other precisions: f32 activations
@@ -61,22 +61,22 @@ class FusedCL:
 
     def _rows(self, m: int):
         """global and local size of the kernels over row pairs of m (decode.cl ROW_PAIR)"""
-        return (self.lin_t, _up(-(-m // 2), self.lin_r)), (self.lin_t, self.lin_r)
+        return (self.lin_t, round_up(-(-m // 2), self.lin_r)), (self.lin_t, self.lin_r)
 
     def _prep(self, a, pos0):
         """x [K] -> act"""
         K = a["K"]
         if K % QK:
             raise ValueError(f"prep: K={K} is not a multiple of {QK}")
-        _aligned("prep", a["x"][1])
-        self._go("prep", (_up(K // QK, 8),), (8,), a["x"][1], self.act, K)
+        check_aligned("prep", a["x"][1])
+        self._go("prep", (round_up(K // QK, 8),), (8,), a["x"][1], self.act, K)
 
     def _norm_prep(self, a, pos0):
         """x [D], w [D] -> act of rmsnorm(x) (and out [D] if a["store"])"""
         D = a["D"]
         if D % QK:
             raise ValueError(f"norm_prep: D={D} is not a multiple of {QK}")
-        _aligned("norm_prep", a["x"][1], a["w"][1], a["out"][1])
+        check_aligned("norm_prep", a["x"][1], a["w"][1], a["out"][1])
         g = (self.lin_t,) if self.lin_t > 1 else (1,)
         self._go("norm_prep", g, g, a["x"][1], a["w"][1], self.act, a["out"][1], D,
                  a["eps"], int(a["store"]), int(a.get("natural", False)))
@@ -93,7 +93,7 @@ class FusedCL:
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: KV row rows[0]
         if not rows and self.pw and a["out"][0] == "kv" and a.get("ld", M) == M:
             rows = self.pw                                  # a contiguous cache: KV row pos0
-        out = a["out"][1] if rows else _out_off(a["out"], pos0, a.get("ld", M), self.k.kv_half)
+        out = a["out"][1] if rows else out_offset(a["out"], pos0, a.get("ld", M), self.k.kv_half)
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act", *self._rows(M), self.act, qs, d, m, out, res, a["K"], M,
                  int(a["res"] is not None), rows, w=a["w"])
@@ -110,7 +110,7 @@ class FusedCL:
         if rows:                # the kernel reads the K/V row from the pool
             outs = [a["q_out"][1], a["k_out"][1], a["v_out"][1]]
         else:
-            outs = [_out_off(a[o], pos0, m, self.k.kv_half)
+            outs = [out_offset(a[o], pos0, m, self.k.kv_half)
                     for o, m in (("q_out", Mq), ("k_out", Mk), ("v_out", Mk))]
         self._go("qkv_rope", *self._rows(Mq + 2 * Mk), self.act, *ws, *outs, self.table,
                  a["K"], Mq, Mk, hd, rows, w=a["wq"])
@@ -126,9 +126,9 @@ class FusedCL:
         D, V, (_, qs, d) = a["D"], a["V"], a["table"]
         if D % QK:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
-        _aligned("lm_head", qs, to=16)
-        g, l = ((self.lin_t, _up(V, self.lin_r)), (self.lin_t, self.lin_r)) if self.lin_t > 1 \
-            else ((_up(V, 64),), (64,))
+        check_aligned("lm_head", qs, to=16)
+        g, l = ((self.lin_t, round_up(V, self.lin_r)), (self.lin_t, self.lin_r)) if self.lin_t > 1 \
+            else ((round_up(V, 64),), (64,))
         self._go("lm_head_act", g, l, self.act, qs, d, a["out"][1], D, V)
 
     def _attention_split(self, a, pos0, launch: bool = True):
@@ -139,7 +139,7 @@ class FusedCL:
             raise ValueError(f"attention_split: no room for {H} heads' partials")
         if H % KVH or hd % QK:
             raise ValueError(f"attention_split: heads {H} / kv {KVH}, head_dim {hd} (a multiple of {QK})")
-        _aligned("attention", a["q"][1], a["k"][1], a["v"][1])
+        check_aligned("attention", a["q"][1], a["k"][1], a["v"][1])
         if not launch:
             return
         self.k._go("attention_split", (ATT_SPLITS,), (1,), a["q"][1], a["k"][1], a["v"][1],
@@ -148,7 +148,7 @@ class FusedCL:
     def _merge_prep(self, a, pos0):
         """partials -> act of the attention row (and out [H*hd] if a["store"])"""
         H, hd = a["heads"], a["head_dim"]
-        _aligned("merge_prep", a["out"][1])
+        check_aligned("merge_prep", a["out"][1])
         self.k._go("merge_prep", (1,), (1,), self.att, self.act, a["out"][1], H, int(a["store"]),
                    ks=self.k._kernels(hd, self.bits))
 
@@ -158,7 +158,7 @@ class FusedCL:
         M, ((qs, d, m), _) = a["M"], weight_build(a["w"])
         if M % QK or a["out"][0] != "a":
             raise ValueError(f"linear_act_norm: M={M} must be a multiple of {QK}, out a slot")
-        _aligned("linear_act_norm", a["out"][1], a["norm_w"][1], a["norm_out"][1])
+        check_aligned("linear_act_norm", a["out"][1], a["norm_w"][1], a["norm_out"][1])
         res = a["res"][1] if a["res"] is not None else 0
         self._go("linear_act_norm", *self._rows(M), self.act, qs, d, m, a["out"][1], res, a["K"], M,
                  int(a["res"] is not None), a["norm_w"][1], a["norm_out"][1], a["eps"],
@@ -169,7 +169,7 @@ class FusedCL:
         M = a["M"]
         if M % QK:
             raise ValueError(f"gate_up_silu_prep: M={M} is not a multiple of {QK}")
-        _aligned("gate_up_silu_prep", a["out"][1])
+        check_aligned("gate_up_silu_prep", a["out"][1])
         self._go("gate_up_silu_prep", *self._rows(M), self.act, *weight_build(a["wg"])[0],
                  *weight_build(a["wu"])[0], a["out"][1], a["K"], M, self.counter, w=a["wg"])
 
@@ -177,7 +177,7 @@ class FusedCL:
         """attention_split, then merge_prep -> act (and out if a["store"])"""
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
         self._attention_split(a, pos0, launch=False)
-        _aligned("attention_merge", a["out"][1])
+        check_aligned("attention_merge", a["out"][1])
         g, l = ((self.att_wg, H), (self.att_wg, 1)) if self.att_wg > 1 and self.lin_t > 1 \
             else ((ATT_SPLITS,), (1,))
         self.k._go("attention_merge", g, l, a["q"][1], a["k"][1], a["v"][1],

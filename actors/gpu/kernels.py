@@ -143,7 +143,8 @@ def wrap_arena(ctx: cl.Context, arena: np.ndarray, forced: bool | None = None) -
     return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arena)
 
 
-def _up(n: int, m: int) -> int:
+def round_up(n: int, m: int) -> int:
+    """n rounded up to a multiple of m (work sizes)."""
     return (n + m - 1) // m * m
 
 
@@ -166,7 +167,7 @@ def weight_build(ref) -> tuple:
     return tuple(ref[2:]), " ".join(opts)
 
 
-def _out_off(ref, pos0: int, cols: int, kv_half: bool = False) -> int:
+def out_offset(ref, pos0: int, cols: int, kv_half: bool = False) -> int:
     """Byte offset of an output ref's first row: KV refs start at row pos0 (written in place, in
     f32: an f16 cache is written through row maps only, by paged programs)."""
     if ref[0] != "kv":
@@ -176,7 +177,8 @@ def _out_off(ref, pos0: int, cols: int, kv_half: bool = False) -> int:
     return ref[1] + pos0 * cols * 4
 
 
-def _aligned(op: str, *offsets: int, to: int = VEC):
+def check_aligned(op: str, *offsets: int, to: int = VEC):
+    """Raise unless every byte offset a kernel loads vectors from is a multiple of `to`."""
     if any(o % to for o in offsets):
         raise ValueError(f"{op}: vector-loaded offsets {offsets} must be multiples of {to} bytes")
 
@@ -455,11 +457,11 @@ class CLKernels:
         D, scale = a["D"], a.get("scale", 1.0)
         if a["table"][0] != "w8":
             (qs, d, m), wopts = weight_build(a["table"])
-            self._go("embed_w", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, m,
+            self._go("embed_w", (round_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, m,
                      a["out"][1], D, scale, ks=self._kernels(64, 32, None, wopts))
             return
         _, qs, d = a["table"]
-        self._go("embed", (_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, a["out"][1], D,
+        self._go("embed", (round_up(D, self.group), N), (self.group, 1), a["ids"][1], qs, d, a["out"][1], D,
                  scale)
 
     def _rmsnorm(self, a, N, pos0):
@@ -467,7 +469,7 @@ class CLKernels:
         D = a["D"]
         if D % 8:
             raise ValueError(f"rmsnorm: D={D} is not a multiple of 8")
-        _aligned("rmsnorm", a["x"][1], a["w"][1], a["out"][1])
+        check_aligned("rmsnorm", a["x"][1], a["w"][1], a["out"][1])
         N *= a.get("heads", 1)          # per-head norms: every head's row alone
         gsize, lsize = ((self.lin_t, N), (self.lin_t, 1)) if self.lin_t > 1 else ((N,), None)
         self._go("rmsnorm", gsize, lsize, a["x"][1], a["w"][1], a["out"][1], D, a["eps"], N)
@@ -479,11 +481,11 @@ class CLKernels:
         if K % QK:
             raise ValueError(f"linear: K={K} is not a multiple of {QK}")
         (qs, d, m), wopts = weight_build(a["w"])
-        _aligned("linear", a["x"][1])
-        _aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
+        check_aligned("linear", a["x"][1])
+        check_aligned("linear", qs, to=16)             # a row-cut weight starts at any row: K/2 = 16k
         ld = a.get("ld", M)                       # a row-cut half: its columns of rows ld wide
         rows = a["rows"][1] if "rows" in a else 0          # paged KV: row n at rows[n]
-        out = a["out"][1] if rows else _out_off(a["out"], pos0, ld, self.kv_half)
+        out = a["out"][1] if rows else out_offset(a["out"], pos0, ld, self.kv_half)
         b = a["b"][1] if "b" in a else 0                   # a bias [M] (Qwen2's q, k, v)
         if N > 1 and self.rows_act is not None and a["w"][0] != "wt":   # floats: f32 GEMM
             if self.rows_act[2] == 8 and M % 8 == 0 and not wopts and not b:
@@ -491,11 +493,11 @@ class CLKernels:
             if N <= INT_ROWS_MAX or wopts or b:
                 return self._linear_rows(a, N, out, ld, rows)
         if N == 1:
-            self._go("linear_gemv", (self.lin_t, _up(M, self.lin_r)), (self.lin_t, self.lin_r),
+            self._go("linear_gemv", (self.lin_t, round_up(M, self.lin_r)), (self.lin_t, self.lin_r),
                      a["x"][1], qs, d, m, out, K, M, rows, b, ks=self._kernels(64, 32, None, wopts))
         else:
             tn, ks = self._tn(N, wopts)
-            self._go("linear_gemm", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1),
+            self._go("linear_gemm", (round_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                      a["x"][1], qs, d, m, out, K, M, N, ld, rows, b, ks=ks)
 
     def _linear_rows(self, a, N, out, ld, rows):
@@ -504,11 +506,11 @@ class CLKernels:
         K, M = a["K"], a["M"]
         (qs, d, m), wopts = weight_build(a["w"])
         off, _, bits = self.rows_act
-        row_bytes = _up(bits // 8 * K + 8 * (K // QK), 64)
+        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
         tn, _ = self._tn(N)
         ks = self._kernels(64, bits, tn, wopts)
         self._prep_rows(a["x"][1], K, N, N, row_bytes, ks)
-        self._go("linear_rows_act", (_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1), off, qs, d,
+        self._go("linear_rows_act", (round_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1), off, qs, d,
                  m, out, K, M, N, ld, rows, row_bytes, a["b"][1] if "b" in a else 0, ks=ks)
 
     def _prep_rows(self, x, K, N, rows, row_bytes, ks):
@@ -519,7 +521,7 @@ class CLKernels:
             raise ValueError(f"linear: {rows} prepared rows of {K} need {rows * row_bytes} bytes, "
                              f"the scratch has {nbytes}")
         if self._prepared != (x, rows):
-            self._go("prep_rows", (_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, N, ks=ks)
+            self._go("prep_rows", (round_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, N, ks=ks)
             self._prepared = (x, rows)
 
     def _linear_tile(self, a, N, out, ld, rows):
@@ -527,23 +529,23 @@ class CLKernels:
         and per rows a work-item takes (TILE_ROWS: the fewest that cover N, at most the last)."""
         K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
         tn = next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1])
-        row_bytes = _up(K + 8 * (K // QK), 64)
+        row_bytes = round_up(K + 8 * (K // QK), 64)
         ks = self._kernels(64, 8, None, f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
-        self._prep_rows(a["x"][1], K, N, _up(N, tn), row_bytes, ks)
-        self._go("linear_tile", (_up(M // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
+        self._prep_rows(a["x"][1], K, N, round_up(N, tn), row_bytes, ks)
+        self._go("linear_tile", (round_up(M // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                  self.rows_act[0], qs, d, m, out, K, M, N, ld, rows, row_bytes, ks=ks)
 
     def _rope(self, a, N, pos0):
         """x [N, heads*hd] -> out (may be a KV ref), rotated for positions pos0 .. pos0+N-1"""
         H, hd = a["heads"], a["head_dim"]
         if "pos" in a:          # rows at their own positions (paged.cl), KV rows from `rows`
-            _aligned("rope", a["x"][1], a["out"][1], to=8)
+            check_aligned("rope", a["x"][1], a["out"][1], to=8)
             self._go("rope_rows", (hd // 2, N), (hd // 2, 1), a["x"][1], a["out"][1], a["pos"][1],
                      a["rows"][1] if "rows" in a else 0, H, hd, a["theta"], self._rope_rows(a, N),
                      int(a.get("neox", 0)), a["f"][1] if "f" in a else 0)
             return
-        out = _out_off(a["out"], pos0, H * hd, self.kv_half)
-        _aligned("rope", a["x"][1], out, to=8)
+        out = out_offset(a["out"], pos0, H * hd, self.kv_half)
+        check_aligned("rope", a["x"][1], out, to=8)
         self._go("rope", (hd // 2, N), (hd // 2, 1), a["x"][1], out, H, hd, a["theta"], pos0,
                  int(a.get("neox", 0)), a["f"][1] if "f" in a else 0)
 
@@ -567,7 +569,7 @@ class CLKernels:
         """q [N, H*hd], K/V cache rows 0 .. pos0+N -> out [N, H*hd] (causal, GQA): a work-group
         per (head, row), its ATT_WG work-items splitting the keys (split-K, merged in local memory)"""
         H, KVH, wg = a["heads"], a["kv_heads"], self.att_wg
-        _aligned("attention", a["q"][1], a["k"][1], a["v"][1], a["out"][1])
+        check_aligned("attention", a["q"][1], a["k"][1], a["v"][1], a["out"][1])
         if "btab" in a:         # paged K/V, every row its own sequence and position (paged.cl)
             br = a["block_rows"]
             if br % 8 or br & (br - 1):
@@ -582,17 +584,17 @@ class CLKernels:
     def _silu_mul(self, a, N, pos0):
         """g, u [N, F] -> out [N, F]"""
         n = N * a["F"]
-        self._go("silu_mul", (_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
+        self._go("silu_mul", (round_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
 
     def _gelu_mul(self, a, N, pos0):
         """g, u [N, F] -> out [N, F]"""
         n = N * a["F"]
-        self._go("gelu_mul", (_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
+        self._go("gelu_mul", (round_up(n, self.group),), (self.group,), a["g"][1], a["u"][1], a["out"][1], n)
 
     def _add(self, a, N, pos0):
         """a, b [N, D] -> out [N, D]"""
         n = N * a["D"]
-        self._go("add", (_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
+        self._go("add", (round_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
 
     def _lm_head(self, a, N, pos0):
         """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V] (a table in a block format: the
@@ -606,11 +608,11 @@ class CLKernels:
         _, qs, d = a["table"]
         if D % QK:
             raise ValueError(f"lm_head: D={D} is not a multiple of {QK}")
-        _aligned("lm_head", a["x"][1])
-        _aligned("lm_head", qs, to=16)
+        check_aligned("lm_head", a["x"][1])
+        check_aligned("lm_head", qs, to=16)
         if a.get("all_rows"):   # a batch: every row's logits, the table read once for GEMM_TN rows
             tn, ks = self._tn(N)
-            self._go("lm_head_rows", (_up(V, self.group), -(-N // tn)), (self.group, 1), a["x"][1],
+            self._go("lm_head_rows", (round_up(V, self.group), -(-N // tn)), (self.group, 1), a["x"][1],
                      qs, d, a["out"][1], D, V, N, ks=ks)
             return
-        self._go("lm_head", (_up(V, self.group),), (self.group,), a["x"][1], qs, d, a["out"][1], D, V, N)
+        self._go("lm_head", (round_up(V, self.group),), (self.group,), a["x"][1], qs, d, a["out"][1], D, V, N)
