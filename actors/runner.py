@@ -101,7 +101,7 @@ class Runner:
         # (program plan, all_rows, buffer, bucket) -> (pid, processors, final stamps); programs
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
-        self.ran = collections.Counter()     # "plan phase[ bucket]" -> steps run (status)
+        self.steps = collections.Counter()   # program key -> steps run (named by `ran`)
         for key in {(self.decode_on, True, 0, self._batch_bucket(1)), (self.base, False, 0, 0)}:
             self._program(key)
         if lay.double:
@@ -111,6 +111,14 @@ class Runner:
         elif npu_chunk and "npu" in engine.available:
             self._program(("npu", False, 0, npu_chunk))      # for step(on="npu")
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
+
+    @property
+    def ran(self) -> collections.Counter:
+        """"plan phase[ bucket]" -> steps run ("npu chunk 32", "gpu batch"): for status."""
+        out = collections.Counter()
+        for (plan, all_rows, _, bucket), n in self.steps.items():
+            out[f"{plan} {'batch' if all_rows else 'chunk'}" + (f" {bucket}" if bucket else "")] += n
+        return out
 
     def _batch_bucket(self, n: int) -> int:
         """The static rows of a decode batch of n rows on a plan the NPU takes part in: the next
@@ -185,7 +193,7 @@ class Runner:
             key = self._chunk_key(rows, buffer, span, on)
         prog = self._program(key)
         if span is None or span[0] == 0:
-            self.ran[f"{key[0]} {'batch' if all_rows else 'chunk'}" + (f" {key[3]}" if key[3] else "")] += 1
+            self.steps[key] += 1             # a step's only bookkeeping: named when read
             for slot, blocks in tables.items():
                 self.btab[slot, :len(blocks)] = blocks
             tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))

@@ -1,28 +1,43 @@
-"""PSS of socllm's processes (the service's status) and of Ray's daemons: idle, then under 8 streams."""
-import json, sys, threading, time, psutil
+"""PSS of socllm's processes (the service's status) and of Ray's daemons: idle, then under 8 streams.
+
+    ray start --head && socllm serve && python scripts/pss_check.py     # prints one JSON object
+"""
+import json
+import threading
+import time
+
+import psutil
+
 import socllm
-c = socllm.connect()
-def ray_pss():
-    tot = 0
-    for p in psutil.process_iter(["name", "cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if any(k in cmd for k in ("raylet", "gcs_server", "dashboard", "ray::", "log_monitor", "runtime_env", "monitor.py")):
-                tot += p.memory_full_info().pss
-        except Exception:
-            pass
-    return tot / 2**20
-time.sleep(5)
-st = c.status()
-out = {"idle": {"socllm_pss_mb": st["memory_pss_mb"], "by_process": st["memory_pss_mb_by_process"], "ray_and_socllm_pss_mb": round(ray_pss(), 1)}}
-samples = []
-def stream(i):
-    "".join(c.generate(f"Story {i}: once upon a time", max_tokens=200, ignore_eos=True, stream=True)) if False else c.generate(f"Story {i}: once upon a time", max_tokens=200, temperature=0)
-ts = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
-[t.start() for t in ts]
-time.sleep(3)
-for _ in range(4):
-    st = c.status(); samples.append((st["memory_pss_mb"], round(ray_pss(), 1))); time.sleep(1)
-[t.join() for t in ts]
-out["under_8_streams"] = {"socllm_pss_mb": max(s[0] for s in samples), "ray_and_socllm_pss_mb": max(s[1] for s in samples), "samples": samples}
-print(json.dumps(out, indent=1))
+
+
+def main():
+    c = socllm.connect()
+    def ray_pss():
+        tot = 0
+        for p in psutil.process_iter(["name", "cmdline"]):
+            try:
+                cmd = " ".join(p.info["cmdline"] or [])
+                if any(k in cmd for k in ("raylet", "gcs_server", "dashboard", "ray::", "log_monitor", "runtime_env", "monitor.py")):
+                    tot += p.memory_full_info().pss
+            except Exception:
+                pass
+        return tot / 2**20
+    time.sleep(5)
+    st = c.status()
+    out = {"idle": {"socllm_pss_mb": st["memory_pss_mb"], "by_process": st["memory_pss_mb_by_process"], "ray_and_socllm_pss_mb": round(ray_pss(), 1)}}
+    samples = []
+    def stream(i):
+        c.generate(f"Story {i}: once upon a time", max_tokens=200, temperature=0)
+    ts = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    [t.start() for t in ts]
+    time.sleep(3)
+    for _ in range(4):
+        st = c.status(); samples.append((st["memory_pss_mb"], round(ray_pss(), 1))); time.sleep(1)
+    [t.join() for t in ts]
+    out["under_8_streams"] = {"socllm_pss_mb": max(s[0] for s in samples), "ray_and_socllm_pss_mb": max(s[1] for s in samples), "samples": samples}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
