@@ -173,6 +173,7 @@ class ServingEngine:
 
     def _end_chunk(self, seq: Sequence, rows: list, last: bool, logits, t0: float):
         seq.computed += len(rows)
+        self._name_blocks(seq)
         if last:
             self.accept(seq, seq.sampler(logits[0]))
         self.times["prefill_chunks"] += 1
@@ -225,12 +226,20 @@ class ServingEngine:
         t1 = time.perf_counter()
         for i, seq in enumerate(batch):
             seq.computed += 1
+            self._name_blocks(seq)
             self.accept(seq, seq.sampler(logits[i]))
         t = self.times
         t["decode_steps"] += 1
         t["decode_rows"] += len(batch)
         t["decode_kernels_s"] += t1 - t0
         t["decode_s"] += time.perf_counter() - t0
+
+    def _name_blocks(self, seq: Sequence):
+        """Its blocks filled by now go into the prefix cache (memory/blocks.py), for later
+        requests that start with the same tokens (a chat's next turn, an agent's next call)."""
+        kv = self.scheduler.kv
+        if seq.computed // kv.block_rows > len(seq.names):
+            kv.publish(seq.blocks, seq.names, seq.ids, seq.computed)
 
     def accept(self, seq: Sequence, tok: int):
         """Postprocess one sampled token: its text to the client, the request ended where it

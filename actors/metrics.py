@@ -30,6 +30,14 @@ class ServiceMetrics:
                                  "latency)", ["priority"], buckets=LATENCY_BUCKETS, registry=r)
         self.kv = Gauge("socllm_kv_blocks_used", "KV cache blocks held by requests", registry=r)
         self.kv_total = Gauge("socllm_kv_blocks", "KV cache blocks in the pool", registry=r)
+        # the prefix cache (memory/blocks.py), in prompt tokens: vLLM's names
+        self.cache_queries = Counter("socllm_prefix_cache_queries", "prompt tokens looked up in "
+                                     "the prefix cache", registry=r)
+        self.cache_hits = Counter("socllm_prefix_cache_hits", "prompt tokens found in the prefix "
+                                  "cache (not prefilled)", registry=r)
+        self.kv_cached = Gauge("socllm_kv_blocks_cached", "KV blocks no request holds, kept for "
+                               "prefix-cache hits", registry=r)
+        self._counted = (0, 0)
         self._last: dict = {}             # request id -> time of its last token
 
     def arrived(self, req):
@@ -58,6 +66,11 @@ class ServiceMetrics:
             self.state.labels(s).set(sum(r.state == s for r in reqs))
         self.kv.set(kv.n_used)
         self.kv_total.set(kv.n_blocks)
+        self.kv_cached.set(kv.n_cached)
+        q, h = self._counted
+        self.cache_queries.inc(kv.queries - q)
+        self.cache_hits.inc(kv.hits - h)
+        self._counted = (kv.queries, kv.hits)
         return generate_latest(self.registry).decode()
 
 

@@ -138,7 +138,7 @@ class Service:
             self.plan = self.runner.plan
             # the agent policy sizes its mixed batches from this device's step times
             self.step_profile = self.runner.profile_batches(c.max_seqs) if c.policy == "agent" else {}
-            self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows)
+            self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
             self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
             self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish)
@@ -349,7 +349,7 @@ class Service:
                 "kv": {"blocks": self.kv.n_blocks, "blocks_used": self.kv.n_used,
                        "blocks_free": self.kv.n_free, "block_rows": self.kv.block_rows,
                        "sequences_max": self.scheduler.max_seqs,
-                       "sequences_used": len(self.scheduler.running)},
+                       "sequences_used": len(self.scheduler.running)} | self.kv.stats(),
                 "tokens_per_s_1min": round(len(core.token_times) / min(60.0, max(uptime, 1e-3)), 2),
                 "loop": {k: round(v, 3) for k, v in core.times.items()},
                 "recoveries": core.recoveries[-10:], "recoveries_total": len(core.recoveries),

@@ -1,12 +1,28 @@
-"""Paged KV (Transformer-Lite §2.3, in place; vLLM's block tables): the pool's KV region is fixed-
-size blocks of BLOCK_ROWS rows of every layer's K and V. A sequence holds a block table, the ids of
-its blocks in order: its row p lives in block table[p // BLOCK_ROWS], row p % BLOCK_ROWS. Blocks
-are taken as a sequence grows and given back when it ends; nothing is ever copied between them.
+"""Paged KV (Transformer-Lite §2.3, in place; vLLM's block tables) and the prefix cache over it.
+
+The pool's KV region is fixed-size blocks of BLOCK_ROWS rows of every layer's K and V. A sequence
+holds a block table, the ids of its blocks in order: its row p lives in block table[p //
+BLOCK_ROWS], row p % BLOCK_ROWS. Blocks are taken as a sequence grows and given back when it ends;
+nothing is ever copied between them.
+
+Prefix cache (vLLM's automatic prefix caching, in nano-vllm's form): a full block is named by a
+hash chained over every token before it and its own (`chain`). Once a block's rows are computed its
+name is published; a later request whose prompt starts with the same tokens takes the same blocks
+(a reference each) and prefills only the rest. A block is never written once full, so sharing it
+needs no copy. A block whose last reference goes keeps its K/V and its name on an LRU list and is
+taken back on a hit, or handed out blank (evicted) only when no never-named block is left.
+One cache for every request of every client (llama.cpp's per-slot caches miss across agents,
+llama.cpp #22942); a hit is checked token by token, never on a hash alone (#27148).
+Eviction order: blocks never hit go first, tail blocks of a sequence before its head (released in
+reverse), least recently used first; blocks that were hit (a system prompt, a tool list, a chat's
+history: what every call resends) go only when no other is left (mlx-lm's and SGLang's orders).
 
 This is the bookkeeping only (no Ray, no kernels): the tables themselves are written into the
 pool by the runner each step, where every processor's attention reads them.
 """
 from __future__ import annotations
+
+from collections import OrderedDict
 
 BLOCK_ROWS = 16             # rows of a block (a multiple of 8: the GPU reads keys 8 at a time)
 
@@ -15,38 +31,125 @@ def blocks_for(rows: int, block_rows: int = BLOCK_ROWS) -> int:
     return -(-rows // block_rows)
 
 
+def chain(parent: int | None, tokens: tuple) -> int:
+    """A full block's name: its tokens and, through parent (the previous block's name), every
+    token before them. Python's tuple hash: the cache lives in one process."""
+    return hash((parent, tokens))
+
+
 class BlockPool:
-    def __init__(self, n_blocks: int, block_rows: int = BLOCK_ROWS):
+    def __init__(self, n_blocks: int, block_rows: int = BLOCK_ROWS, cache: bool = True):
         if n_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {n_blocks}")
-        self.n_blocks, self.block_rows = n_blocks, block_rows
-        # a stack: the blocks freed last are taken first, so the pages a busy service touches stay
-        # the few it needs at its peak (a queue would walk through every page of the region)
+        self.n_blocks, self.block_rows, self.cache = n_blocks, block_rows, cache
+        # never named (or evicted): a stack, so that the pages a busy service touches stay the
+        # few it needs at its peak (a queue would walk through every page of the region)
         self.free: list = list(range(n_blocks))[::-1]
+        # named blocks no sequence holds, least recently released first: never hit, then hit
+        self.idle: tuple = (OrderedDict(), OrderedDict())
+        self.refs = [0] * n_blocks                # sequences holding each block
+        self.name: list = [None] * n_blocks       # block -> (name, its tokens) once published
+        self.hit_count = [0] * n_blocks
+        self.by_name: dict = {}                   # name -> block
+        self.queries = self.hits = self.evicted = 0     # prompt rows asked for / found / blocks
 
     @property
     def n_free(self) -> int:
-        return len(self.free)
+        """Blocks a sequence could take now: blank ones and named ones nobody holds."""
+        return len(self.free) + len(self.idle[0]) + len(self.idle[1])
 
     @property
     def n_used(self) -> int:
-        return self.n_blocks - len(self.free)
+        return self.n_blocks - self.n_free
+
+    @property
+    def n_cached(self) -> int:
+        """Named blocks nobody holds: K/V kept for a later hit."""
+        return len(self.idle[0]) + len(self.idle[1])
 
     def need(self, table: list, rows: int) -> int:
         """Blocks a sequence holding `table` must still take to hold `rows` rows."""
         return max(0, blocks_for(rows, self.block_rows) - len(table))
 
     def can_grow(self, table: list, rows: int) -> bool:
-        return self.need(table, rows) <= len(self.free)
+        return self.need(table, rows) <= self.n_free
 
     def grow(self, table: list, rows: int):
         """Append blocks to `table` until it holds `rows` rows (RuntimeError if too few are free)."""
         n = self.need(table, rows)
-        if n > len(self.free):
-            raise RuntimeError(f"{n} KV blocks needed, {len(self.free)} free")
-        table.extend(self.free.pop() for _ in range(n))
+        if n > self.n_free:
+            raise RuntimeError(f"{n} KV blocks needed, {self.n_free} free")
+        for _ in range(n):
+            b = self._take()
+            self.refs[b] = 1
+            table.append(b)
 
-    def release(self, table: list):
-        """Give a sequence's blocks back (it ended, was cancelled or preempted)."""
-        self.free.extend(reversed(table))
+    def _take(self) -> int:
+        if self.free:
+            return self.free.pop()
+        lru = self.idle[0] if self.idle[0] else self.idle[1]
+        b, _ = lru.popitem(last=False)
+        del self.by_name[self.name[b][0]]
+        self.name[b], self.hit_count[b] = None, 0
+        self.evicted += 1
+        return b
+
+    def match(self, table: list, names: list, ids: list, rows: int) -> int:
+        """A sequence starts: `table` and `names` (empty) take the cached blocks that hold the
+        longest run of full blocks of ids[:rows - 1] (the last row is always computed: its logits
+        sample the next token). Returns the rows found, which the sequence need not compute."""
+        br, parent = self.block_rows, None
+        if self.cache:
+            for i in range((rows - 1) // br):
+                tokens = tuple(ids[i * br:(i + 1) * br])
+                parent = chain(parent, tokens)
+                b = self.by_name.get(parent)
+                if b is None or self.name[b][1] != tokens:      # a collision is a miss
+                    break
+                if self.refs[b] == 0:
+                    self.idle[self.hit_count[b] > 0].pop(b)
+                self.refs[b] += 1
+                self.hit_count[b] += 1
+                table.append(b)
+                names.append(parent)
+        return len(table) * br
+
+    def count(self, rows: int, found: int):
+        """A sequence was admitted: `rows` asked for, `found` of them cached (the hit rate)."""
+        self.queries += rows
+        self.hits += found
+
+    def publish(self, table: list, names: list, ids: list, computed: int):
+        """The sequence holding `table` has its first `computed` rows (ids) in the cache: name its
+        full blocks that are not named yet, for later requests to find."""
+        if not self.cache:
+            return
+        br = self.block_rows
+        for i in range(len(names), computed // br):
+            tokens = tuple(ids[i * br:(i + 1) * br])
+            name = chain(names[-1] if names else None, tokens)
+            names.append(name)
+            b = table[i]
+            if name not in self.by_name and self.name[b] is None:
+                self.by_name[name] = b          # a twin computed at the same time stays unnamed
+                self.name[b] = (name, tokens)
+
+    def release(self, table: list, names: list | None = None):
+        """Give a sequence's blocks back (it ended, was cancelled or preempted): named ones stay
+        cached until needed, tail first in line."""
+        for b in reversed(table):
+            self.refs[b] -= 1
+            if self.refs[b] > 0:
+                continue
+            if self.name[b] is None:
+                self.free.append(b)
+            else:
+                self.idle[self.hit_count[b] > 0][b] = None
         table.clear()
+        if names is not None:
+            names.clear()
+
+    def stats(self) -> dict:
+        return {"prefix_cache": self.cache, "queries": self.queries, "hits": self.hits,
+                "hit_rate": round(self.hits / self.queries, 4) if self.queries else 0.0,
+                "cached_blocks": self.n_cached, "evicted_blocks": self.evicted}

@@ -130,9 +130,8 @@ class AgentPolicy(FCFS):
                     batch.preempted.append(self._preempt(victim))
                     if victim in batch.decode:
                         batch.decode.remove(victim)
-            if len(self.running) >= self.max_seqs or not self.kv.can_grow(req.blocks, req.rows):
+            if len(self.running) >= self.max_seqs or not self._admit_kv(req):
                 break
-            self.kv.grow(req.blocks, req.rows)
             (self.reactive if req.priority == "reactive" else self.proactive).remove(req)
             self.running.append(req)
 
@@ -154,7 +153,7 @@ class AgentPolicy(FCFS):
 
     def _preempt(self, req: Request) -> Request:
         self.running.remove(req)
-        self.kv.release(req.blocks)
+        self.kv.release(req.blocks, req.names)
         req.computed = 0
         (self.reactive if req.priority == "reactive" else self.proactive).appendleft(req)
         return req

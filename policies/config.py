@@ -153,6 +153,7 @@ class ServeConfig(EngineConfig):
     policy: str = "agent"             # scheduling (policies/agent.py POLICIES)
     plan: str = "auto"                # what runs decode batches and prefill chunks (SERVE_PLAN_NAMES)
     prefill_chunk: int = 128          # prompt rows a step: others' decode steps run between chunks
+    prefix_cache: bool = True         # reuse the K/V of prompt blocks computed before (memory/blocks)
     # a running request whose text nobody has asked for this long (no poll open, none returned
     # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
     # proxy did not pass on (actors/front/http.py). Clients poll continuously (each poll within 10 s).
@@ -167,6 +168,7 @@ class ServeConfig(EngineConfig):
         super().__post_init__()
         _need(self.kv_mb > 0, "kv_mb", "> 0", self.kv_mb)
         _need(isinstance(self.warm, bool), "warm", "True or False", self.warm)
+        _need(isinstance(self.prefix_cache, bool), "prefix_cache", "True or False", self.prefix_cache)
         _need(self.policy in POLICIES, "policy", "one of " + ", ".join(POLICIES), self.policy)
         _need(self.plan in SERVE_PLAN_NAMES, "plan", "one of " + ", ".join(SERVE_PLAN_NAMES), self.plan)
         _need(_whole(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_CHUNK, "prefill_chunk",

@@ -52,7 +52,9 @@ class Request:
     finish_reason: str | None = None      # "stop" | "length" | "cancelled" | "error"
     error: str | None = None
     blocks: list = field(default_factory=list)    # KV block table (memory/blocks.py)
+    names: list = field(default_factory=list)     # its full blocks' prefix-cache names, in order
     computed: int = 0                     # rows of prompt + tokens whose K/V are in the cache
+    cached: int = 0                       # prompt rows found in the prefix cache at admission
     arrival: float = field(default_factory=time.monotonic)
     prefill_start: float | None = None   # its first prefill chunk began (preemption latency)
     arrived_during: str = ""              # what the service's loop was running when it arrived
@@ -73,6 +75,11 @@ class Request:
         return len(self.prompt) + len(self.tokens)
 
     @property
+    def ids(self) -> list:
+        """Every row's token: prompt and generated."""
+        return self.prompt + self.tokens
+
+    @property
     def prefilled(self) -> bool:
         """Its K/V are in the cache up to the last token: it decodes (feeds that token) next.
         A fresh request, or one preempted and resumed, prefills all its rows first."""
@@ -86,7 +93,8 @@ class Request:
 
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.tokens),
-                "total_tokens": len(self.prompt) + len(self.tokens)}
+                "total_tokens": len(self.prompt) + len(self.tokens),
+                "prompt_tokens_details": {"cached_tokens": self.cached}}
 
 
 class StopText:

@@ -5,9 +5,11 @@ A policy sees requests arrive (`add`), end (`finish`) and is asked each iteratio
 policies/agent.py's priority policy works through the same three calls.
 
 The KV cache is paged (memory/blocks.py, passed in as `kv`): a request takes the blocks of its
-prompt when it is admitted and one more block whenever decode crosses into one. When the pool
-runs dry, the newest running request is preempted: its blocks are given back and it waits again
-at the head of the queue, to be prefilled anew (prompt and the tokens it has) when blocks free.
+prompt when it is admitted (`_admit_kv`: first the prefix cache's blocks that already hold its
+leading rows, which it does not prefill, then blank ones) and one more block whenever decode
+crosses into one. When the pool runs dry, the newest running request is preempted: its blocks are
+given back and it waits again at the head of the queue, to be prefilled anew (prompt and the
+tokens it has, from the prefix cache where its blocks are still there) when blocks free.
 """
 from __future__ import annotations
 
@@ -71,16 +73,30 @@ class FCFS:
         batch.decode = [r for r in batch.decode if r in self.running]
         while self.waiting and len(self.running) < self.max_seqs and not batch.preempted:
             req = self.waiting[0]
-            if not self.kv.can_grow(req.blocks, req.rows):
+            if not self._admit_kv(req):
                 break                      # in order: a later, smaller request does not jump it
-            self.kv.grow(req.blocks, req.rows)
             self.running.append(self.waiting.popleft())
         batch.prefill = [r for r in self.running if not r.prefilled]
         return batch
 
+    def _admit_kv(self, req: Request) -> bool:
+        """A waiting request's blocks: those of the prefix cache holding its leading rows (their
+        rows count as computed), then blank ones for the rest. False, holding nothing, if the
+        rest does not fit."""
+        found = self.kv.match(req.blocks, req.names, req.ids, req.rows)
+        if not self.kv.can_grow(req.blocks, req.rows):
+            self.kv.release(req.blocks, req.names)
+            return False
+        self.kv.grow(req.blocks, req.rows)
+        req.computed = found
+        if not req.tokens:                 # a first admission (a preempted one is counted once)
+            req.cached = found
+            self.kv.count(len(req.prompt), found)
+        return True
+
     def _preempt(self, req: Request) -> Request:
         self.running.remove(req)
-        self.kv.release(req.blocks)
+        self.kv.release(req.blocks, req.names)
         req.computed = 0
         self.waiting.appendleft(req)
         return req
@@ -95,7 +111,7 @@ class FCFS:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.release(req.blocks)
+        self.kv.release(req.blocks, req.names)
 
     def queues(self) -> dict:
         return {"waiting": [r.id for r in self.waiting], "running": [r.id for r in self.running]}

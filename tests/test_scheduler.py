@@ -131,4 +131,5 @@ def test_ended_requests_report_usage():
     r = req(1, 7, 5)
     r.tokens = [1, 2, 3]
     r.end("cancelled", "cancelled")
-    assert r.ended and r.usage() == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert r.ended and r.usage() == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                                     "prompt_tokens_details": {"cached_tokens": 0}}

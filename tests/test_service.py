@@ -293,6 +293,29 @@ def test_openai_package_completions_and_chat_stream_and_not(served, oracle, toke
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text
 
 
+def test_a_prompt_sharing_a_cached_prefix_gets_the_cold_text_and_says_so(served, client, oracle,
+                                                                         tokenizer):
+    """The prefix cache (memory/blocks.py): a prompt longer than a prefill chunk, then the same
+    with a suffix, then that again. Each text is the oracle's (the cached K/V are the cold
+    ones'); usage says how many prompt tokens came from the cache, and status counts them."""
+    import openai
+    oa = openai.OpenAI(base_url=served[1] + "/v1", api_key="none")
+    base = " ".join(f"Step {i}: put {i * 7 % 11} red apples in basket {i % 4}." for i in range(18))
+    n = len(tokenizer.encode(base))
+    assert n > 160
+    before = client.status()["kv"]
+    cached = []
+    for p in (base, base + " Now count the apples in basket 2:", base + " Now count the apples in basket 2:"):
+        r = oa.completions.create(model="socllm", prompt=p, max_tokens=8, temperature=0)
+        assert r.choices[0].text == _want(oracle, tokenizer, p, 8), p[-40:]
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        last = r.usage.prompt_tokens
+    assert cached[0] == 0 and cached[1] == n // 16 * 16 and cached[2] == (last - 1) // 16 * 16
+    after = client.status()["kv"]
+    assert after["hits"] - before["hits"] == cached[1] + cached[2]
+    assert after["queries"] - before["queries"] == n + 2 * last
+
+
 def test_openai_package_seed_temperature_and_top_p(served, client, oracle, tokenizer):
     """The same over HTTP: a seed repeats its text and equals the Python client's with the same
     seed, temperature and top_p (all three reach the sampler); other seeds differ; temperature 0

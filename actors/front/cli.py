@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
                         "decode on the GPU; tensor: linears row-cut GPU+NPU; seqcut: a chunk's rows "
                         "cut NPU+GPU; hybrid: chunks padded to NPU buckets and row-cut; cpu/gpu/npu: "
                         "one processor)")
+    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
+                   help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
+                        "(a system prompt, a tool list, a chat's history); to compare")
     s.add_argument("--abandon-s", type=float, default=srv.abandon_s,
                    help="cancel a running request whose client has not asked for its text this "
                         "long: the client is gone (default %(default)s)")

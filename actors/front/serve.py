@@ -157,6 +157,12 @@ def status(a) -> int:
           f"finished {r['finished']}  cancelled {r['cancelled']}  failed {r['failed']}")
     print(f"kv         {kv['blocks_used']} of {kv['blocks']} blocks ({kv['block_rows']} rows each) "
           f"used; sequences {kv['sequences_used']} of {kv['sequences_max']}")
+    if kv.get("prefix_cache"):
+        print(f"prefix     {kv['hits']} of {kv['queries']} prompt tokens found in the cache "
+              f"({100 * kv['hit_rate']:.1f} %); {kv['cached_blocks']} blocks kept, "
+              f"{kv['evicted_blocks']} evicted")
+    else:
+        print("prefix     cache off (--no-prefix-cache)")
     print(f"tokens/s   {st['tokens_per_s_1min']:.1f} (last minute)")
     lp = st["loop"]
     if lp["decode_steps"]:

@@ -1,0 +1,144 @@
+"""The prefix cache's bookkeeping (memory/blocks.py) through the policies' admission: pure, no Ray.
+The served path (a cached prefix gives the cold request's tokens) is in test_service.py."""
+from __future__ import annotations
+
+import socllm.memory.blocks as blocks
+from socllm.memory.blocks import BlockPool
+from socllm.policies.agent import AgentPolicy
+from socllm.policies.request import Request
+from socllm.policies.sampling import SamplingParams
+from socllm.policies.scheduler import FCFS
+
+BR = 16
+
+
+def req(i, prompt, max_tokens=8, **kw):
+    return Request(i, list(prompt), SamplingParams(max_tokens=max_tokens), **kw)
+
+
+def run_prefill(policy, r):
+    """What the engine's loop does for a request the policy admitted: its rows computed, its full
+    blocks named, a token sampled."""
+    r.computed = r.rows
+    policy.kv.publish(r.blocks, r.names, r.ids, r.computed)
+    r.tokens.append(7)
+
+
+def served(policy, r):
+    policy.add(r)
+    assert r in policy.schedule().prefill
+    run_prefill(policy, r)
+    return r
+
+
+def test_a_second_request_with_the_same_prefix_prefills_only_the_rest():
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    a = served(s, req(1, range(40)))
+    s.finish(a)                                   # its blocks stay cached, unheld
+    assert s.kv.n_used == 0 and s.kv.n_cached == 2
+    b = req(2, [*range(35), 99, 98, 97, 96, 95])  # the first 35 tokens shared: 2 full blocks
+    s.add(b)
+    assert s.schedule().prefill == [b]
+    assert b.computed == b.cached == 32 and b.blocks[:2] == a_blocks(s, range(32))
+    assert b.usage()["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert (s.kv.queries, s.kv.hits) == (80, 32)
+
+
+def a_blocks(s, tokens):
+    """The blocks the cache holds for these leading tokens (a fresh lookup, released again)."""
+    table, names = [], []
+    s.kv.match(table, names, list(tokens) + [0], len(tokens) + 1)
+    found = list(table)
+    s.kv.release(table, names)
+    return found
+
+
+def test_the_last_prompt_row_is_always_computed():
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    s.finish(served(s, req(1, range(32))))
+    b = req(2, range(32))                         # the very same prompt: its logits are needed
+    s.add(b)
+    s.schedule()
+    assert b.computed == 16                       # the second block holds the last row: computed
+
+
+def test_a_hit_is_checked_token_by_token(monkeypatch):
+    monkeypatch.setattr(blocks, "chain", lambda parent, tokens: 42)   # every block collides
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    s.finish(served(s, req(1, range(40))))
+    b = req(2, range(100, 140))
+    s.add(b)
+    s.schedule()
+    assert b.computed == 0 and b.cached == 0
+
+
+def test_requests_running_at_once_share_blocks_by_reference():
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    a = served(s, req(1, range(40)))
+    b = served(s, req(2, [*range(32), *range(50, 60)]))
+    assert b.blocks[:2] == a.blocks[:2] and b.cached == 32
+    assert s.kv.refs[a.blocks[0]] == 2
+    s.finish(a)
+    assert s.kv.refs[b.blocks[0]] == 1 and b.blocks[0] not in s.kv.free   # b still holds it
+
+
+def test_a_preempted_request_keeps_shared_blocks_alive_and_hits_them_again():
+    s = FCFS(4, 10_000, BlockPool(6, BR))        # 96 rows
+    a = served(s, req(1, range(40), max_tokens=40))
+    b = served(s, req(2, [*range(32), 70, 71], max_tokens=40))
+    shared = a.blocks[:2]
+    while not s.waiting:                          # both decode until the pool runs dry
+        batch = s.schedule()
+        for r in batch.decode:
+            r.computed += 1
+            s.kv.publish(r.blocks, r.names, r.ids, r.computed)
+            r.tokens.append(len(r.tokens))
+    victim = s.waiting[0]
+    assert victim is b and victim.computed == 0 and victim.blocks == []
+    assert a.blocks[:2] == shared and all(s.kv.refs[x] == 1 for x in shared)
+    s.finish(a)
+    s.schedule()                                  # b comes back: its full blocks are cached
+    assert b in s.running and b.computed >= 32 and b.blocks[:2] == shared
+
+
+def test_eviction_takes_blank_blocks_then_never_hit_ones_and_never_a_held_one():
+    s = FCFS(4, 10_000, BlockPool(8, BR))
+    sys_prompt = list(range(1000, 1032))           # two blocks every request starts with
+    s.finish(served(s, req(1, [*sys_prompt, *range(16), 5])))
+    s.finish(served(s, req(2, [*sys_prompt, *range(200, 216), 5])))   # hits the system prompt
+    held = served(s, req(3, [*sys_prompt, 3]))                         # holds it now
+    # cached: the system prompt (hit, held), request 1's and 2's third block (never hit)
+    assert s.kv.n_cached == 2
+    big = req(4, range(500, 500 + 5 * BR))         # needs 6 blocks: 4 blank... and both idle ones
+    s.add(big)
+    assert s.schedule().prefill == [big]
+    assert s.kv.evicted == 2 and held.blocks[:2] == a_blocks(s, sys_prompt)
+    assert set(held.blocks).isdisjoint(big.blocks)
+
+
+def test_blocks_that_were_hit_are_evicted_after_those_that_were_not():
+    kv = BlockPool(4, BR)
+    s = FCFS(4, 10_000, kv)
+    s.finish(served(s, req(1, [*range(16), 1])))          # block of tokens 0..15
+    s.finish(served(s, req(2, [*range(16), 2])))          # hits it
+    s.finish(served(s, req(3, [*range(100, 116), 3])))    # a block never hit, released later
+    s.add(big := req(4, range(300, 300 + 2 * BR + 1)))    # 3 blocks: 2 blank... and one idle
+    s.schedule()
+    assert a_blocks(s, range(16)) != [] and a_blocks(s, range(100, 116)) == []
+
+
+def test_the_cache_off_finds_nothing():
+    s = FCFS(4, 10_000, BlockPool(20, BR, cache=False))
+    s.finish(served(s, req(1, range(40))))
+    b = req(2, range(40))
+    s.add(b)
+    s.schedule()
+    assert b.computed == 0 and s.kv.n_cached == 0 and s.kv.stats()["hits"] == 0
+
+
+def test_a_reactive_request_hits_the_cache_a_proactive_one_filled():
+    s = AgentPolicy(4, 10_000, BlockPool(20, BR))
+    s.finish(served(s, req(1, range(40), priority="proactive")))
+    r = req(2, [*range(32), 9, 9], priority="reactive")
+    s.add(r)
+    assert r in s.schedule().prefill and r.cached == 32
