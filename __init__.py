@@ -8,10 +8,14 @@ The repository's folders are this package's subpackages: socllm.models, socllm.g
 socllm.memory, socllm.policies, socllm.actors, socllm.scripts.
 """
 
-__all__ = ["connect", "Client", "ServiceNotRunning", "RequestCancelled", "LLM", "Completion"]
+__all__ = ["connect", "Client", "ServiceNotRunning", "RequestCancelled", "QueueFull", "LLM",
+           "Completion"]
 
 
 def __getattr__(name):          # lazy: `import socllm.models...` does not start Ray
+    if name == "QueueFull":
+        from socllm.policies.request import QueueFull
+        return QueueFull
     if name in ("LLM", "Completion"):
         from socllm.actors.front import llm
         return getattr(llm, name)

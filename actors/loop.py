@@ -13,8 +13,9 @@ import collections
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
-from socllm.policies.request import Sequence
+from socllm.policies.request import QueueFull, Sequence
 
 from socllm.actors.runner import ProcessorLost
 
@@ -46,6 +47,7 @@ class ServingEngine:
         self.running: list = []      # the sequences of the phase running now (faults end them)
         self.recoveries: list = []   # processor actors that died and came back
         self.abandoned = 0           # requests cancelled because their client stopped polling
+        self.masker = ThreadPoolExecutor(1, thread_name_prefix="socllm-masks")   # grammar masks
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self):
@@ -175,7 +177,7 @@ class ServingEngine:
         seq.computed += len(rows)
         self._name_blocks(seq)
         if last:
-            self.accept(seq, seq.sampler(logits[0]))
+            self.accept(seq, self._sample(seq, logits[0]))
         self.times["prefill_chunks"] += 1
         self.times["prefill_s"] += time.perf_counter() - t0
 
@@ -222,17 +224,33 @@ class ServingEngine:
         rows = [(s.tokens[-1], s.computed, s.slot) for s in batch]
         self.doing = f"decode {len(rows)}"
         t0 = time.perf_counter()
+        # the constrained rows' masks are computed on a CPU thread while the step runs
+        masks = [s.constraint for s in batch if s.constraint is not None]
+        filling = self.masker.submit(_fill, masks) if masks else None
         logits = self.runner.step(rows, {s.slot: s.blocks for s in batch}, all_rows=True)
+        if filling is not None:
+            filling.result()
         t1 = time.perf_counter()
         for i, seq in enumerate(batch):
             seq.computed += 1
             self._name_blocks(seq)
-            self.accept(seq, seq.sampler(logits[i]))
+            self.accept(seq, self._sample(seq, logits[i]))
         t = self.times
         t["decode_steps"] += 1
         t["decode_rows"] += len(batch)
         t["decode_kernels_s"] += t1 - t0
         t["decode_s"] += time.perf_counter() - t0
+
+    @staticmethod
+    def _sample(seq: Sequence, logits):
+        """The next token from a row's logits [V]: under its grammar's mask, if it has one
+        (policies/grammar.py: this row only), by its own sampler."""
+        c = seq.constraint
+        if c is None:
+            return seq.sampler(logits)
+        tok = seq.sampler(c.apply(logits))
+        c.take(tok)
+        return tok
 
     def _name_blocks(self, seq: Sequence):
         """Its blocks filled by now go into the prefix cache (memory/blocks.py), for later
@@ -271,9 +289,14 @@ class ServingEngine:
 
     # -- the table -----------------------------------------------------------------------------
     def add(self, seq: Sequence):
-        """A new request (raises ValueError for one that could never fit)."""
+        """A new request (raises ValueError for one that could never fit, QueueFull for one too
+        many waiting)."""
         seq.arrived_during = self.doing
         with self.cv:
+            waiting = sum(s.state == "waiting" for s in self.table.values())
+            if waiting >= self.config.max_waiting:
+                raise QueueFull(f"{waiting} requests are waiting to start, the most this service "
+                                f"queues (--max-waiting): try again later")
             self.scheduler.add(seq)
             self.table[seq.id] = seq
             self.metrics.arrived(seq)
@@ -309,6 +332,11 @@ class ServingEngine:
         self.stopping = True
         with self.cv:
             self.cv.notify_all()
+
+
+def _fill(constraints: list):
+    for c in constraints:
+        c.fill()
 
 
 def _chunk_key(seq: Sequence) -> tuple:

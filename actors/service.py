@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import platform
+import secrets
 import threading
 import time
 import traceback
@@ -24,7 +25,7 @@ import ray
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
 from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
-from socllm.policies.request import Sequence, check_priority
+from socllm.policies.request import QueueFull, Sequence, check_priority  # noqa: F401
 from socllm.policies.sampling import BadParam, Sampler, SamplingParams
 
 from socllm.actors.loop import ServingEngine
@@ -114,11 +115,12 @@ class Service:
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
         self.engine, self.core, self.error, self.loop = None, None, None, None
-        self.ids = iter(range(1, 1 << 62))
         self.ready_event = threading.Event()
+        self.grammars, self.grammar_lock = None, threading.Lock()   # policies/grammar.py, lazily
         from socllm.actors.metrics import ServiceMetrics
         self.metrics = ServiceMetrics()
-        threading.Thread(target=self._main, name="socllm-service", daemon=True).start()
+        self.thread = threading.Thread(target=self._main, name="socllm-service", daemon=True)
+        self.thread.start()
 
     # -- start-up ------------------------------------------------------------------------------
     def _main(self):
@@ -199,6 +201,16 @@ class Service:
             raise TimeoutError(f"the service did not start within {timeout_s:.0f} s")
         return self.describe()
 
+    def health(self) -> dict:
+        """{"status": "ok"} while the serving loop runs; else what is wrong (HTTP's /health)."""
+        if self.error:
+            return {"status": "failed", "error": self.error}
+        if self.core is None:
+            return {"status": "starting"}
+        if not self.thread.is_alive() or self.core.stopping:
+            return {"status": "stopped"}
+        return {"status": "ok", "since_last_step_s": round(time.monotonic() - self.core.last_step, 3)}
+
     def describe(self) -> dict:
         e = self.engine
         return {"model": os.path.basename(e.model_path), "model_path": e.model_path,
@@ -226,46 +238,115 @@ class Service:
     # -- the client calls ----------------------------------------------------------------------
     async def submit(self, prompt: str | None = None, messages: list | None = None,
                      ids: list | None = None, priority: str = "proactive", stop=None,
-                     ignore_eos: bool = False, **sampling) -> int:
-        """A new request; bad input raises ValueError here, before it queues."""
+                     ignore_eos: bool = False, response_format: dict | None = None,
+                     grammar: str | None = None, tools: list | None = None, tool_choice=None,
+                     parallel_tool_calls: bool | None = None, **sampling) -> str:
+        """A new request; bad input raises ValueError here, before it queues, and one too many
+        waiting QueueFull. Returns its handle: unguessable (a client reads and cancels only the
+        requests it was handed). The prompt is tokenized beside the serving loop, in a thread
+        that lets go of the GIL (models/tokenizer.py): a huge prompt stalls no one else.
+        response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+        {"schema": ...}}), grammar (Lark or GBNF text) and tools (OpenAI's, with tool_choice and
+        parallel_tool_calls; chat only) constrain the reply (policies/grammar.py)."""
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
             raise RuntimeError(self.error or "the service is still starting")
         for name in set(sampling) - set(SAMPLING_FIELDS):
             raise BadParam(name, f"is not supported by this service (it takes "
-                                 f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos)")
-        ids = self._prompt_ids(prompt, messages, ids)
+                                 f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos, "
+                                 f"response_format, grammar, tools, tool_choice, parallel_tool_calls)")
         check_priority(priority)
-        if sampling.get("max_tokens") is None:      # OpenAI's default: up to the context's end
-            sampling["max_tokens"] = max(1, self.engine.context - len(ids))
-        params = SamplingParams(**sampling)
-        seq = Sequence(next(self.ids), ids, params, priority, stop, ignore_eos=bool(ignore_eos),
-                       sampler=Sampler(params), decoder=self.engine.tokenizer.stream(),
-                       event=asyncio.Event())
+        asked = {k: v for k, v in sampling.items() if v is not None}
+        SamplingParams(**asked)                      # raises for a bad value, before tokenizing
+        shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
+                 "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
+        ids, rule, tooled = await asyncio.to_thread(self._prompt_ids, prompt, messages, ids, shape)
+        # OpenAI's default max_tokens: up to the context's end
+        params = SamplingParams(**{"max_tokens": max(1, self.engine.context - len(ids)), **asked})
+        seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop,
+                       ignore_eos=bool(ignore_eos), sampler=Sampler(params),
+                       decoder=self.engine.tokenizer.stream(), event=asyncio.Event(),
+                       constraint=rule and self._grammars().constraint(rule), tools=tooled)
         self.core.add(seq)                  # raises for a request that could never fit
         return seq.id
 
-    def _prompt_ids(self, prompt, messages, ids) -> list:
+    def _grammars(self):
+        """The mask library on this model's tokenizer, built at the first constrained request."""
+        with self.grammar_lock:
+            if self.grammars is None:
+                from socllm.policies.grammar import Grammars
+                e = self.engine
+                self.grammars = Grammars(e.tokenizer.to_json(), e.cfg.vocab, e.stop_ids)
+        return self.grammars
+
+    def _prompt_ids(self, prompt, messages, ids, shape: dict) -> tuple:
+        """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
+        from socllm.models.tools import call_schema, chat_messages, check_tool_choice, check_tools
         e = self.engine
         if sum(x is not None for x in (prompt, messages, ids)) != 1:
             raise ValueError("give exactly one of prompt, messages or ids")
-        if messages is not None:
-            from socllm.models.chat import render_chat
-            if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str) for m in messages):
-                raise ValueError("messages must be a non-empty list of {role, content} strings")
-            text = render_chat(e.template, messages)
-            return e.tokenizer.encode(text, bos=e.tokenizer.add_bos)
+        schema = self._response_schema(shape["response_format"])
+        tools, choice = None, "none"
+        if shape["tools"] is not None or shape["tool_choice"] not in (None, "none", "auto"):
+            if messages is None:
+                raise BadParam("tools", "are for chat messages only")
+            tools = check_tools(shape["tools"])
+            choice = check_tool_choice(shape["tool_choice"], tools)
+        if shape["grammar"] is not None and (schema is not None or choice != "none"):
+            raise BadParam("grammar", "cannot be combined with response_format or tools")
+        rule = None
+        if choice != "none":
+            rule = self._grammars().compile("tools", "json_schema",
+                                            call_schema(tools, choice, shape["parallel"], schema))
+        elif schema is not None:
+            rule = self._grammars().compile("response_format", "json_schema", schema)
+        elif shape["grammar"] is not None:
+            rule = self._grammars().compile("grammar", "grammar", shape["grammar"])
         if ids is not None:
             if not ids or not all(isinstance(t, int) and 0 <= t < e.cfg.vocab for t in ids):
                 raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")
-            return list(ids)
+            if len(ids) >= e.context:
+                raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {e.context}")
+            return list(ids), rule, False
+        if messages is not None:
+            from socllm.models.chat import render_chat
+            text = render_chat(e.template, chat_messages(messages, tools, choice))
+            self._fits(text)
+            ids = e.tokenizer.encode(text, bos=e.tokenizer.add_bos)
+            if len(ids) >= e.context:
+                raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {e.context}")
+            return ids, rule, choice != "none"
         if not isinstance(prompt, str):
             raise ValueError("the prompt must be a string")
-        return e.encode_prompt(prompt)
+        self._fits(prompt)
+        return e.encode_prompt(prompt), rule, False
 
-    async def poll(self, rid: int, seen: int = 0, timeout_s: float = 10.0,
+    @staticmethod
+    def _response_schema(fmt) -> dict | None:
+        """OpenAI's response_format -> the JSON schema the reply must match (None: free text)."""
+        if fmt is None or fmt == {"type": "text"}:
+            return None
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            return {"type": "object"}
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
+                from socllm.models.tools import closed
+                return closed(spec["schema"]) if spec.get("strict") else spec["schema"]
+            raise BadParam("response_format", "json_schema needs {json_schema: {name, schema}}")
+        raise BadParam("response_format", "must be {type: text}, {type: json_object} or "
+                       "{type: json_schema, json_schema: {...}}")
+
+    def _fits(self, text: str):
+        """Refuse at once a text that cannot fit the context, however it tokenizes (no token is
+        longer than max_token_chars characters): nothing that large is tokenized."""
+        e = self.engine
+        if len(text) > e.context * e.tokenizer.max_token_chars:
+            raise ValueError(f"the prompt has {len(text)} characters, more than the context "
+                             f"({e.context} tokens) can hold")
+
+    async def poll(self, rid: str, seen: int = 0, timeout_s: float = 10.0,
                    coalesce_s: float = POLL_COALESCE_S) -> dict:
         """Text pieces of request `rid` after the first `seen`; waits (up to timeout_s) while
         there are none and the request runs on. After its first piece, a request's polls return
@@ -288,10 +369,17 @@ class Service:
             seq.polls -= 1
             seq.last_poll = time.monotonic()
         pieces = seq.pieces[seen:]
-        return {"pieces": pieces, "seen": seen + len(pieces), "state": seq.state,
-                "finish_reason": seq.finish_reason, "error": seq.error, "usage": seq.usage()}
+        out = {"pieces": pieces, "seen": seen + len(pieces), "state": seq.state,
+               "finish_reason": seq.finish_reason, "error": seq.error, "usage": seq.usage()}
+        if seq.tools and seq.ended:           # the reply, read as models/tools.py's format
+            from socllm.models.tools import parse_reply
+            content, calls = parse_reply(seq.text)
+            out["message"] = {"content": content, "tool_calls": calls}
+            if calls and seq.finish_reason == "stop":
+                out["finish_reason"] = "tool_calls"
+        return out
 
-    async def cancel(self, rid: int) -> bool:
+    async def cancel(self, rid: str) -> bool:
         """Cancel a request: a waiting one leaves the queue, a running one stops at its next
         step and its KV is free for the next request."""
         seq = self.core.table.get(rid)
@@ -300,7 +388,7 @@ class Service:
         self.core.cancel(seq)
         return True
 
-    def request(self, rid: int) -> dict:
+    def request(self, rid: str) -> dict:
         """A request's table entry (and, once it ended, how it ran)."""
         req = self.core.table[rid]
         out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",

@@ -20,6 +20,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers
 from .gguf_file import ModelError
 
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # gguf token types (llama.cpp's llama_token_type)
+LONG_TEXT = 4096              # characters: above, encode in a way that lets other threads run
 SPACE = "\u2581"              # "▁": a space in a SentencePiece vocabulary
 
 # From the models' tokenizer.json: Llama-3 groups digits by up to three, Qwen2 splits them singly.
@@ -77,11 +78,21 @@ class Tokenizer:
         self.bos_id: int = int(meta.get("tokenizer.ggml.bos_token_id", self.eos_id))
         self.add_bos: bool = bool(meta.get("tokenizer.ggml.add_bos_token", False))
         self._tokens = tokens
+        # no token spells more characters than this: a text of L characters is at least
+        # L / max_token_chars tokens (a prompt far too long is refused without tokenizing it)
+        self.max_token_chars = max(map(len, tokens))
 
     def encode(self, text: str, bos: bool = False) -> list[int]:
         """Token ids of `text`; bos=True prepends BOS (pass `self.add_bos` for a raw prompt)."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if len(text) > LONG_TEXT:     # encode_batch lets go of the GIL (encode holds it): a long
+            ids = self._tok.encode_batch([text], add_special_tokens=False)[0].ids   # text does not
+        else:                                                                       # stall threads
+            ids = self._tok.encode(text, add_special_tokens=False).ids
         return [self.bos_id] + ids if bos else ids
+
+    def to_json(self) -> str:
+        """The `tokenizers` JSON of this tokenizer (what a mask library builds its own from)."""
+        return self._tok.to_str()
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)

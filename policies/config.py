@@ -12,7 +12,8 @@ that `ray start` began earlier (whose processes never saw that environment).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclasses_fields
 from typing import ClassVar
 
 from .agent import POLICIES
@@ -40,7 +41,8 @@ ENV = {"threads": ("SOCLLM_THREADS", int), "fuse": ("SOCLLM_FUSE", bool),
        "whole_graph": ("SOCLLM_WHOLE_GRAPH", bool),
        "sleep_fraction": ("SOCLLM_SLEEP_FRACTION", float),
        "cl_discrete": ("SOCLLM_CL_DISCRETE", bool), "pocl_cpu": ("SOCLLM_POCL_CPU", str),
-       "pocl_as_is": ("SOCLLM_POCL_AS_IS", bool)}
+       "pocl_as_is": ("SOCLLM_POCL_AS_IS", bool),
+       "api_key": ("SOCLLM_API_KEY", str)}
 
 
 class ConfigError(BadParam):
@@ -115,15 +117,17 @@ class EngineConfig:
         if fields.get("cache_dir") is None:
             fields["cache_dir"] = os.path.join(env.get("XDG_CACHE_HOME") or
                                                os.path.expanduser("~/.cache"), "socllm")
+        mine = {f.name for f in dataclasses_fields(cls)}
         read = {f: _parse(var, env[var], kind) for f, (var, kind) in ENV.items()
-                if f not in fields and env.get(var, "") != ""}
+                if f in mine and f not in fields and env.get(var, "") != ""}
         try:
             return cls(**read, **fields)
         except ConfigError as e:
             if e.field in read:        # said as the variable, with its text
                 var = ENV[e.field][0]
                 what = e.message.rsplit(", got ", 1)[0]
-                raise ConfigError(var, f"{what}, got {env[var]!r}") from None
+                shown = "'<hidden>'" if e.field == "api_key" else repr(env[var])
+                raise ConfigError(var, f"{what}, got {shown}") from None
             raise
 
 
@@ -163,6 +167,10 @@ class ServeConfig(EngineConfig):
     warm: bool = True
     http_host: str = "127.0.0.1"      # the OpenAI-compatible endpoint (this device only)
     http_port: int = 8000             # 0: no HTTP
+    # HTTP requires `Authorization: Bearer <api_key>` where set (/health stays open); never shown
+    api_key: str | None = field(default=None, repr=False)
+    max_body_mb: float = 4.0          # a larger HTTP body is refused (413) before it is read whole
+    max_waiting: int = 256            # requests waiting to start; one more is refused (429)
 
     def __post_init__(self):
         super().__post_init__()
@@ -178,3 +186,7 @@ class ServeConfig(EngineConfig):
               self.http_host)
         _need(_whole(self.http_port) and 0 <= self.http_port <= 65535, "http_port",
               "in [0, 65535]", self.http_port)
+        _need(self.api_key is None or isinstance(self.api_key, str) and self.api_key.strip() == self.api_key != "",
+              "api_key", "a non-empty string without spaces at its ends", "<hidden>")
+        _need(_number(self.max_body_mb) and self.max_body_mb > 0, "max_body_mb", "> 0", self.max_body_mb)
+        _need(_whole(self.max_waiting) and self.max_waiting >= 1, "max_waiting", ">= 1", self.max_waiting)

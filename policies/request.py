@@ -21,6 +21,11 @@ STATES = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed"
 ENDED = ("finished", "cancelled", "failed")
 
 
+class QueueFull(RuntimeError):
+    """More requests wait than the service takes (ServeConfig.max_waiting): try again later (HTTP
+    429 with Retry-After)."""
+
+
 def check_priority(priority: str) -> str:
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
@@ -40,7 +45,7 @@ def check_stop(stop) -> tuple:
 
 @dataclass
 class Request:
-    id: int
+    id: int | str                         # the service's: an unguessable handle (service.py)
     prompt: list                          # token ids [n_prompt]
     params: SamplingParams
     priority: str = "proactive"
@@ -136,6 +141,8 @@ class Sequence(Request):
     polls: int = 0                        # its client's polls open now
     last_poll: float = field(default_factory=time.monotonic)   # when the last one returned
     stop_asked: str | None = None         # "cancelled" | "abandoned": ended before the next step
+    constraint: object = None             # policies/grammar.Constraint: the allowed next tokens
+    tools: bool = False                   # its reply is models/tools.py's JSON (tool calls)
 
     __eq__, __hash__ = object.__eq__, object.__hash__     # one object per request: identity
 

@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
                         "decode on the GPU; tensor: linears row-cut GPU+NPU; seqcut: a chunk's rows "
                         "cut NPU+GPU; hybrid: chunks padded to NPU buckets and row-cut; cpu/gpu/npu: "
                         "one processor)")
-    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
+    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=srv.prefix_cache,
                    help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
                         "(a system prompt, a tool list, a chat's history); to compare")
     s.add_argument("--abandon-s", type=float, default=srv.abandon_s,
@@ -108,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int, default=srv.http_port,
                    help="the OpenAI-compatible HTTP endpoint's port; 0: no HTTP (default %(default)s)")
     s.add_argument("--http-host", default=srv.http_host, help="default %(default)s (this device only)")
+    s.add_argument("--api-key", default=None, help="HTTP requires `Authorization: Bearer KEY` "
+                   "(/health stays open); better from SOCLLM_API_KEY, which no process list shows")
+    s.add_argument("--max-body-mb", type=float, default=srv.max_body_mb,
+                   help="a larger HTTP body is refused with 413 (default %(default)s)")
+    s.add_argument("--max-waiting", type=int, default=srv.max_waiting,
+                   help="requests waiting to start; one more is refused (HTTP 429, Retry-After; "
+                        "Python: QueueFull) (default %(default)s)")
     s.add_argument("--address", default=None, help=ADDRESS_HELP)
     st = sub.add_parser("status", help="what the running service does: requests, KV, processors, memory")
     st.add_argument("--json", action="store_true")

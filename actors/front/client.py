@@ -55,7 +55,7 @@ class RequestCancelled(RuntimeError):
     another caller or by the service's shutdown): its text is cut short."""
 
 
-def _raise_unless_finished(rid: int, out: dict):
+def _raise_unless_finished(rid: str, out: dict):
     """A stream that the service ended without finishing it raises, never ends as if complete."""
     if out["state"] == "failed":
         raise RuntimeError(f"request {rid} failed: {out['error']}")
@@ -71,7 +71,7 @@ class Client:
         self.service = service
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, **request) -> int:
+    def submit(self, **request) -> str:
         try:
             return ray.get(self.service.submit.remote(**request))
         except ray.exceptions.RayTaskError as e:
@@ -83,10 +83,10 @@ class Client:
         except ray.exceptions.RayTaskError as e:
             raise _cause(e) from None
 
-    def cancel(self, rid: int) -> bool:
+    def cancel(self, rid: str) -> bool:
         return ray.get(self.service.cancel.remote(rid))
 
-    def pieces(self, rid: int):
+    def pieces(self, rid: str):
         """Yields the request's text pieces; closing the generator early cancels it."""
         seen, done = 0, False
         try:
@@ -100,7 +100,7 @@ class Client:
             if not done:
                 self.service.cancel.remote(rid)
 
-    async def apolls(self, rid: int):
+    async def apolls(self, rid: str):
         """Yields each poll's answer (pieces, state, finish_reason, usage) until the request
         ends; leaving early (break, aclose() or the task cancelled) cancels the request."""
         seen, done = 0, False
@@ -113,7 +113,7 @@ class Client:
             if not done:
                 self.service.cancel.remote(rid)
 
-    async def apieces(self, rid: int):
+    async def apieces(self, rid: str):
         async with aclosing(self.apolls(rid)) as polls:
             async for out in polls:
                 for p in out["pieces"]:

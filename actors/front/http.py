@@ -1,7 +1,13 @@
 """The OpenAI-compatible HTTP ingress: a Ray Serve deployment (FastAPI) in front of the service.
 
     POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
-    GET  /v1/models             GET  /health           GET  /metrics (Prometheus text)
+    GET  /v1/models   GET /v1/models/{id}   GET /metrics (Prometheus text)   GET /health (open)
+
+The door: with an API key set (`socllm serve --api-key`, or SOCLLM_API_KEY), every route but
+/health needs `Authorization: Bearer <key>` (401 otherwise). A body over --max-body-mb is refused
+(413) before it is read whole; a request finding --max-waiting others waiting gets 429 with
+Retry-After; a prompt over the context a 400 (the service refuses a text far too long before
+tokenizing it, and tokenizes the rest beside its serving loop).
 
 Bodies are checked here: malformed JSON, a field of the wrong type, an invalid value or a prompt
 too long get a 400 with an OpenAI-style error object, never a 500, and nothing else is disturbed.
@@ -14,6 +20,7 @@ Ray 2.5x; 1 of 50 and 0 of 30 on Ray 2.60): the disconnect never reaches the rep
 polls on until the generation ends or Serve stops taking its pieces (then --abandon-s applies).
 """
 import asyncio
+import hmac
 import json
 import time
 from contextlib import aclosing, asynccontextmanager
@@ -23,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
 
-from socllm.policies.request import ENDED
+from socllm.policies.request import ENDED, QueueFull
 
 from socllm.actors.service import NAME, NAMESPACE
 
@@ -33,7 +40,7 @@ app = FastAPI(title="socllm", docs_url=None, redoc_url=None)
 
 
 @asynccontextmanager
-async def _cancel_on_disconnect(request: Request, svc, rid: int):
+async def _cancel_on_disconnect(request: Request, svc, rid: str):
     """While the body runs, a task waits for the client's disconnect and cancels request rid."""
     async def watch():
         while (await request.receive())["type"] != "http.disconnect":
@@ -65,14 +72,38 @@ class _ClosingStream(StreamingResponse):
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None):
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code = param, status, code
 
 
-def _error(message: str, param=None, status: int = 400, kind: str = "invalid_request_error"):
+def _error(message: str, param=None, status: int = 400, kind: str = "invalid_request_error",
+           code: str | None = None, headers: dict | None = None):
+    """An OpenAI error object: message, type, param, code (OpenAI's codes where one applies)."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": None}}, status_code=status)
+                                   "code": code}}, status_code=status, headers=headers)
+
+
+def _code_of(message: str) -> str | None:
+    """OpenAI's code for a service's ValueError, where one applies."""
+    return "context_length_exceeded" if "context" in message and "hold" in message else None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) once it passes `limit` bytes: never read whole, never parsed."""
+    said = request.headers.get("content-length")
+    if said is not None and said.isdigit() and int(said) > limit:
+        raise BadRequest(f"the body has {int(said)} bytes; this service takes at most {limit} "
+                         f"(--max-body-mb)", status=413, code="request_too_large")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise BadRequest(f"the body passes {limit} bytes, the most this service takes "
+                             f"(--max-body-mb)", status=413, code="request_too_large")
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _typed(body: dict, name: str, types, check=None, what: str = ""):
@@ -91,12 +122,13 @@ def _typed(body: dict, name: str, types, check=None, what: str = ""):
 # that asks for nothing (what OpenAI's own clients send by default); any other field, or one of
 # these at another value, is a 400 that names it: never a silent 200 for what was not done
 HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_tokens",
-            "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user"}
+            "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user",
+            "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
+            "stream_options"}
 NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False, 0),
-           "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "tool_choice": ("none",),
-           "response_format": ({"type": "text"},), "echo": (False,), "best_of": (1,),
-           "suffix": ("",), "stream_options": ({"include_usage": False}, {"include_usage": True}),
-           "parallel_tool_calls": (True, False)}
+           "top_logprobs": (0,), "logit_bias": ({},), "echo": (False,), "best_of": (1,),
+           "suffix": ("",)}
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 def _unhonoured(body: dict):
@@ -104,7 +136,8 @@ def _unhonoured(body: dict):
         if name in HONOURED or value is None or value in NEUTRAL.get(name, ()):
             continue
         raise BadRequest(f"'{name}' is not supported by this service (it honours "
-                         f"{', '.join(sorted(HONOURED - {'user', 'model'}))})", name)
+                         f"{', '.join(sorted(HONOURED - {'user', 'model'}))})", name,
+                         code="unsupported_parameter")
 
 
 def parse(body, chat: bool) -> dict:
@@ -116,12 +149,18 @@ def parse(body, chat: bool) -> dict:
     req = {}
     if chat:
         msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in msgs):
-            raise BadRequest("'messages' must be a non-empty list of {role, content} strings", "messages")
-        req["messages"] = [{"role": m["role"], "content": m["content"]} for m in msgs]
+        if not isinstance(msgs, list) or not msgs:      # each message is checked by the service
+            raise BadRequest("'messages' must be a non-empty list of messages", "messages")
+        req["messages"] = msgs
+        if body.get("tools") == []:
+            body = {k: v for k, v in body.items() if k not in CHAT_ONLY}
+        for name in CHAT_ONLY:
+            if body.get(name) is not None:
+                req[name] = body[name]
     else:
+        for name in CHAT_ONLY:
+            if body.get(name) not in (None, []):
+                raise BadRequest(f"'{name}' is for /v1/chat/completions", name, code="unsupported_parameter")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -153,10 +192,30 @@ def parse(body, chat: bool) -> dict:
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
             raise BadRequest("'stop' must be a non-empty string or a list of at most 4", "stop")
         req["stop"] = stop
+    for name in ("response_format", "grammar"):          # checked (and compiled) by the service
+        if body.get(name) is not None:
+            req[name] = body[name]
+    _typed(body, "stream_options", dict, None, "an object")
     _typed(body, "stream", bool, None, "a boolean")
     if _typed(body, "ignore_eos", bool, None, "a boolean"):     # llama.cpp's extension
         req["ignore_eos"] = True
     return req
+
+
+def _reason(out: dict) -> str:
+    r = out["finish_reason"]
+    return "stop" if r in ("stop", "cancelled", "abandoned") else r
+
+
+def _message(text: str, out: dict) -> dict:
+    """The assistant's message: its text, or (a request with tools) the calls it made."""
+    said = out.get("message")
+    if said is None:
+        return {"role": "assistant", "content": text}
+    msg = {"role": "assistant", "content": said["content"]}
+    if said["tool_calls"]:
+        msg["tool_calls"] = said["tool_calls"]
+    return msg
 
 
 @serve.deployment(name="openai", num_replicas=1, max_ongoing_requests=1024,
@@ -165,25 +224,54 @@ def parse(body, chat: bool) -> dict:
 class OpenAIServer:
     """Forwards to the service actor; holds nothing but its handle."""
 
-    def __init__(self, url: str = ""):
+    def __init__(self, url: str = "", api_key: str | None = None, max_body: int = 4 << 20):
         import os
         self.svc = ray.get_actor(NAME, namespace=NAMESPACE)
         self.model = ray.get(self.svc.describe.remote())["model"]
+        self.key, self.max_body = api_key, max_body
         self.svc.register_frontend.remote("http", os.getpid(), url)
+
+    def _locked(self, request: Request):
+        """A 401 for a request without the API key (where one is set), else None."""
+        if self.key is None:
+            return None
+        got = request.headers.get("authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode()):
+            return None
+        return _error("a valid API key is needed: Authorization: Bearer <key>", status=401,
+                      code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/health")
     async def health(self):
-        return {"status": "ok"}
+        """Asks the service: 200 while its serving loop runs, else 503."""
+        try:
+            state = await asyncio.wait_for(self.svc.health.remote(), 5.0)
+        except Exception as e:
+            return _error(f"the service does not answer: {type(e).__name__}", status=503,
+                          kind="server_error")
+        return state if state["status"] == "ok" else JSONResponse(state, status_code=503)
+
+    def _model(self) -> dict:
+        return {"id": self.model, "object": "model", "owned_by": "socllm", "created": 0}
 
     @app.get("/v1/models")
-    async def models(self):
-        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "socllm",
-                                            "created": 0}]}
+    async def models(self, request: Request):
+        return self._locked(request) or {"object": "list", "data": [self._model()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(self, model_id: str, request: Request):
+        if (locked := self._locked(request)) is not None:
+            return locked
+        if model_id != self.model:
+            return _error(f"the model '{model_id}' does not exist (this service runs "
+                          f"'{self.model}')", "model", status=404, code="model_not_found")
+        return self._model()
 
     @app.get("/metrics")
-    async def metrics(self):
-        return PlainTextResponse(await self.svc.prometheus.remote(),
-                                 media_type="text/plain; version=0.0.4")
+    async def metrics(self, request: Request):
+        return self._locked(request) or PlainTextResponse(
+            await self.svc.prometheus.remote(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
@@ -194,26 +282,38 @@ class OpenAIServer:
         return await self._serve(request, chat=True)
 
     async def _serve(self, request: Request, chat: bool):
+        if (locked := self._locked(request)) is not None:
+            return locked
         try:
-            body = json.loads(await request.body())
+            raw = await _read_body(request, self.max_body)
+        except BadRequest as e:
+            return _error(str(e), e.param, e.status, code=e.code)
+        try:
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             return _error(f"the body is not valid JSON: {e}")
         try:
             args = parse(body, chat)
             rid = await self.svc.submit.remote(**args)
         except BadRequest as e:
-            return _error(str(e), e.param, e.status)
+            return _error(str(e), e.param, e.status, code=e.code)
         except ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
+            if isinstance(cause, QueueFull):
+                return _error(str(cause), status=429, kind="rate_limit_error",
+                              code="rate_limit_exceeded", headers={"Retry-After": "1"})
             if isinstance(cause, ValueError):
-                return _error(str(cause).splitlines()[0])
+                line = str(cause).splitlines()[0]
+                return _error(line, getattr(cause, "field", None), code=_code_of(line))
             return _error(f"the service failed: {type(cause or e).__name__}", status=503,
                           kind="server_error")
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()),
                 "model": self.model,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
         if body.get("stream"):
-            return _ClosingStream(self._events(rid, meta, chat, request),
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            hold = "tools" in args and args.get("tool_choice") != "none"
+            return _ClosingStream(self._events(rid, meta, chat, request, usage, hold),
                                   lambda: self.svc.cancel.remote(rid), media_type="text/event-stream")
         text, out = "", None
         async with _cancel_on_disconnect(request, self.svc, rid), aclosing(self._polls(rid)) as polls:
@@ -221,29 +321,32 @@ class OpenAIServer:
                 text += "".join(out["pieces"])
         if out["state"] == "failed":
             return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
-        reason = "stop" if out["finish_reason"] in ("stop", "cancelled", "abandoned") else out["finish_reason"]
+        reason = _reason(out)
         choice = {"index": 0, "finish_reason": reason, "logprobs": None}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        choice.update({"message": _message(text, out)} if chat else {"text": text})
         return {**meta, "object": "chat.completion" if chat else "text_completion",
                 "choices": [choice], "usage": out["usage"]}
 
-    def _polls(self, rid: int):
+    def _polls(self, rid: str):
         """The request's polls (actors/front/client.py apolls: leaving early cancels the request)."""
         from socllm.actors.front.client import Client
         return Client(self.svc).apolls(rid)
 
-    async def _events(self, rid: int, meta: dict, chat: bool, request: Request):
-        def event(delta: str | None, reason=None, usage=None, first=False):
+    async def _events(self, rid: str, meta: dict, chat: bool, request: Request, include_usage: bool,
+                      hold: bool):
+        """Server-sent events as OpenAI streams them: a chunk per piece, one with the finish
+        reason, and (stream_options.include_usage) one more with no choices and the usage.
+        hold (a request with tools): its JSON is read at the end, then sent as the reply's text
+        or as its tool calls, each call whole in one delta."""
+        def event(delta, reason=None, first=False):
             if chat:
                 d = ({"role": "assistant", "content": ""} if first else
+                     delta if isinstance(delta, dict) else
                      {"content": delta} if delta is not None else {})
                 choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
             else:
                 choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
-            chunk = {**meta, "choices": [choice]}
-            if usage is not None:
-                chunk["usage"] = usage
-            return f"data: {json.dumps(chunk)}\n\n"
+            return f"data: {json.dumps({**meta, 'choices': [choice]})}\n\n"
 
         if chat:
             yield event(None, first=True)
@@ -251,17 +354,23 @@ class OpenAIServer:
         # cancels the request now, not whenever the event loop collects the generator
         async with _cancel_on_disconnect(request, self.svc, rid), aclosing(self._polls(rid)) as polls:
             async for out in polls:
-                for piece in out["pieces"]:
+                for piece in () if hold else out["pieces"]:
                     yield event(piece)
+                if out["state"] in ENDED and out.get("message"):
+                    said = out["message"]
+                    if said["tool_calls"]:
+                        yield event({"tool_calls": [{"index": i, **c} for i, c in enumerate(said["tool_calls"])]})
+                    elif said["content"]:
+                        yield event(said["content"])
                 if out["state"] in ENDED:
                     if out["state"] == "failed":
                         err = {"error": {"message": f"generation failed: {out['error']}",
                                          "type": "server_error", "param": None, "code": None}}
                         yield f"data: {json.dumps(err)}\n\n"
                     else:
-                        reason = ("stop" if out["finish_reason"] in ("stop", "cancelled", "abandoned")
-                                  else out["finish_reason"])
-                        yield event(None, reason, out["usage"])
+                        yield event(None, _reason(out))
+                        if include_usage:
+                            yield f"data: {json.dumps({**meta, 'choices': [], 'usage': out['usage']})}\n\n"
         yield "data: [DONE]\n\n"
 
 
@@ -270,11 +379,11 @@ async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-sty
     return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
 
 
-def deploy(host: str, port: int) -> str:
+def deploy(host: str, port: int, api_key: str | None = None, max_body_mb: float = 4.0) -> str:
     """Start Serve's HTTP proxy on host:port (if Serve is not running yet) and the ingress."""
     url = f"http://{host}:{port}"
     serve.start(http_options={"host": host, "port": port})
-    serve.run(OpenAIServer.bind(url), name=APP, route_prefix="/")
+    serve.run(OpenAIServer.bind(url, api_key, int(max_body_mb * 2**20)), name=APP, route_prefix="/")
     return url
 
 

@@ -106,7 +106,7 @@ class LLM:
         rids = [await self._client.asubmit(**r) for r in requests]     # all queued at once
         return list(await asyncio.gather(*(self._one(rid) for rid in rids)))
 
-    async def _one(self, rid: int) -> Completion:
+    async def _one(self, rid: str) -> Completion:
         from socllm.actors.front.client import _raise_unless_finished
         pieces, out = [], None
         async with aclosing(self._client.apolls(rid)) as polls:

@@ -71,7 +71,7 @@ def serve(a) -> int:
         url = None
         if config.http_port:
             from socllm.actors.front.http import deploy
-            url = deploy(config.http_host, config.http_port)
+            url = deploy(config.http_host, config.http_port, config.api_key, config.max_body_mb)
     except BaseException as e:
         _remove(svc)
         if isinstance(e, ray.exceptions.RayTaskError):
@@ -83,7 +83,12 @@ def serve(a) -> int:
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
           f"{d['block_rows']} rows, {d['kv_dtype']} K/V, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
     if url:
-        print(f"socllm: OpenAI-compatible HTTP at {url}/v1")
+        key = "an API key (Authorization: Bearer)" if config.api_key else "no API key"
+        print(f"socllm: OpenAI-compatible HTTP at {url}/v1, {key}")
+        if config.api_key is None and config.http_host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"socllm: warning: HTTP listens on {config.http_host} without an API key: anyone "
+                  f"who reaches this port can use the model (set --api-key or SOCLLM_API_KEY)",
+                  file=sys.stderr)
     print("socllm: `socllm status` shows what runs, `socllm stop` removes it")
     return 0
 

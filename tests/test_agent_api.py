@@ -1,0 +1,261 @@
+"""What agents need from the service, through real HTTP (the official `openai` client) and the
+Python client: structured output and tool calls that always parse and validate, an agent's
+second turn (tool calls and results in the history), and the door: an API key (401 without it,
+/health open), a bounded body (413), a bounded waiting queue (429 with Retry-After, QueueFull),
+a text too long for the context refused before it is tokenized, unguessable request handles,
+OpenAI's error codes, /health that asks the service, GET /v1/models/{id}, and the usage chunk
+that stream_options.include_usage asks for."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from testlib import free_port
+
+SOCLLM = [sys.executable, "-m", "socllm.actors.front.cli"]
+KEY = "s3cret-key-for-tests"
+COUNT = "1, 2, 3, 4, 5, 6, 7, 8,"
+
+
+@pytest.fixture(scope="module")
+def door(ray_session):
+    """`socllm serve` with an API key (from the environment, as the README advises), two
+    sequences at a time, one request waiting at most and a 64 KB body limit."""
+    env = {**os.environ, "RAY_ADDRESS": ray_session[0], "SOCLLM_API_KEY": KEY}
+    port = free_port()
+    r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
+                                 "--max-seqs", "2", "--kv-mb", "16", "--plan", "gpu",
+                                 "--max-waiting", "1", "--max-body-mb", "0.0625"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "an API key" in r.stdout and KEY not in r.stdout + r.stderr
+    yield env, f"http://127.0.0.1:{port}"
+    subprocess.run(SOCLLM + ["stop"], env=env, capture_output=True, timeout=300)
+
+
+def _post(url, body, key=KEY, **kw):
+    import requests
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.post(url + "/v1/completions", json=body, headers=headers, timeout=120, **kw)
+
+
+def test_without_the_key_nothing_is_served_and_health_stays_open(door):
+    import openai
+    import requests
+    url = door[1]
+    body = {"prompt": "Hi", "max_tokens": 2}
+    for key in (None, "wrong", KEY + "x"):
+        r = _post(url, body, key)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    for path in ("/v1/models", "/v1/models/x", "/metrics"):
+        assert requests.get(url + path, timeout=30).status_code == 401
+    assert requests.get(url + "/health", timeout=30).json()["status"] == "ok"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="nope").completions.create(
+            model="m", prompt="Hi", max_tokens=2)
+    oa = openai.OpenAI(base_url=url + "/v1", api_key=KEY)
+    assert oa.completions.create(model="m", prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+def test_models_by_id_and_openai_error_codes(door):
+    import requests
+    url, auth = door[1], {"Authorization": f"Bearer {KEY}"}
+    model = requests.get(url + "/v1/models", headers=auth, timeout=30).json()["data"][0]["id"]
+    assert requests.get(f"{url}/v1/models/{model}", headers=auth, timeout=30).json()["id"] == model
+    r = requests.get(url + "/v1/models/nope", headers=auth, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = _post(url, {"prompt": "word " * 600, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    r = _post(url, {"prompt": "Hi", "logit_bias": {"5": 1}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
+
+
+def test_a_body_over_the_limit_is_413_and_a_text_far_over_the_context_is_refused_untokenized(door):
+    import socllm
+    r = _post(door[1], {"prompt": "x" * 100_000, "max_tokens": 2})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    client = socllm.connect()
+    with pytest.raises(ValueError, match="characters, more than the context"):
+        client.generate("word " * 2_000_000, max_tokens=2)      # 10 MB: refused by its length
+
+
+def test_the_waiting_queue_is_bounded_429_with_retry_after(door):
+    import socllm
+    client = socllm.connect()
+    import ray
+    held = []
+    for i in range(3):                  # two running (max_seqs 2), then one waiting
+        held.append(client.submit(prompt=COUNT, max_tokens=400, ignore_eos=True))
+        while i < 2 and ray.get(client.service.request.remote(held[-1]))["state"] == "waiting":
+            time.sleep(0.05)
+    try:
+        r = _post(door[1], {"prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        with pytest.raises(socllm.QueueFull):
+            client.generate("Hi", max_tokens=2)
+    finally:
+        for rid in held[::-1]:
+            client.cancel(rid)
+    assert _post(door[1], {"prompt": "Hi", "max_tokens": 2}).status_code == 200
+
+
+def test_handles_are_unguessable_and_a_guessed_one_reads_nothing(door):
+    import ray
+    import socllm
+    client = socllm.connect()
+    rid = client.submit(prompt="Hi", max_tokens=4)
+    assert isinstance(rid, str) and len(rid) >= 16
+    other = client.submit(prompt="Hi", max_tokens=4)
+    assert other != rid
+    for guess in (1, 2, "1", rid[:-1] + ("A" if rid[-1] != "A" else "B")):
+        with pytest.raises(ray.exceptions.RayTaskError, match="no request"):
+            ray.get(client.service.poll.remote(guess, 0, 0.1))
+        assert ray.get(client.service.cancel.remote(guess)) is False
+    assert "".join(client.pieces(rid)) and "".join(client.pieces(other)) is not None
+
+
+def test_include_usage_sends_a_last_chunk_with_no_choices(door):
+    import requests
+    r = requests.post(door[1] + "/v1/chat/completions", stream=True, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY}"},
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                            "stream": True, "stream_options": {"include_usage": True}})
+    events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert all("usage" not in c for c in chunks[:-1]) and chunks[-2]["choices"][0]["finish_reason"]
+
+
+def test_a_huge_prompt_being_tokenized_does_not_stop_another_stream(door):
+    """A prompt of nearly the longest text the context could take is tokenized beside the loop
+    while another request streams: the stream ends with its whole text, the huge one with a 400."""
+    import socllm
+    client = socllm.connect()
+    want = client.generate("Once upon a time", max_tokens=24)
+    got, errors = [], []
+
+    def huge():
+        try:
+            client.generate("ab " * 13_000, max_tokens=2)     # under 512 x 81 characters: tokenized
+        except ValueError as e:
+            errors.append(str(e))
+    t = threading.Thread(target=huge)
+    t.start()
+    got.append(client.generate("Once upon a time", max_tokens=24))
+    t.join(120)
+    assert got == [want] and errors and "context holds" in errors[0]
+
+
+# -- structured output and tool calls, from the model itself --------------------------------------
+SCHEMAS = [
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                      "population": {"type": "integer"}},
+     "required": ["city", "population"], "additionalProperties": False},
+    {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "confidence": {"type": "number"}},
+     "required": ["answer", "confidence"]},
+    {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 2, "maxItems": 3},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                      "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+                                      "ok": {"type": "boolean"}}, "required": ["name", "tags", "ok"]},
+    {"type": "object", "properties": {"steps": {"type": "integer", "minimum": 1, "maximum": 9},
+                                      "unit": {"enum": ["s", "min", "h"]}}, "required": ["steps", "unit"]},
+]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The time now in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 24}},
+                   "required": ["zone"], "additionalProperties": False}}}
+
+
+@pytest.fixture(scope="module")
+def oa(door):
+    import openai
+    return openai.OpenAI(base_url=door[1] + "/v1", api_key=KEY)
+
+
+def test_every_reply_under_a_json_schema_parses_and_validates(oa):
+    import jsonschema
+    ask = [{"role": "user", "content": "Describe a place you like, as JSON."}]
+    for i, schema in enumerate(SCHEMAS):
+        for temperature in (0, 0.8, 0.8):
+            r = oa.chat.completions.create(
+                model="m", messages=ask, max_tokens=120, temperature=temperature, seed=i,
+                response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema,
+                                                                        "strict": True}})
+            text = r.choices[0].message.content
+            assert r.choices[0].finish_reason == "stop", text
+            jsonschema.validate(json.loads(text), schema)
+    r = oa.completions.create(model="m", prompt="A JSON object about cats:", max_tokens=120,
+                              extra_body={"response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(r.choices[0].text), dict)
+
+
+def test_a_grammar_constrains_a_completion(door, oa):
+    r = oa.completions.create(model="m", prompt="Is the sky green? Answer:", max_tokens=8,
+                              temperature=0.9, seed=3, extra_body={"grammar": 'root ::= " yes" | " no"'})
+    assert r.choices[0].text in (" yes", " no")
+    r = _post(door[1], {"prompt": "Hi", "grammar": "root ::= ( broken"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"
+    r = _post(door[1], {"prompt": "Hi", "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_required_tool_calls_are_well_formed_and_parsed_by_the_openai_client(oa, parallel):
+    import jsonschema
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
+    ask = [{"role": "user", "content": "What is the weather in Paris, and the time in Tokyo?"}]
+    for seed, temperature in ((1, 0), (2, 0.8), (3, 0.8)):
+        r = oa.chat.completions.create(model="m", messages=ask, tools=[WEATHER, CLOCK], seed=seed,
+                                       tool_choice="required", parallel_tool_calls=parallel,
+                                       max_tokens=160, temperature=temperature)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert choice.message.tool_calls and (parallel or len(choice.message.tool_calls) == 1)
+        for call in choice.message.tool_calls:
+            assert call.type == "function" and call.id
+            jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+
+
+def test_a_named_tool_streamed_and_an_agents_second_turn(oa):
+    ask = [{"role": "user", "content": "What time is it in Oslo?"}]
+    chunks = list(oa.chat.completions.create(
+        model="m", messages=ask, tools=[WEATHER, CLOCK], stream=True, max_tokens=80,
+        tool_choice={"type": "function", "function": {"name": "get_time"}}))
+    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert [c.function.name for c in calls] == ["get_time"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    call = calls[0]
+    history = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "get_time", "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": "14:05"}]}]
+    r = oa.chat.completions.create(model="m", messages=history, tools=[WEATHER, CLOCK], max_tokens=60,
+                                   tool_choice="none")
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.content
+    r = oa.chat.completions.create(model="m", messages=history, tools=[WEATHER, CLOCK], max_tokens=120)
+    msg = r.choices[0].message                 # auto: a call or a reply, well-formed either way
+    assert (msg.tool_calls and r.choices[0].finish_reason == "tool_calls") or msg.content
+    assert r.usage.prompt_tokens_details.cached_tokens > 0    # the turn before was cached
+
+
+def test_the_python_client_takes_a_schema(door):
+    import jsonschema
+    import socllm
+    client = socllm.connect()
+    text = client.chat([{"role": "user", "content": "Pick one."}], max_tokens=60,
+                       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMAS[4]}})
+    jsonschema.validate(json.loads(text), SCHEMAS[4])
+    with pytest.raises(ValueError, match="tools"):
+        client.generate("Hi", tools=[WEATHER])
