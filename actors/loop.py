@@ -288,13 +288,13 @@ class ServingEngine:
             self.publish(seq)
 
     # -- the table -----------------------------------------------------------------------------
-    def add(self, seq: Sequence):
+    def add(self, seq: Sequence, bound: bool = True):
         """A new request (raises ValueError for one that could never fit, QueueFull for one too
         many waiting)."""
         seq.arrived_during = self.doing
         with self.cv:
             waiting = sum(s.state == "waiting" for s in self.table.values())
-            if waiting >= self.config.max_waiting:
+            if bound and waiting >= self.config.max_waiting:
                 raise QueueFull(f"{waiting} requests are waiting to start, the most this service "
                                 f"queues (--max-waiting): try again later")
             self.scheduler.add(seq)

@@ -240,14 +240,16 @@ class Service:
                      ids: list | None = None, priority: str = "proactive", stop=None,
                      ignore_eos: bool = False, response_format: dict | None = None,
                      grammar: str | None = None, tools: list | None = None, tool_choice=None,
-                     parallel_tool_calls: bool | None = None, **sampling) -> str:
+                     parallel_tool_calls: bool | None = None, queue_bound: bool = True,
+                     **sampling) -> str:
         """A new request; bad input raises ValueError here, before it queues, and one too many
         waiting QueueFull. Returns its handle: unguessable (a client reads and cancels only the
         requests it was handed). The prompt is tokenized beside the serving loop, in a thread
         that lets go of the GIL (models/tokenizer.py): a huge prompt stalls no one else.
         response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": ...}}), grammar (Lark or GBNF text) and tools (OpenAI's, with tool_choice and
-        parallel_tool_calls; chat only) constrain the reply (policies/grammar.py)."""
+        parallel_tool_calls; chat only) constrain the reply (policies/grammar.py).
+        queue_bound False: the 2nd .. nth choice of one request (HTTP's n), past max_waiting."""
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
             raise RuntimeError(self.error or "the service is still starting")
@@ -267,7 +269,7 @@ class Service:
                        ignore_eos=bool(ignore_eos), sampler=Sampler(params),
                        decoder=self.engine.tokenizer.stream(), event=asyncio.Event(),
                        constraint=rule and self._grammars().constraint(rule), tools=tooled)
-        self.core.add(seq)                  # raises for a request that could never fit
+        self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
         return seq.id
 
     def _grammars(self):
@@ -347,7 +349,7 @@ class Service:
                              f"({e.context} tokens) can hold")
 
     async def poll(self, rid: str, seen: int = 0, timeout_s: float = 10.0,
-                   coalesce_s: float = POLL_COALESCE_S) -> dict:
+                   coalesce_s: float = POLL_COALESCE_S, seen_logprobs: int = 0) -> dict:
         """Text pieces of request `rid` after the first `seen`; waits (up to timeout_s) while
         there are none and the request runs on. After its first piece, a request's polls return
         at most every coalesce_s, with every piece made meanwhile: a Ray reply per token would
@@ -371,6 +373,9 @@ class Service:
         pieces = seq.pieces[seen:]
         out = {"pieces": pieces, "seen": seen + len(pieces), "state": seq.state,
                "finish_reason": seq.finish_reason, "error": seq.error, "usage": seq.usage()}
+        if seq.params.logprobs is not None:       # the tokens' since the last poll
+            out["logprobs"] = self._logprobs(seq, seen_logprobs)
+            out["seen_logprobs"] = seen_logprobs + len(out["logprobs"])
         if seq.tools and seq.ended:           # the reply, read as models/tools.py's format
             from socllm.models.tools import parse_reply
             content, calls = parse_reply(seq.text)
@@ -378,6 +383,17 @@ class Service:
             if calls and seq.finish_reason == "stop":
                 out["finish_reason"] = "tool_calls"
         return out
+
+    def _logprobs(self, seq: Sequence, start: int) -> list:
+        """[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}] (OpenAI's chat
+        shape) of the tokens chosen from `start` on, a stop token left out as the text leaves it."""
+        tk, stops = self.engine.tokenizer, () if seq.ignore_eos else self.engine.stop_ids
+
+        def entry(t: int, lp: float) -> dict:
+            text = tk.decode([t])
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
+                for t, lp, top in seq.sampler.logprobs[start:] if t not in stops]
 
     async def cancel(self, rid: str) -> bool:
         """Cancel a request: a waiting one leaves the queue, a running one stops at its next

@@ -1,4 +1,6 @@
-"""Token sampling: greedy, temperature, top-p (nucleus), seeded."""
+"""Token sampling: greedy, temperature, top-p (nucleus), seeded; OpenAI's frequency and presence
+penalties and logit bias on the logits first; the chosen token's log-probability and the top
+alternatives' (logprobs) from the distribution the sampler draws from at temperature 1."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,6 +26,10 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    frequency_penalty: float = 0.0        # minus this times a token's count in the text so far
+    presence_penalty: float = 0.0         # minus this once a token is in the text
+    logit_bias: dict | None = None        # token id -> added to its logit, in [-100, 100]
+    logprobs: int | None = None           # None: none; k: the chosen token's and the top k's
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -32,14 +38,70 @@ class SamplingParams:
             raise BadParam("temperature", f"must be in [0, 100], got {self.temperature}")
         if not (0.0 < self.top_p <= 1.0):
             raise BadParam("top_p", f"must be in (0, 1], got {self.top_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise BadParam(name, f"must be a number in [-2, 2], got {v!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    _token_id(k) is not None and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and -100 <= v <= 100 for k, v in self.logit_bias.items()):
+                raise BadParam("logit_bias", "must map token ids to numbers in [-100, 100]")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(
+                self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise BadParam("logprobs", f"must be a whole number of top tokens in [0, {MAX_LOGPROBS}]")
+
+
+MAX_LOGPROBS = 20                 # OpenAI's (and vLLM's default) most top_logprobs
+
+
+def _token_id(k) -> int | None:
+    """A logit_bias key: an id, or its text in JSON ("42")."""
+    try:
+        return int(k) if not isinstance(k, bool) and int(k) >= 0 else None
+    except (TypeError, ValueError):
+        return None
 
 
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.p = params
         self.rng = np.random.default_rng(params.seed)
+        self.counts: dict = {}                 # token -> times chosen (the penalties)
+        self.bias = {_token_id(k): float(v) for k, v in (params.logit_bias or {}).items()}
+        self.logprobs: list = []               # per token chosen: (id, logprob, [(id, logprob)])
+        self.shaped = bool(params.frequency_penalty or params.presence_penalty or self.bias)
 
     def __call__(self, logits: np.ndarray) -> int:   # logits [V] f32
+        if self.shaped:
+            logits = self._shape(logits)
+        tok = self._draw(logits)
+        if self.p.logprobs is not None:
+            self._log(logits, tok)
+        if self.shaped:
+            self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok
+
+    def _shape(self, logits: np.ndarray) -> np.ndarray:
+        """OpenAI's penalties and bias, on a copy (the logits are the pool's)."""
+        out = logits.astype(np.float32, copy=True)
+        p = self.p
+        for tok, n in self.counts.items():
+            out[tok] -= n * p.frequency_penalty + p.presence_penalty
+        for tok, b in self.bias.items():
+            if tok < len(out):
+                out[tok] += b
+        return out
+
+    def _log(self, logits: np.ndarray, tok: int):
+        z = logits.astype(np.float64)
+        lse = z.max() + np.log(np.exp(z - z.max()).sum())
+        k = self.p.logprobs
+        top = np.argpartition(-z, k)[:k] if k else np.empty(0, int)
+        top = top[np.argsort(-z[top])]
+        self.logprobs.append((tok, float(z[tok] - lse), [(int(t), float(z[t] - lse)) for t in top]))
+
+    def _draw(self, logits: np.ndarray) -> int:
         if self.p.temperature == 0.0:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / self.p.temperature

@@ -30,7 +30,7 @@ def door(ray_session):
     env = {**os.environ, "RAY_ADDRESS": ray_session[0], "SOCLLM_API_KEY": KEY}
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
-                                 "--max-seqs", "2", "--kv-mb", "16", "--plan", "gpu",
+                                 "--max-seqs", "2", "--kv-mb", "16", "--plan", "gpu", "--precision", "f32",
                                  "--max-waiting", "1", "--max-body-mb", "0.0625"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -71,8 +71,8 @@ def test_models_by_id_and_openai_error_codes(door):
     r = requests.get(url + "/v1/models/nope", headers=auth, timeout=30)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = _post(url, {"prompt": "word " * 600, "max_tokens": 2})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    r = _post(url, {"prompt": "Hi", "logit_bias": {"5": 1}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    r = _post(url, {"prompt": "Hi", "best_of": 3})
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
 
 
@@ -259,3 +259,62 @@ def test_the_python_client_takes_a_schema(door):
     jsonschema.validate(json.loads(text), SCHEMAS[4])
     with pytest.raises(ValueError, match="tools"):
         client.generate("Hi", tools=[WEATHER])
+
+
+# -- the rest of the OpenAI surface: logprobs, penalties, logit bias, n, echo ---------------------
+def test_logprobs_are_the_oracles_and_top_logprobs_rank_them(oa, oracle, tokenizer, gguf_reader):
+    import numpy as np
+    r = oa.chat.completions.create(model="m", messages=[{"role": "user", "content": "Name a colour."}],
+                                   max_tokens=6, logprobs=True, top_logprobs=3, temperature=0)
+    content = r.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        tops = [t.logprob for t in c.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert c.top_logprobs[0].token == c.token and abs(tops[0] - c.logprob) < 1e-6
+    # the oracle's log-softmax at each greedy step
+    from socllm.models.chat import render_chat
+    ids = tokenizer.encode(render_chat(gguf_reader, [{"role": "user", "content": "Name a colour."}]),
+                           bos=tokenizer.add_bos)
+    toks = oracle.greedy(ids, len(content))
+    assert tokenizer.decode(toks) == r.choices[0].message.content
+    logits = oracle.logits_for(ids + toks)[len(ids) - 1:]
+    for c, row in zip(content, logits):
+        z = row.astype(np.float64)
+        want = z.max() - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        assert abs(c.logprob - want) < 2e-3
+
+
+def test_completions_logprobs_and_echo(oa):
+    prompt = "The capital of France is"
+    r = oa.completions.create(model="m", prompt=prompt, max_tokens=5, logprobs=2, echo=True, temperature=0)
+    c = r.choices[0]
+    assert c.text.startswith(prompt)
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert "".join(lp.tokens) == c.text[len(prompt):] and lp.text_offset[0] == len(prompt)
+    assert all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+def test_logit_bias_and_penalties_change_the_text(oa, tokenizer):
+    base = dict(model="m", prompt=COUNT, max_tokens=12, temperature=0)
+    greedy = oa.completions.create(**base).choices[0].text
+    first = tokenizer.encode(greedy)[0]
+    banned = oa.completions.create(**base, logit_bias={str(first): -100}).choices[0].text
+    assert tokenizer.encode(banned)[0] != first
+    forced = tokenizer.encode(" cat")[0]
+    r = oa.completions.create(**base, logit_bias={str(forced): 100})
+    assert r.choices[0].text == tokenizer.decode([forced] * 12)
+    penalised = oa.completions.create(**base, frequency_penalty=2.0).choices[0].text
+    assert penalised != greedy
+    ids = tokenizer.encode(oa.completions.create(**base, presence_penalty=2.0).choices[0].text)
+    assert len(set(ids)) > len(set(tokenizer.encode(greedy)))
+
+
+def test_n_choices_share_the_prompt_and_vary_with_sampling(oa):
+    prompt = " ".join(f"Line {i}: the quick brown fox {i}." for i in range(12))
+    r = oa.completions.create(model="m", prompt=prompt, max_tokens=12, n=3, temperature=1.2, seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len({c.text for c in r.choices}) > 1 and r.usage.completion_tokens == 36
+    same = oa.completions.create(model="m", prompt=prompt, max_tokens=8, n=2, temperature=0)
+    assert same.choices[0].text == same.choices[1].text

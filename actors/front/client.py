@@ -77,7 +77,7 @@ class Client:
         except ray.exceptions.RayTaskError as e:
             raise _cause(e) from None
 
-    async def asubmit(self, **request) -> int:
+    async def asubmit(self, **request) -> str:
         try:
             return await self.service.submit.remote(**request)
         except ray.exceptions.RayTaskError as e:
@@ -88,12 +88,12 @@ class Client:
 
     def pieces(self, rid: str):
         """Yields the request's text pieces; closing the generator early cancels it."""
-        seen, done = 0, False
+        seen, lp, done = 0, 0, False
         try:
             while not done:
-                out = ray.get(self.service.poll.remote(rid, seen, POLL_S))
+                out = ray.get(self.service.poll.remote(rid, seen, POLL_S, seen_logprobs=lp))
                 yield from out["pieces"]
-                seen, done = out["seen"], out["state"] in ENDED
+                seen, lp, done = out["seen"], out.get("seen_logprobs", 0), out["state"] in ENDED
                 self.last = out
             _raise_unless_finished(rid, out)
         finally:
@@ -103,11 +103,11 @@ class Client:
     async def apolls(self, rid: str):
         """Yields each poll's answer (pieces, state, finish_reason, usage) until the request
         ends; leaving early (break, aclose() or the task cancelled) cancels the request."""
-        seen, done = 0, False
+        seen, lp, done = 0, 0, False
         try:
             while not done:
-                out = await self.service.poll.remote(rid, seen, POLL_S)
-                seen, done = out["seen"], out["state"] in ENDED
+                out = await self.service.poll.remote(rid, seen, POLL_S, seen_logprobs=lp)
+                seen, lp, done = out["seen"], out.get("seen_logprobs", 0), out["state"] in ENDED
                 yield out
         finally:
             if not done:

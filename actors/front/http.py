@@ -124,10 +124,10 @@ def _typed(body: dict, name: str, types, check=None, what: str = ""):
 HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_tokens",
             "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user",
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
-            "stream_options"}
-NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False, 0),
-           "top_logprobs": (0,), "logit_bias": ({},), "echo": (False,), "best_of": (1,),
-           "suffix": ("",)}
+            "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+            "top_logprobs", "echo"}
+NEUTRAL = {"best_of": (1,), "suffix": ("",)}
+MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
@@ -167,7 +167,27 @@ def parse(body, chat: bool) -> dict:
         if not isinstance(prompt, str) or not prompt.strip():
             raise BadRequest("'prompt' must be a non-empty string", "prompt")
         req["prompt"] = prompt
-    _typed(body, "n", int, lambda v: v == 1, "1 (one choice per request)")
+    n = _typed(body, "n", int, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
+    if n and n > 1:
+        req["n"] = n
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias"):   # checked by the sampler
+        if body.get(name) is not None:
+            req[name] = body[name]
+    if chat:
+        lp = _typed(body, "logprobs", bool, None, "a boolean")
+        top = _typed(body, "top_logprobs", int, lambda v: 0 <= v <= 20, "an integer in [0, 20]")
+        if top is not None and not lp:
+            raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if lp:
+            req["logprobs"] = top or 0
+    else:
+        lp = _typed(body, "logprobs", int, lambda v: 0 <= v <= 5, "an integer in [0, 5]")
+        if lp is not None:
+            req["logprobs"] = lp
+        if body.get("top_logprobs") is not None:
+            raise BadRequest("'top_logprobs' is for chat; completions take 'logprobs': k", "top_logprobs")
+        if _typed(body, "echo", bool, None, "a boolean"):
+            req["echo"] = True
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     if mt is not None:
         req["max_tokens"] = _typed({"max_tokens": mt}, "max_tokens", int, lambda v: v >= 1,
@@ -218,6 +238,39 @@ def _message(text: str, out: dict) -> dict:
     return msg
 
 
+def _refused(e: ray.exceptions.RayTaskError):
+    """The service refused a request: 429 (its queue is full), 400 (bad input) or 503."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, QueueFull):
+        return _error(str(cause), status=429, kind="rate_limit_error",
+                      code="rate_limit_exceeded", headers={"Retry-After": "1"})
+    if isinstance(cause, ValueError):
+        line = str(cause).splitlines()[0]
+        return _error(line, getattr(cause, "field", None), code=_code_of(line))
+    return _error(f"the service failed: {type(cause or e).__name__}", status=503, kind="server_error")
+
+
+def _logprobs(entries: list, chat: bool, offset: int):
+    """The tokens' logprobs in OpenAI's shapes: chat {content: [...]}; completions {tokens,
+    token_logprobs, top_logprobs, text_offset} (offset: where the generated text starts)."""
+    if chat:
+        return {"content": entries, "refusal": None}
+    offsets, at = [], offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
+
+@app.exception_handler(Exception)
+async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-style error object
+    return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+
+
+# (everything the routes use is defined above: serve.ingress freezes a copy of the app, and
+# of the globals its routes name, when the class below is decorated)
 @serve.deployment(name="openai", num_replicas=1, max_ongoing_requests=1024,
                   ray_actor_options={"num_cpus": 0})
 @serve.ingress(app)
@@ -294,68 +347,105 @@ class OpenAIServer:
             return _error(f"the body is not valid JSON: {e}")
         try:
             args = parse(body, chat)
+            n, echo = args.pop("n", 1), args.pop("echo", False)
+            if n > 1 and body.get("stream"):
+                raise BadRequest("'n' > 1 is served without streaming only", "n", code="unsupported_value")
             rid = await self.svc.submit.remote(**args)
         except BadRequest as e:
             return _error(str(e), e.param, e.status, code=e.code)
         except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, QueueFull):
-                return _error(str(cause), status=429, kind="rate_limit_error",
-                              code="rate_limit_exceeded", headers={"Retry-After": "1"})
-            if isinstance(cause, ValueError):
-                line = str(cause).splitlines()[0]
-                return _error(line, getattr(cause, "field", None), code=_code_of(line))
-            return _error(f"the service failed: {type(cause or e).__name__}", status=503,
-                          kind="server_error")
+            return _refused(e)
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()),
                 "model": self.model,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
+        shape = {"chat": chat, "logprobs": args.get("logprobs") is not None,
+                 "echo": args.get("prompt") if echo else None,
+                 "hold": "tools" in args and args.get("tool_choice") != "none"}
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            hold = "tools" in args and args.get("tool_choice") != "none"
-            return _ClosingStream(self._events(rid, meta, chat, request, usage, hold),
+            return _ClosingStream(self._events(rid, meta, shape, request, usage),
                                   lambda: self.svc.cancel.remote(rid), media_type="text/event-stream")
-        text, out = "", None
-        async with _cancel_on_disconnect(request, self.svc, rid), aclosing(self._polls(rid)) as polls:
+        rids = [rid]
+        try:
+            async with _cancel_on_disconnect(request, self.svc, rid):
+                first = asyncio.create_task(self._gather(rid))
+                if n > 1:
+                    # the other choices start once the first has its first token: its prompt's
+                    # blocks are in the prefix cache by then, so they prefill nothing again
+                    await self.svc.poll.remote(rid, 0, 600.0, 0.0)
+                    for i in range(1, n):
+                        more = dict(args, seed=args["seed"] + i) if args.get("seed") is not None else args
+                        rids.append(await self.svc.submit.remote(**more, queue_bound=False))
+                results = [await first, *[await self._gather(r) for r in rids[1:]]]
+        except ray.exceptions.RayTaskError as e:
+            return _refused(e)
+        finally:
+            for r in rids:
+                self.svc.cancel.remote(r)           # a no-op for those that ended
+        choices = []
+        for i, (text, out, lps) in enumerate(results):
+            if out["state"] == "failed":
+                return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
+            choice = {"index": i, "finish_reason": _reason(out),
+                      "logprobs": _logprobs(lps, chat, len(shape["echo"] or "")) if shape["logprobs"] else None}
+            choice.update({"message": _message(text, out)} if chat else {"text": (shape["echo"] or "") + text})
+            choices.append(choice)
+        usage = dict(results[0][1]["usage"])
+        if n > 1:
+            usage["completion_tokens"] = sum(r[1]["usage"]["completion_tokens"] for r in results)
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return {**meta, "object": "chat.completion" if chat else "text_completion",
+                "choices": choices, "usage": usage}
+
+    async def _gather(self, rid: str) -> tuple:
+        """A request's whole text, its last poll and its tokens' logprobs."""
+        text, out, lps = "", None, []
+        async with aclosing(self._polls(rid)) as polls:
             async for out in polls:
                 text += "".join(out["pieces"])
-        if out["state"] == "failed":
-            return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
-        reason = _reason(out)
-        choice = {"index": 0, "finish_reason": reason, "logprobs": None}
-        choice.update({"message": _message(text, out)} if chat else {"text": text})
-        return {**meta, "object": "chat.completion" if chat else "text_completion",
-                "choices": [choice], "usage": out["usage"]}
+                lps += out.get("logprobs", [])
+        return text, out, lps
 
     def _polls(self, rid: str):
         """The request's polls (actors/front/client.py apolls: leaving early cancels the request)."""
         from socllm.actors.front.client import Client
         return Client(self.svc).apolls(rid)
 
-    async def _events(self, rid: str, meta: dict, chat: bool, request: Request, include_usage: bool,
-                      hold: bool):
-        """Server-sent events as OpenAI streams them: a chunk per piece, one with the finish
-        reason, and (stream_options.include_usage) one more with no choices and the usage.
-        hold (a request with tools): its JSON is read at the end, then sent as the reply's text
-        or as its tool calls, each call whole in one delta."""
-        def event(delta, reason=None, first=False):
+    async def _events(self, rid: str, meta: dict, shape: dict, request: Request, include_usage: bool):
+        """Server-sent events as OpenAI streams them: a chunk per piece (per poll's pieces, with
+        their tokens' logprobs, where asked), one with the finish reason, and
+        (stream_options.include_usage) one more with no choices and the usage. A request with
+        tools (shape["hold"]): its JSON is read at the end, then sent as the reply's text or as
+        its tool calls, each call whole in one delta."""
+        chat = shape["chat"]
+
+        def event(delta, reason=None, first=False, lps=None):
             if chat:
                 d = ({"role": "assistant", "content": ""} if first else
                      delta if isinstance(delta, dict) else
                      {"content": delta} if delta is not None else {})
-                choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
+                choice = {"index": 0, "delta": d, "finish_reason": reason,
+                          "logprobs": _logprobs(lps, True, 0) if lps else None}
             else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
+                choice = {"index": 0, "text": delta or "", "finish_reason": reason,
+                          "logprobs": _logprobs(lps, False, 0) if lps else None}
             return f"data: {json.dumps({**meta, 'choices': [choice]})}\n\n"
 
         if chat:
             yield event(None, first=True)
+        if shape["echo"]:
+            yield event(shape["echo"])
         # aclosing: when Serve closes this stream (the client went away), _polls' `finally`
         # cancels the request now, not whenever the event loop collects the generator
         async with _cancel_on_disconnect(request, self.svc, rid), aclosing(self._polls(rid)) as polls:
             async for out in polls:
-                for piece in () if hold else out["pieces"]:
-                    yield event(piece)
+                if shape["hold"]:
+                    pass
+                elif out.get("logprobs"):
+                    yield event("".join(out["pieces"]), lps=out["logprobs"])
+                else:
+                    for piece in out["pieces"]:
+                        yield event(piece)
                 if out["state"] in ENDED and out.get("message"):
                     said = out["message"]
                     if said["tool_calls"]:
@@ -372,11 +462,6 @@ class OpenAIServer:
                         if include_usage:
                             yield f"data: {json.dumps({**meta, 'choices': [], 'usage': out['usage']})}\n\n"
         yield "data: [DONE]\n\n"
-
-
-@app.exception_handler(Exception)
-async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-style error object
-    return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
 
 
 def deploy(host: str, port: int, api_key: str | None = None, max_body_mb: float = 4.0) -> str:

@@ -103,7 +103,8 @@ class LLM:
         return asyncio.run(self._all(requests))
 
     async def _all(self, requests: list) -> list[Completion]:
-        rids = [await self._client.asubmit(**r) for r in requests]     # all queued at once
+        # all queued at once: an offline batch is not held to the service's waiting bound
+        rids = [await self._client.asubmit(**r, queue_bound=False) for r in requests]
         return list(await asyncio.gather(*(self._one(rid) for rid in rids)))
 
     async def _one(self, rid: str) -> Completion:
