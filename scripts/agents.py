@@ -45,6 +45,19 @@ def trace(minutes: float, rates: dict, seed: int, tokenizer) -> list:
                           lambda text: len(tokenizer.encode(text)))
 
 
+def system_prompt(tokens: int, tokenizer) -> str:
+    """An agent's system prompt of about `tokens` tokens: instructions and a tool list, the
+    same text before every request."""
+    head = ("You are an on-device assistant agent. Follow the user's instructions, be brief, and "
+            "use the tools below when a task needs them. Tools:\n")
+    lines, i = [head], 0
+    while len(tokenizer.encode("".join(lines))) < tokens:
+        lines.append(f"- tool_{i}(query: string, limit: integer) -> list: searches source {i} "
+                     f"for the query and returns at most limit results, newest first.\n")
+        i += 1
+    return "".join(lines) + "\nRequest: "
+
+
 # -- replaying a trace over HTTP ---------------------------------------------------------------
 def one(url: str, t0: float, item, send_priority: bool, out: list, lock):
     arrival, cls, prompt, max_tokens, prompt_tokens = item
@@ -94,8 +107,9 @@ def replay(url: str, items: list, send_priority: bool) -> tuple:
 class SocllmPolicy:
     """socllm's service with one policy, in this process's Ray, behind its HTTP ingress."""
 
-    def __init__(self, gguf: str, policy: str):
-        self.name, self.gguf, self.policy = f"socllm-{policy}", gguf, policy
+    def __init__(self, gguf: str, policy: str, prefix_cache: bool = True, context: int = 2048):
+        self.name = f"socllm-{policy}" + ("" if prefix_cache else "-nocache")
+        self.gguf, self.policy, self.prefix_cache, self.context = gguf, policy, prefix_cache, context
 
     def start(self):
         import ray
@@ -111,7 +125,8 @@ class SocllmPolicy:
                                      "prestart_worker_first_driver": False})
         self.svc = Service.options(name=NAME, namespace=NAMESPACE,
                                    runtime_env={"env_vars": actor_env(2)}).remote(ServeConfig.from_env(
-            model=self.gguf, max_seqs=MAX_SEQS, threads=2, policy=self.policy))
+            model=self.gguf, max_seqs=MAX_SEQS, threads=2, policy=self.policy,
+            prefix_cache=self.prefix_cache, context=self.context))
         self.info = ray.get(self.svc.ready.remote())
         self.url = deploy("127.0.0.1", free_port())
         self.version = f"socllm {self.info['policy']} ({self.info['precision']}, PoCL)"
@@ -129,7 +144,7 @@ class SocllmPolicy:
         for r in recs:
             if r.get("id"):
                 try:
-                    info = ray.get(self.svc.request.remote(int(r["id"].split("-")[-1])))
+                    info = ray.get(self.svc.request.remote(r["id"].split("-", 1)[1]))
                 except Exception:          # dropped from the table: left out
                     continue
                 if info["prefill_start"] is not None:
@@ -322,7 +337,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reactive-rate", type=float, default=3.0, help="requests per minute")
     ap.add_argument("--proactive-rate", type=float, default=6.0, help="requests per minute")
     ap.add_argument("--levels", default=None, help="R:P,R:P... several load levels (overrides the rates)")
-    ap.add_argument("--engines", default="agent,fcfs,llama-server")
+    ap.add_argument("--engines", default="agent,fcfs,llama-server",
+                    help="of agent, agent-nocache (--no-prefix-cache), fcfs, llama-server")
+    ap.add_argument("--system-tokens", type=int, default=0,
+                    help="a system prompt of about this many tokens, the same before every prompt "
+                         "(agents resend theirs with every call: the prefix cache's case)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None)
     ap.add_argument("--llama-server", default=None, help="the binary (default: on PATH or in .venv/bin)")
@@ -338,8 +357,9 @@ def main(argv=None) -> int:
         else [(a.reactive_rate, a.proactive_rate)]
     engines, missing = [], {}
     for name in [e for e in a.engines.split(",") if e]:
-        if name in ("agent", "fcfs"):
-            engines.append(SocllmPolicy(gguf, name))
+        if name in ("agent", "fcfs", "agent-nocache"):
+            engines.append(SocllmPolicy(gguf, name.split("-")[0], prefix_cache=name != "agent-nocache",
+                                        context=2048 + (a.system_tokens + 63) // 64 * 64))
             continue
         try:
             engines.append(LlamaServerFIFO(gguf, a.llama_server))
@@ -349,6 +369,10 @@ def main(argv=None) -> int:
     results, raw = [], []
     for k, (rr, pr) in enumerate(levels):
         items = trace(a.minutes, {"reactive": rr, "proactive": pr}, a.seed + k, tokenizer)
+        if a.system_tokens:
+            system = system_prompt(a.system_tokens, tokenizer)
+            n_sys = len(tokenizer.encode(system))
+            items = [(t, c, system + p, m, n + n_sys) for t, c, p, m, n in items]
         level = f"{rr:g}:{pr:g}"
         print(f"# level {level}: {sum(i[1] == 'reactive' for i in items)} reactive, "
               f"{sum(i[1] == 'proactive' for i in items)} proactive requests over {a.minutes:g} min",
