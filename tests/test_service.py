@@ -388,7 +388,7 @@ def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
             assert requests.post(served[1] + path, data=body, timeout=60).status_code == 400
     t.join(120)
     assert "".join(got) == want
-    assert requests.get(served[1] + "/health", timeout=10).json() == {"status": "ok"}
+    assert requests.get(served[1] + "/health", timeout=10).json()["status"] == "ok"
 
 
 def test_an_http_client_that_disconnects_cancels_its_request(served, client):
@@ -405,7 +405,7 @@ def test_an_http_client_that_disconnects_cancels_its_request(served, client):
                            json={"prompt": COUNT, "max_tokens": 400, "stream": True}) as r:
             it = r.iter_lines()
             lines = [line for line in (next(it) for _ in range(3)) if line]
-        rids.append(int(json.loads(lines[0][6:])["id"].split("-")[1]))
+        rids.append(json.loads(lines[0][6:])["id"].split("-", 1)[1])
     state = lambda rid: ray.get(client.service.request.remote(rid))
     _until(lambda: all(state(rid)["state"] in ("finished", "cancelled", "failed") for rid in rids), 60)
     outs = [state(rid) for rid in rids]
