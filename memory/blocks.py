@@ -10,7 +10,10 @@ hash chained over every token before it and its own (`chain`). Once a block's ro
 name is published; a later request whose prompt starts with the same tokens takes the same blocks
 (a reference each) and prefills only the rest. A block is never written once full, so sharing it
 needs no copy. A block whose last reference goes keeps its K/V and its name on an LRU list and is
-taken back on a hit, or handed out blank (evicted) only when no never-named block is left.
+taken back on a hit, or handed out blank (evicted) only when no never-named block is left. Past
+the last whole block that matches, an idle block after the same prefix whose first tokens are the
+request's next ones is taken over (`_take_over`): a chat's next turn reuses the rows of the last
+turn's partly filled block, token by token.
 One cache for every request of every client (llama.cpp's per-slot caches miss across agents,
 llama.cpp #22942); a hit is checked token by token, never on a hash alone (#27148).
 Eviction order: blocks never hit go first, tail blocks of a sequence before its head (released in
@@ -48,7 +51,9 @@ class BlockPool:
         # named blocks no sequence holds, least recently released first: never hit, then hit
         self.idle: tuple = (OrderedDict(), OrderedDict())
         self.refs = [0] * n_blocks                # sequences holding each block
-        self.name: list = [None] * n_blocks       # block -> (name, its tokens) once published
+        self.name: list = [None] * n_blocks       # block -> (name, its tokens, parent's name)
+        self.tail: dict = {}                      # idle partial block -> (parent's name, tokens)
+        self.children: dict = {}                  # parent's name -> blocks after it (both kinds)
         self.hit_count = [0] * n_blocks
         self.by_name: dict = {}                   # name -> block
         self.queries = self.hits = self.evicted = 0     # prompt rows asked for / found / blocks
@@ -87,32 +92,69 @@ class BlockPool:
     def _take(self) -> int:
         if self.free:
             return self.free.pop()
-        lru = self.idle[0] if self.idle[0] else self.idle[1]
-        b, _ = lru.popitem(last=False)
-        del self.by_name[self.name[b][0]]
-        self.name[b], self.hit_count[b] = None, 0
+        b = next(iter(self.idle[0] or self.idle[1]))      # least recently released
+        self._forget(b)
         self.evicted += 1
         return b
+
+    def _forget(self, b: int):
+        """Block b leaves the cache (evicted, or taken over by one sequence): no name, not idle."""
+        self.idle[0].pop(b, None)
+        self.idle[1].pop(b, None)
+        if self.name[b] is not None:
+            name, _, parent = self.name[b]
+            del self.by_name[name]
+            self.children[parent].discard(b)
+            self.name[b] = None
+        elif b in self.tail:
+            self.children[self.tail.pop(b)[0]].discard(b)
+        self.hit_count[b] = 0
 
     def match(self, table: list, names: list, ids: list, rows: int) -> int:
         """A sequence starts: `table` and `names` (empty) take the cached blocks that hold the
         longest run of full blocks of ids[:rows - 1] (the last row is always computed: its logits
         sample the next token). Returns the rows found, which the sequence need not compute."""
         br, parent = self.block_rows, None
-        if self.cache:
-            for i in range((rows - 1) // br):
-                tokens = tuple(ids[i * br:(i + 1) * br])
-                parent = chain(parent, tokens)
-                b = self.by_name.get(parent)
-                if b is None or self.name[b][1] != tokens:      # a collision is a miss
+        if not self.cache:
+            return 0
+        for i in range((rows - 1) // br):
+            tokens = tuple(ids[i * br:(i + 1) * br])
+            name = chain(parent, tokens)
+            b = self.by_name.get(name)
+            if b is None or self.name[b][1] != tokens:      # a collision is a miss
+                break
+            if self.refs[b] == 0:
+                self.idle[self.hit_count[b] > 0].pop(b)
+            self.refs[b] += 1
+            self.hit_count[b] += 1
+            table.append(b)
+            names.append(name)
+            parent = name
+        return len(table) * br + self._take_over(table, parent, ids[len(table) * br:rows - 1])
+
+    def _take_over(self, table: list, parent, rest: list) -> int:
+        """Token-granular reuse of the next block (SGLang's radix cache reuses any prefix; block
+        hashes only whole blocks): an idle block after `parent` whose first k tokens are the
+        sequence's next ones (a partial tail a finished request left, or a full block its text
+        leaves early) is taken over whole, uncached: the sequence keeps its first k rows and
+        writes the rest. Returns k (0: none). A block another sequence holds is never taken."""
+        best, k_best = None, 0
+        for b in self.children.get(parent, ()):
+            if self.refs[b]:
+                continue
+            tokens = self.name[b][1] if self.name[b] is not None else self.tail[b][1]
+            k = 0
+            for a, c in zip(tokens, rest):
+                if a != c:
                     break
-                if self.refs[b] == 0:
-                    self.idle[self.hit_count[b] > 0].pop(b)
-                self.refs[b] += 1
-                self.hit_count[b] += 1
-                table.append(b)
-                names.append(parent)
-        return len(table) * br
+                k += 1
+            if k > k_best:
+                best, k_best = b, k
+        if best is not None:
+            self._forget(best)
+            self.refs[best] = 1
+            table.append(best)
+        return k_best
 
     def count(self, rows: int, found: int):
         """A sequence was admitted: `rows` asked for, `found` of them cached (the hit rate)."""
@@ -132,19 +174,31 @@ class BlockPool:
             b = table[i]
             if name not in self.by_name and self.name[b] is None:
                 self.by_name[name] = b          # a twin computed at the same time stays unnamed
-                self.name[b] = (name, tokens)
+                self.name[b] = (name, tokens, names[-2] if i else None)
+                self.children.setdefault(self.name[b][2], set()).add(b)
 
-    def release(self, table: list, names: list | None = None):
+    def release(self, table: list, names: list | None = None, ids: list | None = None,
+                computed: int = 0):
         """Give a sequence's blocks back (it ended, was cancelled or preempted): named ones stay
-        cached until needed, tail first in line."""
-        for b in reversed(table):
+        cached until needed, tail first in line. Given its ids and computed rows, a partly
+        filled last block stays cached too (for a take-over: its tokens are a chat's last turn)."""
+        br = self.block_rows
+        tail = computed // br if self.cache and ids is not None and computed % br and names is not None \
+            and len(names) == computed // br else None
+        for i in range(len(table) - 1, -1, -1):
+            b = table[i]
             self.refs[b] -= 1
             if self.refs[b] > 0:
                 continue
-            if self.name[b] is None:
-                self.free.append(b)
-            else:
+            if self.name[b] is not None:
                 self.idle[self.hit_count[b] > 0][b] = None
+            elif i == tail:
+                parent = names[i - 1] if i else None
+                self.tail[b] = (parent, tuple(ids[i * br:computed]))
+                self.children.setdefault(parent, set()).add(b)
+                self.idle[0][b] = None
+            else:
+                self.free.append(b)
         table.clear()
         if names is not None:
             names.clear()

@@ -96,7 +96,7 @@ class FCFS:
 
     def _preempt(self, req: Request) -> Request:
         self.running.remove(req)
-        self.kv.release(req.blocks, req.names)
+        self.kv.release(req.blocks, req.names, req.ids, req.computed)
         req.computed = 0
         self.waiting.appendleft(req)
         return req
@@ -111,7 +111,7 @@ class FCFS:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.release(req.blocks, req.names)
+        self.kv.release(req.blocks, req.names, req.ids, req.computed)
 
     def queues(self) -> dict:
         return {"waiting": [r.id for r in self.waiting], "running": [r.id for r in self.running]}

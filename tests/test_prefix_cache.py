@@ -35,13 +35,14 @@ def test_a_second_request_with_the_same_prefix_prefills_only_the_rest():
     s = FCFS(4, 10_000, BlockPool(20, BR))
     a = served(s, req(1, range(40)))
     s.finish(a)                                   # its blocks stay cached, unheld
-    assert s.kv.n_used == 0 and s.kv.n_cached == 2
+    assert s.kv.n_used == 0
+    assert s.kv.n_cached == 3                     # and its partly filled tail block (8 rows)
     b = req(2, [*range(35), 99, 98, 97, 96, 95])  # the first 35 tokens shared: 2 full blocks
-    s.add(b)
+    s.add(b)                                      # and 3 rows of a's tail block, taken over
     assert s.schedule().prefill == [b]
-    assert b.computed == b.cached == 32 and b.blocks[:2] == a_blocks(s, range(32))
-    assert b.usage()["prompt_tokens_details"] == {"cached_tokens": 32}
-    assert (s.kv.queries, s.kv.hits) == (80, 32)
+    assert b.computed == b.cached == 35 and b.blocks[:2] == a_blocks(s, range(32))
+    assert b.usage()["prompt_tokens_details"] == {"cached_tokens": 35}
+    assert (s.kv.queries, s.kv.hits) == (80, 35)
 
 
 def a_blocks(s, tokens):
@@ -59,7 +60,7 @@ def test_the_last_prompt_row_is_always_computed():
     b = req(2, range(32))                         # the very same prompt: its logits are needed
     s.add(b)
     s.schedule()
-    assert b.computed == 16                       # the second block holds the last row: computed
+    assert b.computed == 31                       # all but the last row (block 2 taken over)
 
 
 def test_a_hit_is_checked_token_by_token(monkeypatch):
@@ -102,14 +103,15 @@ def test_a_preempted_request_keeps_shared_blocks_alive_and_hits_them_again():
 
 
 def test_eviction_takes_blank_blocks_then_never_hit_ones_and_never_a_held_one():
-    s = FCFS(4, 10_000, BlockPool(8, BR))
+    s = FCFS(4, 10_000, BlockPool(10, BR))
     sys_prompt = list(range(1000, 1032))           # two blocks every request starts with
     s.finish(served(s, req(1, [*sys_prompt, *range(16), 5])))
     s.finish(served(s, req(2, [*sys_prompt, *range(200, 216), 5])))   # hits the system prompt
     held = served(s, req(3, [*sys_prompt, 3]))                         # holds it now
-    # cached: the system prompt (hit, held), request 1's and 2's third block (never hit)
-    assert s.kv.n_cached == 2
-    big = req(4, range(500, 500 + 5 * BR))         # needs 6 blocks: 4 blank... and both idle ones
+    # cached: the system prompt (hit, held), request 1's and 2's third block and one-row tail
+    # block (never hit); 3 blocks blank
+    assert s.kv.n_cached == 4 and len(s.kv.free) == 3
+    big = req(4, range(500, 500 + 5 * BR))         # needs 5 blocks: 3 blank and 2 idle ones
     s.add(big)
     assert s.schedule().prefill == [big]
     assert s.kv.evicted == 2 and held.blocks[:2] == a_blocks(s, sys_prompt)
@@ -142,3 +144,29 @@ def test_a_reactive_request_hits_the_cache_a_proactive_one_filled():
     r = req(2, [*range(32), 9, 9], priority="reactive")
     s.add(r)
     assert r in s.schedule().prefill and r.cached == 32
+
+
+def test_a_chats_next_turn_reuses_the_last_turns_partial_block_token_by_token():
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    turn1 = [*range(100, 150)]                     # 50 rows: 3 full blocks and 2 rows
+    a = served(s, req(1, turn1))
+    a.tokens += [7, 8, 9]                          # its reply
+    a.computed = a.rows - 1
+    s.kv.publish(a.blocks, a.names, a.ids, a.computed)
+    tail = a.blocks[3]
+    s.finish(a)
+    turn2 = a.ids + [200, 201, 202]                # the history, then the next question
+    b = req(2, turn2)
+    s.add(b)
+    s.schedule()
+    assert b.cached == b.computed == 53 and b.blocks[3] == tail   # its rows 48..52 reused
+    assert s.kv.n_cached == 0                      # taken over: nobody else can find it now
+
+
+def test_a_held_block_is_never_taken_over():
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    a = served(s, req(1, range(40)))               # running: holds its blocks
+    b = req(2, [*range(20), 77, 78, 79])
+    s.add(b)
+    s.schedule()
+    assert b.computed == 16 and b.blocks[0] == a.blocks[0] and a.blocks[1] not in b.blocks
