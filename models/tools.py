@@ -97,8 +97,9 @@ def call_schema(tools: list, choice: str, parallel: bool, response: dict | None 
 
 def closed(schema):
     """OpenAI's strict structured outputs: an object schema that does not say otherwise takes no
-    properties beyond those it names (additionalProperties false, as xgrammar's strict mode);
-    JSON Schema's own default would let a small model add keys without end."""
+    properties beyond those it names (additionalProperties false, as xgrammar's strict mode), and
+    a number none beyond I-JSON's range; JSON Schema's own defaults would let a small model add
+    keys, or digits, without end."""
     if isinstance(schema, list):
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
@@ -109,7 +110,15 @@ def closed(schema):
                and isinstance(v, dict) else v) for k, v in schema.items()}
     if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") in ("integer", "number"):
+        # I-JSON (RFC 7493): numbers within the exact-integer range of a double. Unbounded, a
+        # model that writes digits one token each (SmolLM2) may never stop writing them
+        out.setdefault("minimum", -I_JSON_MAX)
+        out.setdefault("maximum", I_JSON_MAX)
     return out
+
+
+I_JSON_MAX = 2 ** 53 - 1
 
 
 def _text(content, where: str) -> str:

@@ -263,6 +263,8 @@ def part_speed(url: str, reps: int) -> dict:
     schema = {"type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 24, "maxItems": 32}
     ask = [{"role": "user", "content": "List many animals."}]
     con, free = [], []
+    streams(url, 2, {"messages": ask, "max_tokens": 32, "response_format": {   # warm-up: not kept
+        "type": "json_schema", "json_schema": {"name": "l", "schema": schema, "strict": True}}})
     for _ in range(reps):
         c = streams(url, 8, {"messages": ask, "max_tokens": 400, "temperature": 0.8, "seed": 1,
                              "response_format": {"type": "json_schema",
