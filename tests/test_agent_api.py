@@ -318,3 +318,19 @@ def test_n_choices_share_the_prompt_and_vary_with_sampling(oa):
     assert len({c.text for c in r.choices}) > 1 and r.usage.completion_tokens == 36
     same = oa.completions.create(model="m", prompt=prompt, max_tokens=8, n=2, temperature=0)
     assert same.choices[0].text == same.choices[1].text
+
+
+def test_n_choices_stream_interleaved_by_index(oa):
+    ask = [{"role": "user", "content": "Name a fruit."}]
+    whole = oa.chat.completions.create(model="m", messages=ask, max_tokens=10, n=3, temperature=1.0, seed=4)
+    chunks = list(oa.chat.completions.create(model="m", messages=ask, max_tokens=10, n=3, temperature=1.0,
+                                             seed=4, stream=True, stream_options={"include_usage": True}))
+    texts, reasons = {}, {}
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                reasons[c.index] = c.finish_reason
+    assert sorted(texts) == [0, 1, 2] and sorted(reasons) == [0, 1, 2]
+    assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]   # seeds 4, 5, 6
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens

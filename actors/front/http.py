@@ -348,8 +348,6 @@ class OpenAIServer:
         try:
             args = parse(body, chat)
             n, echo = args.pop("n", 1), args.pop("echo", False)
-            if n > 1 and body.get("stream"):
-                raise BadRequest("'n' > 1 is served without streaming only", "n", code="unsupported_value")
             rid = await self.svc.submit.remote(**args)
         except BadRequest as e:
             return _error(str(e), e.param, e.status, code=e.code)
@@ -363,19 +361,15 @@ class OpenAIServer:
                  "hold": "tools" in args and args.get("tool_choice") != "none"}
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return _ClosingStream(self._events(rid, meta, shape, request, usage),
-                                  lambda: self.svc.cancel.remote(rid), media_type="text/event-stream")
+            rids = [rid]
+            return _ClosingStream(self._events(rids, meta, shape, request, usage, (args, n)),
+                                  lambda: [self.svc.cancel.remote(r) for r in rids],
+                                  media_type="text/event-stream")
         rids = [rid]
         try:
             async with _cancel_on_disconnect(request, self.svc, rid):
                 first = asyncio.create_task(self._gather(rid))
-                if n > 1:
-                    # the other choices start once the first has its first token: its prompt's
-                    # blocks are in the prefix cache by then, so they prefill nothing again
-                    await self.svc.poll.remote(rid, 0, 600.0, 0.0)
-                    for i in range(1, n):
-                        more = dict(args, seed=args["seed"] + i) if args.get("seed") is not None else args
-                        rids.append(await self.svc.submit.remote(**more, queue_bound=False))
+                await self._more(rids, args, n)
                 results = [await first, *[await self._gather(r) for r in rids[1:]]]
         except ray.exceptions.RayTaskError as e:
             return _refused(e)
@@ -411,56 +405,100 @@ class OpenAIServer:
         from socllm.actors.front.client import Client
         return Client(self.svc).apolls(rid)
 
-    async def _events(self, rid: str, meta: dict, shape: dict, request: Request, include_usage: bool):
-        """Server-sent events as OpenAI streams them: a chunk per piece (per poll's pieces, with
-        their tokens' logprobs, where asked), one with the finish reason, and
-        (stream_options.include_usage) one more with no choices and the usage. A request with
-        tools (shape["hold"]): its JSON is read at the end, then sent as the reply's text or as
-        its tool calls, each call whole in one delta."""
+    async def _more(self, rids: list, args: dict, n: int):
+        """The 2nd .. nth choice of a request (n), appended to rids once the first has its first
+        token: its prompt's blocks are in the prefix cache by then, so they prefill none of it
+        again. Each its own seed where one was given (seed + i)."""
+        if n > 1:
+            await self.svc.poll.remote(rids[0], 0, 600.0, 0.0)
+            for i in range(1, n):
+                more = dict(args, seed=args["seed"] + i) if args.get("seed") is not None else args
+                rids.append(await self.svc.submit.remote(**more, queue_bound=False))
+
+    async def _events(self, rids: list, meta: dict, shape: dict, request: Request,
+                      include_usage: bool, fan: tuple):
+        """Server-sent events as OpenAI streams them: per choice, a chunk per piece (per poll's
+        pieces, with their tokens' logprobs, where asked) and one with its finish reason; then
+        (stream_options.include_usage) one with no choices and the usage. A request with tools
+        (shape["hold"]): its JSON is read at the end, then sent as the reply's text or as its
+        tool calls, each call whole in one delta. fan: (args, n): the other choices start after
+        the first's first token (_more); their chunks interleave, told apart by index."""
         chat = shape["chat"]
 
-        def event(delta, reason=None, first=False, lps=None):
+        def event(i, delta, reason=None, first=False, lps=None):
             if chat:
                 d = ({"role": "assistant", "content": ""} if first else
                      delta if isinstance(delta, dict) else
                      {"content": delta} if delta is not None else {})
-                choice = {"index": 0, "delta": d, "finish_reason": reason,
+                choice = {"index": i, "delta": d, "finish_reason": reason,
                           "logprobs": _logprobs(lps, True, 0) if lps else None}
             else:
-                choice = {"index": 0, "text": delta or "", "finish_reason": reason,
+                choice = {"index": i, "text": delta or "", "finish_reason": reason,
                           "logprobs": _logprobs(lps, False, 0) if lps else None}
             return f"data: {json.dumps({**meta, 'choices': [choice]})}\n\n"
 
-        if chat:
-            yield event(None, first=True)
-        if shape["echo"]:
-            yield event(shape["echo"])
-        # aclosing: when Serve closes this stream (the client went away), _polls' `finally`
-        # cancels the request now, not whenever the event loop collects the generator
-        async with _cancel_on_disconnect(request, self.svc, rid), aclosing(self._polls(rid)) as polls:
-            async for out in polls:
-                if shape["hold"]:
-                    pass
-                elif out.get("logprobs"):
-                    yield event("".join(out["pieces"]), lps=out["logprobs"])
-                else:
-                    for piece in out["pieces"]:
-                        yield event(piece)
-                if out["state"] in ENDED and out.get("message"):
-                    said = out["message"]
-                    if said["tool_calls"]:
-                        yield event({"tool_calls": [{"index": i, **c} for i, c in enumerate(said["tool_calls"])]})
-                    elif said["content"]:
-                        yield event(said["content"])
-                if out["state"] in ENDED:
-                    if out["state"] == "failed":
-                        err = {"error": {"message": f"generation failed: {out['error']}",
-                                         "type": "server_error", "param": None, "code": None}}
-                        yield f"data: {json.dumps(err)}\n\n"
-                    else:
-                        yield event(None, _reason(out))
-                        if include_usage:
-                            yield f"data: {json.dumps({**meta, 'choices': [], 'usage': out['usage']})}\n\n"
+        def said(i, out):
+            """The chunks of one poll of choice i."""
+            if shape["hold"]:
+                pass
+            elif out.get("logprobs"):
+                yield event(i, "".join(out["pieces"]), lps=out["logprobs"])
+            else:
+                for piece in out["pieces"]:
+                    yield event(i, piece)
+            if out["state"] in ENDED and out.get("message"):
+                msg = out["message"]
+                if msg["tool_calls"]:
+                    yield event(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]})
+                elif msg["content"]:
+                    yield event(i, msg["content"])
+            if out["state"] == "failed":
+                err = {"error": {"message": f"generation failed: {out['error']}",
+                                 "type": "server_error", "param": None, "code": None}}
+                yield f"data: {json.dumps(err)}\n\n"
+            elif out["state"] in ENDED:
+                yield event(i, None, _reason(out))
+
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def follow(i: int, rid: str):
+            # aclosing: when Serve closes this stream (the client went away), _polls' `finally`
+            # cancels the request now, not whenever the event loop collects the generator
+            try:
+                async with aclosing(self._polls(rid)) as polls:
+                    async for out in polls:
+                        await queue.put((i, out))
+            except Exception as e:           # said as a failed choice, never lost
+                await queue.put((i, {"pieces": [], "state": "failed", "error": str(e)}))
+
+        tasks = []
+        try:
+            async with _cancel_on_disconnect(request, self.svc, rids[0]):
+                for i in range(fan[1]):
+                    if chat:
+                        yield event(i, None, first=True)
+                    if shape["echo"]:
+                        yield event(i, shape["echo"])
+                tasks.append(asyncio.create_task(follow(0, rids[0])))
+                await self._more(rids, *fan)
+                tasks += [asyncio.create_task(follow(i, r)) for i, r in enumerate(rids[1:], 1)]
+                ended, usage = 0, None
+                while ended < len(rids):
+                    i, out = await queue.get()
+                    for chunk in said(i, out):
+                        yield chunk
+                    if out["state"] in ENDED:
+                        ended += 1
+                        u = out.get("usage")
+                        if u is not None:
+                            usage = dict(u) if usage is None else usage | {
+                                "completion_tokens": usage["completion_tokens"] + u["completion_tokens"],
+                                "total_tokens": usage["total_tokens"] + u["completion_tokens"]}
+                if include_usage and usage is not None:
+                    yield f"data: {json.dumps({**meta, 'choices': [], 'usage': usage})}\n\n"
+        finally:
+            for t in tasks:
+                t.cancel()
         yield "data: [DONE]\n\n"
 
 
