@@ -1,4 +1,5 @@
-"""PSS of socllm's processes (the service's status) and of Ray's daemons: idle, then under 8 streams.
+"""PSS of socllm's processes (the service's status) and of Ray's daemons: idle, then under 8 streams
+(4 of them constrained by a JSON schema).
 
     ray start --head && socllm serve && python scripts/pss_check.py     # prints one JSON object
 """
@@ -27,8 +28,15 @@ def main():
     st = c.status()
     out = {"idle": {"socllm_pss_mb": st["memory_pss_mb"], "by_process": st["memory_pss_mb_by_process"], "ray_and_socllm_pss_mb": round(ray_pss(), 1)}}
     samples = []
-    def stream(i):
-        c.generate(f"Story {i}: once upon a time", max_tokens=200, temperature=0)
+    listing = {"type": "json_schema", "json_schema": {"name": "l", "strict": True, "schema": {
+        "type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 40, "maxItems": 60}}}
+
+    def stream(i):           # half of them under a JSON schema: the mask library loaded too
+        if i % 2:
+            c.chat([{"role": "user", "content": f"List animals, set {i}."}], max_tokens=300,
+                   temperature=0.8, seed=i, response_format=listing)
+        else:
+            c.generate(f"Story {i}: once upon a time", max_tokens=200, temperature=0)
     ts = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
     [t.start() for t in ts]
     time.sleep(3)
