@@ -288,6 +288,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json-requests", type=int, default=20)
     ap.add_argument("--parts", default="prefix,json,tools,speed")
     ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--priority", default=None, choices=("reactive", "proactive"),
+                    help="socllm's requests' class in the prefix part (default: the service's, proactive)")
+    ap.add_argument("--engines", default="socllm,nocache,llama-server", help="the prefix part's")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from socllm.models.gguf_file import default_model_path, open_gguf
@@ -301,17 +304,21 @@ def main(argv=None) -> int:
     if "prefix" in parts:
         texts = prefixes(a.prefix_tokens, a.reps, tokenizer)
         report["prefix_tokens"] = [len(tokenizer.encode(t)) for t in texts]
-        engines = [Socllm(gguf, True, context), Socllm(gguf, False, context)]
-        try:
-            engines.append(Llama(gguf, a.llama_server, context))
-            report["llama_server"] = engines[-1].version
-        except Exception as e:
-            report["llama_server"] = f"missing: {e}"
+        want = a.engines.split(",")
+        engines = [e for e, k in ((Socllm(gguf, True, context), "socllm"),
+                                  (Socllm(gguf, False, context), "nocache")) if k in want]
+        if "llama-server" in want:
+            try:
+                engines.append(Llama(gguf, a.llama_server, context))
+                report["llama_server"] = engines[-1].version
+            except Exception as e:
+                report["llama_server"] = f"missing: {e}"
         for eng in engines:
             url = eng.start()
+            extra = {"priority": a.priority} if a.priority and isinstance(eng, Socllm) else {}
             try:
-                part_prefix(url, texts[:1], {})          # warm-up pair (not reported)
-                res = part_prefix(url, texts[1:] if len(texts) > 1 else texts, {})
+                part_prefix(url, texts[:1], extra)       # warm-up pair (not reported)
+                res = part_prefix(url, texts[1:] if len(texts) > 1 else texts, extra)
                 res["memory"] = eng.memory()
             finally:
                 eng.stop()
