@@ -259,6 +259,10 @@ def test_the_python_client_takes_a_schema(door):
     jsonschema.validate(json.loads(text), SCHEMAS[4])
     with pytest.raises(ValueError, match="tools"):
         client.generate("Hi", tools=[WEATHER])
+    msg = client.chat_message([{"role": "user", "content": "Time in Oslo?"}], tools=[WEATHER, CLOCK],
+                              tool_choice="required", max_tokens=80)
+    assert msg["content"] is None and msg["tool_calls"][0]["function"]["name"] in ("get_weather", "get_time")
+    assert client.chat_message([{"role": "user", "content": "Hi"}], max_tokens=4)["tool_calls"] == []
 
 
 # -- the rest of the OpenAI surface: logprobs, penalties, logit bias, n, echo ---------------------

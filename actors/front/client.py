@@ -6,6 +6,7 @@
     for piece in client.generate("Once upon a time", stream=True): print(piece, end="")
     async for piece in client.agenerate("...", priority="reactive"): ...
     client.chat([{"role": "user", "content": "Name three colours."}])
+    client.chat_message(messages, tools=[...])      # {"role", "content", "tool_calls"}
 
 Every call takes max_tokens, temperature, top_p, seed, stop (a string or a list of up to 4) and
 priority ("reactive": a person waits; "proactive": background work, the default). Leaving a
@@ -129,6 +130,26 @@ class Client:
     def chat(self, messages: list, stream: bool = False, **params):
         """The assistant's reply to `messages`, through the model's own chat template."""
         return self._run(stream, messages=messages, **params)
+
+    def chat_message(self, messages: list, **params) -> dict:
+        """The assistant's reply as OpenAI's message: {"role", "content", "tool_calls"} (with
+        tools=[...]: the calls it made, each {id, type, function: {name, arguments}}, and
+        content None; without: its text and no calls)."""
+        rid = self.submit(messages=messages, **params)
+        seen, lp, out, pieces = 0, 0, None, []
+        try:
+            while out is None or out["state"] not in ENDED:
+                out = ray.get(self.service.poll.remote(rid, seen, POLL_S, seen_logprobs=lp))
+                pieces += out["pieces"]
+                seen, lp = out["seen"], out.get("seen_logprobs", 0)
+        finally:
+            if out is None or out["state"] not in ENDED:
+                self.service.cancel.remote(rid)
+        _raise_unless_finished(rid, out)
+        text, said = "".join(pieces), out.get("message")
+        if said is None:
+            return {"role": "assistant", "content": text, "tool_calls": []}
+        return {"role": "assistant", **said}
 
     def _run(self, stream: bool, **request):
         it = self.pieces(self.submit(**request))
