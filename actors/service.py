@@ -307,17 +307,12 @@ class Service:
         if ids is not None:
             if not ids or not all(isinstance(t, int) and 0 <= t < e.cfg.vocab for t in ids):
                 raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")
-            if len(ids) >= e.context:
-                raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {e.context}")
-            return list(ids), rule, False
+            return self._within(list(ids)), rule, False
         if messages is not None:
             from socllm.models.chat import render_chat
             text = render_chat(e.template, chat_messages(messages, tools, choice))
             self._fits(text)
-            ids = e.tokenizer.encode(text, bos=e.tokenizer.add_bos)
-            if len(ids) >= e.context:
-                raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {e.context}")
-            return ids, rule, choice != "none"
+            return self._within(e.tokenizer.encode(text, bos=e.tokenizer.add_bos)), rule, choice != "none"
         if not isinstance(prompt, str):
             raise ValueError("the prompt must be a string")
         self._fits(prompt)
@@ -339,6 +334,11 @@ class Service:
             raise BadParam("response_format", "json_schema needs {json_schema: {name, schema}}")
         raise BadParam("response_format", "must be {type: text}, {type: json_object} or "
                        "{type: json_schema, json_schema: {...}}")
+
+    def _within(self, ids: list) -> list:
+        if len(ids) >= self.engine.context:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.engine.context}")
+        return ids
 
     def _fits(self, text: str):
         """Refuse at once a text that cannot fit the context, however it tokenizes (no token is

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
 import requests
 
-from .serve_bench import DATA, LlamaServer, free_port
+from .serve_bench import DATA, LlamaServer, start_llama_server, start_socllm, stop_socllm
 
 SCHEMAS = [
     {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
@@ -66,22 +65,8 @@ class Socllm:
         self.gguf, self.prefix_cache, self.context = gguf, prefix_cache, context
 
     def start(self) -> str:
-        import ray
-
-        from socllm.actors.front.http import deploy
-        from socllm.actors.service import NAME, NAMESPACE, Service
-        from socllm.policies.config import ServeConfig
-        from socllm.policies.threads import actor_env
-        if not ray.is_initialized():
-            ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
-                     log_to_driver=False, logging_level="ERROR",
-                     _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                                     "prestart_worker_first_driver": False})
-        self.svc = Service.options(name=NAME, namespace=NAMESPACE,
-                                   runtime_env={"env_vars": actor_env(2)}).remote(ServeConfig.from_env(
-            model=self.gguf, threads=2, prefix_cache=self.prefix_cache, context=self.context))
-        self.info = ray.get(self.svc.ready.remote())
-        self.url = deploy("127.0.0.1", free_port())
+        self.svc, self.info, self.url = start_socllm(self.gguf, prefix_cache=self.prefix_cache,
+                                                     context=self.context)
         return self.url
 
     def memory(self) -> dict:
@@ -91,13 +76,7 @@ class Socllm:
                 "kv": st["kv"]}
 
     def stop(self):
-        import ray
-
-        from socllm.actors.front.http import undeploy
-        undeploy()
-        ray.get(self.svc.shutdown.remote(), timeout=120)
-        ray.kill(self.svc)
-        time.sleep(2)
+        stop_socllm(self.svc)
 
 
 class Llama:
@@ -108,22 +87,8 @@ class Llama:
         self.gguf, self.binary, self.version, self.context = gguf, ls.binary, ls.version, context
 
     def start(self) -> str:
-        port = free_port()
-        self.proc = subprocess.Popen([self.binary, "-m", self.gguf, "-t", "2", "-tb", "2",
-                                      "--parallel", "1", "-c", str(self.context),
-                                      "--host", "127.0.0.1", "--port", str(port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        end = time.time() + 120
-        while True:
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    return url
-            except requests.ConnectionError:
-                pass
-            if time.time() > end or self.proc.poll() is not None:
-                raise RuntimeError("llama-server did not start")
-            time.sleep(0.2)
+        self.proc, url = start_llama_server(self.binary, self.gguf, 1, self.context)
+        return url
 
     def memory(self) -> dict:
         from socllm.actors.metrics import pss_mb

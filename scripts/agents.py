@@ -33,7 +33,7 @@ import requests
 
 from socllm.policies.sim import workload
 
-from .serve_bench import DATA, LlamaServer, free_port, pct
+from .serve_bench import DATA, LlamaServer, pct, start_llama_server, start_socllm, stop_socllm
 
 MAX_SEQS = 16              # socllm's sequences at once and llama-server's --parallel
 
@@ -112,23 +112,9 @@ class SocllmPolicy:
         self.gguf, self.policy, self.prefix_cache, self.context = gguf, policy, prefix_cache, context
 
     def start(self):
-        import ray
-
-        from socllm.actors.front.http import deploy
-        from socllm.actors.service import NAME, NAMESPACE, Service
-        from socllm.policies.config import ServeConfig
-        from socllm.policies.threads import actor_env
-        if not ray.is_initialized():
-            ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
-                     log_to_driver=False, logging_level="ERROR",
-                     _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                                     "prestart_worker_first_driver": False})
-        self.svc = Service.options(name=NAME, namespace=NAMESPACE,
-                                   runtime_env={"env_vars": actor_env(2)}).remote(ServeConfig.from_env(
-            model=self.gguf, max_seqs=MAX_SEQS, threads=2, policy=self.policy,
-            prefix_cache=self.prefix_cache, context=self.context))
-        self.info = ray.get(self.svc.ready.remote())
-        self.url = deploy("127.0.0.1", free_port())
+        self.svc, self.info, self.url = start_socllm(
+            self.gguf, max_seqs=MAX_SEQS, policy=self.policy, prefix_cache=self.prefix_cache,
+            context=self.context)
         self.version = f"socllm {self.info['policy']} ({self.info['precision']}, PoCL)"
         return self.url
 
@@ -152,13 +138,7 @@ class SocllmPolicy:
                     r["arrived_during"] = info.get("arrived_during")
 
     def stop(self):
-        import ray
-
-        from socllm.actors.front.http import undeploy
-        undeploy()
-        ray.get(self.svc.shutdown.remote(), timeout=120)
-        ray.kill(self.svc)
-        time.sleep(2)
+        stop_socllm(self.svc)
 
 
 class LlamaServerFIFO:
@@ -170,23 +150,8 @@ class LlamaServerFIFO:
         self.binary = LlamaServer(gguf, binary).binary
 
     def start(self):
-        import subprocess
-        port = free_port()
-        self.proc = subprocess.Popen([self.binary, "-m", self.gguf, "-t", "2", "-tb", "2",
-                                      "--parallel", str(MAX_SEQS), "-c", str(MAX_SEQS * 2048),
-                                      "--host", "127.0.0.1", "--port", str(port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        end = time.time() + 120
-        while True:
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    return url
-            except requests.ConnectionError:
-                pass
-            if time.time() > end or self.proc.poll() is not None:
-                raise RuntimeError("llama-server did not start")
-            time.sleep(0.2)
+        self.proc, url = start_llama_server(self.binary, self.gguf, MAX_SEQS, MAX_SEQS * 2048)
+        return url
 
     def busy(self) -> dict:
         from socllm.actors.metrics import pss_mb

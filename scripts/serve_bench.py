@@ -51,6 +51,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_socllm(gguf: str, **knobs) -> tuple:
+    """socllm's service in this process's Ray (started here, 2 CPUs, if it is not yet), behind its
+    HTTP ingress on a free port: (the service actor, its describe(), the URL). knobs: ServeConfig's."""
+    import ray
+
+    from socllm.actors.front.http import deploy
+    from socllm.actors.service import NAME, NAMESPACE, Service
+    from socllm.policies.config import ServeConfig
+    from socllm.policies.threads import actor_env
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
+                 log_to_driver=False, logging_level="ERROR",
+                 _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                                 "prestart_worker_first_driver": False})
+    svc = Service.options(name=NAME, namespace=NAMESPACE, runtime_env={"env_vars": actor_env(2)}).remote(
+        ServeConfig.from_env(model=gguf, threads=2, **knobs))
+    info = ray.get(svc.ready.remote())
+    return svc, info, deploy("127.0.0.1", free_port())
+
+
+def stop_socllm(svc):
+    """The ingress removed, the service shut down and gone (Ray stays up for the next engine)."""
+    import ray
+
+    from socllm.actors.front.http import undeploy
+    undeploy()
+    ray.get(svc.shutdown.remote(), timeout=120)
+    ray.kill(svc)
+    time.sleep(2)
+
+
+def start_llama_server(binary: str, gguf: str, parallel: int, context: int) -> tuple:
+    """llama-server on a free port, 2 threads, answering /health: (its process, the URL)."""
+    port = free_port()
+    proc = subprocess.Popen([binary, "-m", gguf, "-t", "2", "-tb", "2", "--parallel", str(parallel),
+                             "-c", str(context), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    end = time.time() + 120
+    while True:
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except requests.ConnectionError:
+            pass
+        if time.time() > end or proc.poll() is not None:
+            proc.kill()
+            raise RuntimeError("llama-server did not start")
+        time.sleep(0.2)
+
+
 def pct(xs, q) -> float:
     if not xs:
         return float("nan")
@@ -117,22 +168,11 @@ class Socllm:
     name = "socllm"
 
     def __init__(self, gguf: str, max_seqs: int, precision: str | None = None):
-        import ray
-
-        from socllm.actors.front.http import deploy
-        from socllm.actors.service import NAME, NAMESPACE, Service
-        from socllm.policies.config import ServeConfig
-        from socllm.policies.threads import actor_env
-        ray.init(address="local", num_cpus=2, include_dashboard=False, namespace=NAMESPACE,
-                 log_to_driver=False, logging_level="ERROR",
-                 _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                                 "prestart_worker_first_driver": False})
-        self.svc = Service.options(name=NAME, namespace=NAMESPACE,
-                                   runtime_env={"env_vars": actor_env(2)}).remote(ServeConfig.from_env(
-            model=gguf, max_seqs=max_seqs, threads=2, **({"precision": precision} if precision else {})))
-        self.info = ray.get(self.svc.ready.remote())
-        self.url = deploy("127.0.0.1", free_port())
-        self.version = f"socllm (paged GPU steps on PoCL, prefill on the {self.info['prefill']['on']}, {self.info['precision']})"
+        self.svc, self.info, self.url = start_socllm(
+            gguf, max_seqs=max_seqs, **({"precision": precision} if precision else {}))
+        pl = self.info["placement"]
+        self.version = f"socllm (plan {self.info['plan']}: prefill on the {pl['prefill']}, decode on " \
+                       f"the {pl['decode']}, PoCL; {self.info['precision']})"
 
     def level(self, n, per_client, words, max_tokens, salt) -> dict:
         import ray
@@ -161,23 +201,8 @@ class LlamaServer:
                                       text=True).stderr.strip().splitlines()[0]
 
     def level(self, n, per_client, words, max_tokens, salt) -> dict:
-        port = free_port()
-        proc = subprocess.Popen([self.binary, "-m", self.gguf, "-t", "2", "-tb", "2",
-                                 "--parallel", str(n), "-c", str(max(2048, n * 512)),
-                                 "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
+        proc, url = start_llama_server(self.binary, self.gguf, n, max(2048, n * 512))
         try:
-            end = time.time() + 120
-            while True:
-                try:
-                    if requests.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    pass
-                if time.time() > end or proc.poll() is not None:
-                    raise RuntimeError("llama-server did not start")
-                time.sleep(0.2)
             out = http_level(url, n, per_client, words, max_tokens, salt, {"n_predict": max_tokens})
             out["pss_mb"] = pss_mb([proc.pid])
             return out

@@ -14,7 +14,7 @@ stream early (break, close, or cancelling the asyncio task) cancels the request 
 """
 from __future__ import annotations
 
-from contextlib import aclosing
+from contextlib import aclosing, closing
 
 import ray
 
@@ -87,19 +87,26 @@ class Client:
     def cancel(self, rid: str) -> bool:
         return ray.get(self.service.cancel.remote(rid))
 
-    def pieces(self, rid: str):
-        """Yields the request's text pieces; closing the generator early cancels it."""
+    def polls(self, rid: str):
+        """Yields each poll's answer until the request ends (raising if it did not finish);
+        leaving early cancels the request."""
         seen, lp, done = 0, 0, False
         try:
             while not done:
                 out = ray.get(self.service.poll.remote(rid, seen, POLL_S, seen_logprobs=lp))
-                yield from out["pieces"]
                 seen, lp, done = out["seen"], out.get("seen_logprobs", 0), out["state"] in ENDED
-                self.last = out
+                yield out
             _raise_unless_finished(rid, out)
         finally:
             if not done:
                 self.service.cancel.remote(rid)
+
+    def pieces(self, rid: str):
+        """Yields the request's text pieces; closing the generator early cancels it."""
+        with closing(self.polls(rid)) as polls:
+            for out in polls:
+                self.last = out
+                yield from out["pieces"]
 
     async def apolls(self, rid: str):
         """Yields each poll's answer (pieces, state, finish_reason, usage) until the request
@@ -135,17 +142,9 @@ class Client:
         """The assistant's reply as OpenAI's message: {"role", "content", "tool_calls"} (with
         tools=[...]: the calls it made, each {id, type, function: {name, arguments}}, and
         content None; without: its text and no calls)."""
-        rid = self.submit(messages=messages, **params)
-        seen, lp, out, pieces = 0, 0, None, []
-        try:
-            while out is None or out["state"] not in ENDED:
-                out = ray.get(self.service.poll.remote(rid, seen, POLL_S, seen_logprobs=lp))
-                pieces += out["pieces"]
-                seen, lp = out["seen"], out.get("seen_logprobs", 0)
-        finally:
-            if out is None or out["state"] not in ENDED:
-                self.service.cancel.remote(rid)
-        _raise_unless_finished(rid, out)
+        pieces = []
+        for out in self.polls(self.submit(messages=messages, **params)):
+            pieces += out["pieces"]
         text, said = "".join(pieces), out.get("message")
         if said is None:
             return {"role": "assistant", "content": text, "tool_calls": []}
