@@ -24,11 +24,12 @@ CHECK_S = 1.0                 # how often a busy loop looks for dead actors and 
 
 
 class ServingEngine:
-    def __init__(self, config, pool, runner, scheduler, metrics, publish):
+    def __init__(self, config, pool, runner, scheduler, metrics, publish, speculator=None):
         """pool: actors/engine.py's Engine (the pool and its actors); publish(seq): tell seq's
-        client that it changed (called on this thread)."""
+        client that it changed (called on this thread); speculator: policies/drafting.py's
+        (None: no drafts)."""
         self.config, self.pool, self.runner, self.scheduler = config, pool, runner, scheduler
-        self.metrics, self.publish = metrics, publish
+        self.metrics, self.publish, self.speculator = metrics, publish, speculator
         self.table: dict = {}                 # id -> Sequence, ended ones too (KEEP_ENDED)
         self.slots = list(range(config.max_seqs))[::-1]   # free rows of the block tables
         self.cv = threading.Condition()       # guards the table, the scheduler and the slots
@@ -221,7 +222,16 @@ class ServingEngine:
 
     # -- decode and postprocess ----------------------------------------------------------------
     def decode(self, batch: list):
-        rows = [(s.tokens[-1], s.computed, s.slot) for s in batch]
+        """One decode step of every sequence in the batch, with its drafted tokens as more rows
+        (policies/drafting.py: the step verifies them; the rows of rejected ones are written
+        past the sequence's length, and the next step writes over them)."""
+        drafts = self.speculator.drafts(batch, self.pool.context) if self.speculator else [[]] * len(batch)
+        if any(drafts):
+            drafts = self._room(batch, drafts)
+        rows = []
+        for s, d in zip(batch, drafts):
+            rows.append((s.tokens[-1], s.computed, s.slot))
+            rows += [(t, s.computed + 1 + j, s.slot) for j, t in enumerate(d)]
         self.doing = f"decode {len(rows)}"
         t0 = time.perf_counter()
         # the constrained rows' masks are computed on a CPU thread while the step runs
@@ -231,15 +241,45 @@ class ServingEngine:
         if filling is not None:
             filling.result()
         t1 = time.perf_counter()
-        for i, seq in enumerate(batch):
-            seq.computed += 1
-            self._name_blocks(seq)
-            self.accept(seq, self._sample(seq, logits[i]))
+        r = 0
+        for seq, d in zip(batch, drafts):
+            self._verify(seq, d, logits[r: r + 1 + len(d)])
+            r += 1 + len(d)
         t = self.times
         t["decode_steps"] += 1
-        t["decode_rows"] += len(batch)
+        t["decode_rows"] += len(rows)
         t["decode_kernels_s"] += t1 - t0
         t["decode_s"] += time.perf_counter() - t0
+        if self.speculator:
+            self.speculator.costs.observe(len(rows), t1 - t0)
+
+    def _room(self, batch: list, drafts: list) -> list:
+        """Drafts cut to the KV blocks the pool can give their rows now."""
+        kv, out = self.scheduler.kv, []
+        with self.cv:
+            for s, d in zip(batch, drafts):
+                k = len(d)
+                while k and not kv.can_grow(s.blocks, s.computed + 1 + k):
+                    k -= 1
+                if k:
+                    kv.grow(s.blocks, s.computed + 1 + k)
+                out.append(d[:k])
+        return out
+
+    def _verify(self, seq: Sequence, drafted: list, logits):
+        """A sequence's rows of the step: each row's token sampled as plain decoding samples it;
+        the next row counts only while the token sampled equals the one drafted there."""
+        accepted = 0
+        for j in range(len(drafted) + 1):
+            seq.computed += 1
+            self._name_blocks(seq)
+            tok = self._sample(seq, logits[j])
+            self.accept(seq, tok)
+            if seq.ended or j == len(drafted) or tok != drafted[j]:
+                break
+            accepted += 1
+        if self.speculator:
+            self.speculator.verified(seq, len(drafted), accepted)
 
     @staticmethod
     def _sample(seq: Sequence, logits):

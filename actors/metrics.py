@@ -38,6 +38,14 @@ class ServiceMetrics:
         self.kv_cached = Gauge("socllm_kv_blocks_cached", "KV blocks no request holds, kept for "
                                "prefix-cache hits", registry=r)
         self._counted = (0, 0)
+        # speculative decoding (policies/drafting.py): vLLM's spec_decode counters
+        self.spec_drafted = Counter("socllm_spec_decode_draft_tokens", "tokens drafted for "
+                                    "verification", registry=r)
+        self.spec_accepted = Counter("socllm_spec_decode_accepted_tokens", "drafted tokens the "
+                                     "model accepted", registry=r)
+        self.spec_steps = Counter("socllm_spec_decode_verify_steps", "decode steps of a sequence "
+                                  "that verified drafts", registry=r)
+        self._spec = (0, 0, 0)
         self._last: dict = {}             # request id -> time of its last token
 
     def arrived(self, req):
@@ -60,7 +68,7 @@ class ServiceMetrics:
         self.ended_.labels(req.state).inc()
         self._last.pop(req.id, None)
 
-    def text(self, requests, kv) -> str:
+    def text(self, requests, kv, spec=None) -> str:
         reqs = list(requests)
         for s in STATES:
             self.state.labels(s).set(sum(r.state == s for r in reqs))
@@ -71,6 +79,11 @@ class ServiceMetrics:
         self.cache_queries.inc(kv.queries - q)
         self.cache_hits.inc(kv.hits - h)
         self._counted = (kv.queries, kv.hits)
+        if spec is not None:
+            now = (spec.drafted, spec.accepted, spec.steps)
+            for c, a, b in zip((self.spec_drafted, self.spec_accepted, self.spec_steps), now, self._spec):
+                c.inc(a - b)
+            self._spec = now
         return generate_latest(self.registry).decode()
 
 

@@ -26,6 +26,7 @@ from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
 from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
 from socllm.policies.request import QueueFull, Sequence, check_priority  # noqa: F401
+from socllm.policies.drafting import MODES as SPECULATE, Speculator
 from socllm.policies.sampling import BadParam, Sampler, SamplingParams
 
 from socllm.actors.loop import ServingEngine
@@ -139,11 +140,16 @@ class Service:
             self.runner, self.placement = self._start_plan(e)
             self.plan = self.runner.plan
             # the agent policy sizes its mixed batches from this device's step times
-            self.step_profile = self.runner.profile_batches(c.max_seqs) if c.policy == "agent" else {}
+            # (and so does speculation, where on: policies/drafting.py StepCosts)
+            self.step_profile = self.runner.profile_batches(c.max_seqs) \
+                if c.policy == "agent" or c.speculate != "off" and c.warm else {}
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
             self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
-            self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish)
+            spec = None if c.speculate == "off" else \
+                Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile)
+            self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
+                                      spec)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -221,6 +227,8 @@ class Service:
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
                 "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.config.prefill_chunk,
                 "placement": self.placement, "preemption": self._preemption(), "pid": os.getpid(),
+                "speculation": self.core.speculator.describe() if self.core and self.core.speculator
+                else {"mode": "off"},
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
     def _preemption(self) -> dict | None:
@@ -241,7 +249,7 @@ class Service:
                      ignore_eos: bool = False, response_format: dict | None = None,
                      grammar: str | None = None, tools: list | None = None, tool_choice=None,
                      parallel_tool_calls: bool | None = None, queue_bound: bool = True,
-                     **sampling) -> str:
+                     speculate: str | None = None, **sampling) -> str:
         """A new request; bad input raises ValueError here, before it queues, and one too many
         waiting QueueFull. Returns its handle: unguessable (a client reads and cancels only the
         requests it was handed). The prompt is tokenized beside the serving loop, in a thread
@@ -249,6 +257,8 @@ class Service:
         response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema":
         {"schema": ...}}), grammar (Lark or GBNF text) and tools (OpenAI's, with tool_choice and
         parallel_tool_calls; chat only) constrain the reply (policies/grammar.py).
+        speculate (policies/drafting.py MODES): this request's drafting, where the service's
+        --speculate is not off (None: the service's).
         queue_bound False: the 2nd .. nth choice of one request (HTTP's n), past max_waiting."""
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
@@ -256,8 +266,14 @@ class Service:
         for name in set(sampling) - set(SAMPLING_FIELDS):
             raise BadParam(name, f"is not supported by this service (it takes "
                                  f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos, "
-                                 f"response_format, grammar, tools, tool_choice, parallel_tool_calls)")
+                                 f"response_format, grammar, tools, tool_choice, parallel_tool_calls, "
+                                 f"speculate)")
         check_priority(priority)
+        if speculate is not None:
+            if speculate not in SPECULATE:
+                raise BadParam("speculate", f"must be one of {', '.join(SPECULATE)}, got {speculate!r}")
+            if self.config.speculate == "off" and speculate != "off":
+                raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
         asked = {k: v for k, v in sampling.items() if v is not None}
         SamplingParams(**asked)                      # raises for a bad value, before tokenizing
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
@@ -268,7 +284,8 @@ class Service:
         seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop,
                        ignore_eos=bool(ignore_eos), sampler=Sampler(params),
                        decoder=self.engine.tokenizer.stream(), event=asyncio.Event(),
-                       constraint=rule and self._grammars().constraint(rule), tools=tooled)
+                       constraint=rule and self._grammars().constraint(rule), tools=tooled,
+                       speculate=speculate)
         self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
         return seq.id
 
@@ -463,7 +480,7 @@ class Service:
                                              for k, p in self.processes(info).items()}}
 
     def prometheus(self) -> str:
-        return self.metrics.text(self.core.table.values(), self.kv)
+        return self.metrics.text(self.core.table.values(), self.kv, self.core.speculator)
 
     def shutdown(self) -> bool:
         """Stop the loop and tear the engine down (actors killed, pool unlinked)."""

@@ -18,6 +18,8 @@ from typing import ClassVar
 
 from .agent import POLICIES
 from .buckets import MAX_CHUNK
+from .drafting import MAX_DRAFT
+from .drafting import MODES as SPECULATE
 from .sampling import BadParam
 from .threads import machine_budget
 
@@ -171,6 +173,11 @@ class ServeConfig(EngineConfig):
     api_key: str | None = field(default=None, repr=False)
     max_body_mb: float = 4.0          # a larger HTTP body is refused (413) before it is read whole
     max_waiting: int = 256            # requests waiting to start; one more is refused (429)
+    # speculative decoding (policies/drafting.py): auto drafts where the measured step costs and
+    # the acceptance so far say it pays; lookup drafts whenever the lookup finds a continuation;
+    # off never. A request may ask for less (its speculate field), never more.
+    speculate: str = "auto"
+    draft_max: int = 8                # tokens one sequence drafts in a step, at most
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,3 +197,6 @@ class ServeConfig(EngineConfig):
               "api_key", "a non-empty string without spaces at its ends", "<hidden>")
         _need(_number(self.max_body_mb) and self.max_body_mb > 0, "max_body_mb", "> 0", self.max_body_mb)
         _need(_whole(self.max_waiting) and self.max_waiting >= 1, "max_waiting", ">= 1", self.max_waiting)
+        _need(self.speculate in SPECULATE, "speculate", "one of " + ", ".join(SPECULATE), self.speculate)
+        _need(_whole(self.draft_max) and 1 <= self.draft_max <= MAX_DRAFT, "draft_max",
+              f"in [1, {MAX_DRAFT}]", self.draft_max)

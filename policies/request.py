@@ -143,6 +143,8 @@ class Sequence(Request):
     stop_asked: str | None = None         # "cancelled" | "abandoned": ended before the next step
     constraint: object = None             # policies/grammar.Constraint: the allowed next tokens
     tools: bool = False                   # its reply is models/tools.py's JSON (tool calls)
+    speculate: str | None = None          # policies/drafting.py MODES; None: the service's
+    spec: object = None                   # policies/drafting.Speculation, once it drafts
 
     __eq__, __hash__ = object.__eq__, object.__hash__     # one object per request: identity
 
@@ -150,3 +152,9 @@ class Sequence(Request):
         super().__post_init__()
         if self.stops is None:
             self.stops = StopText(self.stop)
+
+    def usage(self) -> dict:
+        out = super().usage()
+        if self.spec is not None:
+            out["completion_tokens_details"] = self.spec.usage()
+        return out

@@ -16,6 +16,7 @@ import sys
 
 from socllm.policies.agent import POLICIES
 from socllm.policies.config import SERVE_PLAN_NAMES, SERVE_PRECISIONS, EngineConfig, ServeConfig
+from socllm.policies.drafting import MODES as SPECULATE
 from socllm.policies.sampling import BadParam
 
 
@@ -47,6 +48,12 @@ def _flag(e: BadParam) -> str:
     return f"{name} {e.message}"
 
 
+SPECULATE_HELP = ("speculative decoding: drafts from n-grams of the prompt and the text so far, "
+                  "verified as extra rows of a decode step (the same tokens as without); auto: "
+                  "where this device's measured step costs and the acceptance so far say it pays; "
+                  "lookup: whenever a draft is found; off")
+
+
 def _parser() -> argparse.ArgumentParser:
     eng, srv = EngineConfig(), ServeConfig()     # every default below is a config field's
     p = _Parser(prog="socllm", description="LLM inference across the CPU, GPU and NPU of this device")
@@ -75,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=None, metavar="TEXT",
                    help="end the text before TEXT (up to 4 times)")
     g.add_argument("--address", default=None, help=ADDRESS_HELP + "; none found: a private engine")
+    g.add_argument("--speculate", choices=SPECULATE, default=None,
+                   help=f"{SPECULATE_HELP} (default: a running service's, else {srv.speculate})")
+    g.add_argument("--draft-max", type=int, default=None,
+                   help=f"a private engine's most drafted tokens a step (default {srv.draft_max})")
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
     s.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")
@@ -102,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=srv.prefix_cache,
                    help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
                         "(a system prompt, a tool list, a chat's history); to compare")
+    s.add_argument("--speculate", choices=SPECULATE, default=srv.speculate,
+                   help=f"{SPECULATE_HELP} (default %(default)s); a request's own speculate field "
+                        "chooses for it unless this is off")
+    s.add_argument("--draft-max", type=int, default=srv.draft_max,
+                   help="tokens one request drafts in a step, at most (default %(default)s)")
     s.add_argument("--abandon-s", type=float, default=srv.abandon_s,
                    help="cancel a running request whose client has not asked for its text this "
                         "long: the client is gone (default %(default)s)")

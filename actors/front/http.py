@@ -11,7 +11,8 @@ tokenizing it, and tokenizes the rest beside its serving loop).
 
 Bodies are checked here: malformed JSON, a field of the wrong type, an invalid value or a prompt
 too long get a 400 with an OpenAI-style error object, never a 500, and nothing else is disturbed.
-Extension fields: `priority` ("reactive" | "proactive"), `seed`, `ignore_eos` (as llama.cpp's). A client that disconnects
+Extension fields: `priority` ("reactive" | "proactive"), `seed`, `ignore_eos` (as llama.cpp's),
+`speculate` ("auto" | "lookup" | "off": this request's speculative decoding). A client that disconnects
 mid-stream cancels its request: a task beside the handler waits for the ASGI disconnect message
 (Serve behind its proxy does not cancel a streaming handler when the client leaves; polling
 `request.is_disconnected()` between pieces missed 5 of 20 disconnects, a receive it cancels can
@@ -125,7 +126,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user",
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-            "top_logprobs", "echo"}
+            "top_logprobs", "echo", "speculate"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",)}
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
@@ -219,6 +220,9 @@ def parse(body, chat: bool) -> dict:
     _typed(body, "stream", bool, None, "a boolean")
     if _typed(body, "ignore_eos", bool, None, "a boolean"):     # llama.cpp's extension
         req["ignore_eos"] = True
+    spec = _typed(body, "speculate", str, None, "a string")    # checked by the service
+    if spec is not None:
+        req["speculate"] = spec
     return req
 
 

@@ -218,10 +218,14 @@ def generate_private(a, kv_mb: float, chunk: int) -> int:
     this process's own Ray session (not detached), for this one request, stopped after it.
     kv_mb: the KV cache, sized for one sequence of the context; chunk: the prompt's rows a step."""
     from socllm.actors.front.llm import LLM
+    from socllm.policies.config import ServeConfig
     c = a.config
     llm = LLM(c.model, context=c.context, threads=c.threads, precision=c.precision,
-              plan=a.plan or "auto", max_seqs=1, kv_mb=kv_mb, policy="fcfs", warm=False,
-              prefill_chunk=chunk,
+              plan=a.plan or "auto", kv_mb=kv_mb, policy="fcfs", warm=False,
+              prefill_chunk=chunk, speculate=a.speculate or "auto",
+              # one request; its drafts are more rows of its decode steps (policies/drafting.py)
+              max_seqs=1 if a.speculate == "off" else 1 + (a.draft_max or ServeConfig.draft_max),
+              **({"draft_max": a.draft_max} if a.draft_max else {}),
               cache_dir=c.cache_dir)
     try:
         return run_generate(llm._service, a, "private")
@@ -237,7 +241,7 @@ def run_generate(svc, a, where: str) -> int:
     from socllm.actors.front.client import Client
     client = Client(svc)
     params = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed,
-                  stop=a.stop, priority=a.priority)
+                  stop=a.stop, priority=a.priority, speculate=a.speculate)
     if a.chat:
         rid = client.submit(messages=[{"role": "user", "content": a.prompt}], **params)
     else:
@@ -261,7 +265,10 @@ def run_generate(svc, a, where: str) -> int:
     elif out.get("timings"):
         t = out["timings"]
         placed = "+".join(f"{k} {v}" for k, v in out["placement"].items())
+        spec = out["usage"].get("completion_tokens_details")
+        drafts = f", drafts accepted {spec['accepted_prediction_tokens']}/" \
+                 f"{spec['accepted_prediction_tokens'] + spec['rejected_prediction_tokens']}" if spec else ""
         print(f"[{where}: {out['plan']} ({placed}), {out['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
-              f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s]",
+              f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s{drafts}]",
               file=sys.stderr)
     return 0

@@ -1,0 +1,238 @@
+"""Speculative decoding's pure decisions (Ghidorah §III-C; DESIGN.md §5): what to draft, how many
+rows to verify, what to accept. No Ray, no kernels.
+
+A step of the one engine verifies drafts as extra rows of a sequence in the decode batch: the row
+of its last token, then one row per drafted token at the next positions (a chain). The step's
+logits at row j are the target's distribution after the drafted tokens 1..j, so the exact rule
+for point-mass drafts holds (Leviathan et al. 2023; HF's and vLLM's "no draft probabilities"
+path): sample the row's token as plain decoding would, with the same sampler in the same order;
+keep going while it equals the next drafted token. Every emitted token is one plain decoding
+would have emitted from the same logits with the same random draws, so greedy output and seeded
+sampled output are those of plain decoding.
+
+- `PromptLookup`: n-gram drafting from the sequence's own ids (prompt and output): the longest
+  suffix of 1..max_n tokens that occurred before, most recent occurrence first, and what followed
+  it (prompt-lookup decoding, vLLM's NgramProposer, llama.cpp's lookup). No training; long
+  accepted runs where the output copies the input (summaries, extraction, rewrites, tool calls).
+- `Acceptance`: a sequence's running acceptance rate of drafted tokens.
+- `choose`: how many tokens each sequence drafts this step (ARCA, §III-C2): the step cost of n
+  rows is measured on this device (runner.profile_batches); expected accepted tokens follow from
+  each sequence's acceptance rate; drafts are added one row at a time, to the sequence whose next
+  row is most likely accepted, while tokens per second grow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("auto", "off", "lookup")     # --speculate / a request's speculate
+MAX_DRAFT = 15                        # drafted tokens one sequence verifies in a step
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"speculate must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+class PromptLookup:
+    """Drafts from n-grams of one sequence's ids, indexed as they grow (O(max_n) a token)."""
+
+    def __init__(self, max_n: int = 3, min_n: int = 1):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes {min_n}..{max_n}")
+        self.max_n, self.min_n = max_n, min_n
+        self.seen: dict = {}          # n-gram (tuple) -> where what followed it starts (latest)
+        self.ids: list = []
+
+    def extend(self, ids: list):
+        """The sequence's ids grew to `ids` (a list that only grows: prompt, then tokens)."""
+        old = len(self.ids)
+        self.ids = ids
+        for t in range(max(old, 1), len(ids)):
+            # the n-grams that end just before t now have a continuation starting at t
+            for n in range(self.min_n, min(self.max_n, t) + 1):
+                self.seen[tuple(ids[t - n:t])] = t
+
+    def propose(self, k: int) -> tuple:
+        """(up to k tokens that followed the latest earlier occurrence of the longest suffix of
+        the ids that occurred before, that suffix's length n; 0: none found)."""
+        ids = self.ids
+        if k <= 0 or not ids:
+            return [], 0
+        for n in range(min(self.max_n, len(ids)), self.min_n - 1, -1):
+            start = self.seen.get(tuple(ids[len(ids) - n:]))
+            if start is not None:
+                return ids[start:start + k], n
+        return [], 0
+
+
+@dataclass
+class Acceptance:
+    """A sequence's drafted and accepted tokens, and its acceptance rate (an average over recent
+    drafts that drifts back to `prior` while nothing is drafted, so a sequence whose drafts were
+    rejected is tried again later)."""
+    prior: float = 0.6
+    rate: float = 0.6
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0                      # verification steps (rows drafted > 0)
+    weight: float = 0.3
+
+    def update(self, drafted: int, accepted: int):
+        if drafted:
+            self.drafted += drafted
+            self.accepted += accepted
+            self.steps += 1
+            # the chance that a drafted token is accepted given the one before was: a run of
+            # `accepted` then a reject (if any) is accepted+1 trials with `accepted` successes
+            trials = accepted + (accepted < drafted)
+            self.rate += self.weight * (accepted / max(trials, 1) - self.rate)
+        else:
+            self.rate += 0.05 * (self.prior - self.rate)
+
+
+def expected(rate: float, k: int) -> float:
+    """Tokens a step emits when a sequence drafts k tokens, each accepted with probability `rate`
+    once the one before was: 1 + rate + ... + rate^k."""
+    return sum(rate ** j for j in range(k + 1))
+
+
+def choose(cost: list, rates: list, limits: list, max_rows: int) -> list:
+    """Drafted tokens per sequence for one step.
+
+    cost[n]: seconds of a step of n rows (n = 1 .. len(cost) - 1; cost[0] unused), this device's
+    profile; rates[i]: sequence i's acceptance rate; limits[i]: the most it may draft (what its
+    drafter found, its room in the context and max_tokens). A step has one row per sequence plus
+    its drafts, at most max_rows (and len(cost) - 1). A row is added where its expected tokens
+    (rate^(k+1)) are highest, as long as tokens per second grow."""
+    ks = [0] * len(rates)
+    rows = len(rates)
+    top = min(max_rows, len(cost) - 1)
+    if rows == 0 or rows > top:
+        return ks
+    tokens = float(rows)
+    best = tokens / cost[rows]
+    while rows < top:
+        gains = [(rates[i] ** (ks[i] + 1), i) for i in range(len(ks)) if ks[i] < limits[i]]
+        if not gains:
+            break
+        gain, i = max(gains)
+        # a row that does not pay now may still pay with more behind it (a flat stretch of the
+        # cost curve): look ahead along this sequence's next rows
+        trial_k, trial_tokens, trial_rows = ks[i], tokens, rows
+        while trial_rows < top and trial_k < limits[i]:
+            trial_k += 1
+            trial_tokens += rates[i] ** trial_k
+            trial_rows += 1
+            if trial_tokens / cost[trial_rows] > best:
+                break
+        else:
+            break
+        if trial_tokens / cost[trial_rows] <= best:
+            break
+        ks[i], tokens, rows = trial_k, trial_tokens, trial_rows
+        best = tokens / cost[rows]
+    return ks
+
+
+class StepCosts:
+    """Seconds of a decode step of n rows (n = 1 .. max_rows) on this device: seeded from the
+    profile measured at start where there is one (runner.profile_batches), then an average of the
+    steps that ran (the cost under today's contention and context lengths, Ghidorah §III-C3). A
+    row count not seen yet costs what the largest count below it costs: optimistic, so that the
+    chooser tries it once and learns."""
+
+    def __init__(self, max_rows: int, profile: dict | None = None, weight: float = 0.2):
+        self.max_rows, self.weight = max_rows, weight
+        self.s = [None] * (max_rows + 1)
+        for n, sec in (profile or {}).items():
+            if 1 <= n <= max_rows:
+                self.s[n] = float(sec)
+
+    def observe(self, n: int, seconds: float):
+        if 1 <= n <= self.max_rows:
+            old = self.s[n]
+            self.s[n] = seconds if old is None else old + self.weight * (seconds - old)
+
+    def table(self) -> list:
+        out, last = [0.0], None
+        for n in range(1, self.max_rows + 1):
+            last = self.s[n] if self.s[n] is not None else last
+            out.append(last if last is not None else 1.0)
+        return out
+
+
+class Speculator:
+    """The drafts of a decode batch's sequences (actors/loop.py asks before each decode step)."""
+
+    def __init__(self, mode: str, max_rows: int, draft_max: int, profile: dict | None = None):
+        self.mode = check_mode(mode)
+        self.max_rows, self.draft_max = max_rows, draft_max
+        self.costs = StepCosts(max_rows, profile)
+        self.drafted = self.accepted = self.steps = 0     # the service's, for status and metrics
+
+    def drafts(self, batch: list, context: int) -> list:
+        """[drafted tokens] per sequence of the batch (Sequence: policies/request.py)."""
+        found, rates = [], []
+        for s in batch:
+            mode = self.mode if s.speculate is None else s.speculate
+            if mode == "off" or s.constraint is not None or self.mode == "off":
+                found.append([])
+                rates.append(0.0)
+                continue
+            if s.spec is None:
+                s.spec = Speculation(mode)
+            sp = s.spec
+            sp.lookup.extend(s.ids)
+            room = min(self.draft_max, context - 1 - s.computed - 1,
+                       s.params.max_tokens - len(s.tokens) - 1)
+            draft, sp.n = sp.lookup.propose(room)
+            found.append(draft)
+            # forced ("lookup"): drafted wherever found, while the step has rows
+            rates.append(1.0 if mode == "lookup" else sp.rate())
+        ks = choose(self.costs.table(), rates, [len(f) for f in found], self.max_rows)
+        return [f[:k] for f, k in zip(found, ks)]
+
+    def verified(self, seq, drafted: int, accepted: int):
+        if seq.spec is not None:
+            seq.spec.update(drafted, accepted)
+        if drafted:
+            self.drafted += drafted
+            self.accepted += accepted
+            self.steps += 1
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "draft_max": self.draft_max, "drafted": self.drafted,
+                "accepted": self.accepted, "verify_steps": self.steps,
+                "step_ms": [round(1e3 * c, 2) for c in self.costs.table()[1:]]}
+
+
+@dataclass
+class Speculation:
+    """One sequence's drafting state (actors/loop.py keeps it on the Sequence)."""
+    mode: str
+    lookup: PromptLookup = field(default_factory=PromptLookup)
+    # acceptance by the length of the n-gram that found the draft (a longer match predicts more)
+    by_n: dict = field(default_factory=dict)
+    n: int = 0                                    # this step's
+    drafted: int = 0
+    accepted: int = 0
+
+    def rate(self) -> float:
+        a = self.by_n.get(self.n)
+        return a.rate if a is not None else Acceptance.prior
+
+    def update(self, drafted: int, accepted: int):
+        self.drafted += drafted
+        self.accepted += accepted
+        for n, a in self.by_n.items():
+            if n != self.n or not drafted:
+                a.update(0, 0)              # unused: drifts back to the prior
+        if drafted:
+            self.by_n.setdefault(self.n, Acceptance()).update(drafted, accepted)
+
+    def usage(self) -> dict:
+        """OpenAI's names (its Predicted Outputs): drafted tokens the model accepted, and those
+        it did not."""
+        return {"accepted_prediction_tokens": self.accepted,
+                "rejected_prediction_tokens": self.drafted - self.accepted}

@@ -1,0 +1,128 @@
+"""Speculative decoding's pure decisions (policies/drafting.py): the n-gram drafter, the width
+chooser against brute force on synthetic step-cost profiles, acceptance bookkeeping."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from socllm.policies.drafting import (Acceptance, PromptLookup, Speculation, StepCosts, check_mode,
+                                      choose, expected)
+
+
+def _naive(ids: list, k: int, max_n: int = 3) -> tuple:
+    """The spec of PromptLookup.propose, by scanning: the longest suffix (<= max_n) that occurred
+    earlier, its latest occurrence, what followed it."""
+    for n in range(min(max_n, len(ids)), 0, -1):
+        suffix = ids[len(ids) - n:]
+        for start in range(len(ids) - 1, n - 1, -1):      # continuation starts here
+            if start < len(ids) and ids[start - n:start] == suffix:
+                return ids[start:start + k], n
+    return [], 0
+
+
+def test_lookup_drafts_what_followed_the_latest_longest_match():
+    p = PromptLookup()
+    ids = [5, 6, 7, 8, 9, 5, 6, 7]
+    p.extend(ids)
+    assert p.propose(3) == ([8, 9, 5], 3)
+    ids = ids + [1]                                 # no earlier "6 7 1", "7 1" or "1"
+    p.extend(ids)
+    assert p.propose(3) == ([], 0)
+    ids = ids + [5, 6]                              # "1 5 6" no; "5 6": latest at 5 -> 7, 1, 5
+    p.extend(ids)
+    assert p.propose(3) == ([7, 1, 5], 2)
+    assert p.propose(0) == ([], 0)
+
+
+def test_lookup_equals_a_scan_on_random_sequences():
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        ids = [int(t) for t in rng.integers(0, 6, int(rng.integers(1, 60)))]
+        p = PromptLookup()
+        grown = []
+        for t in ids:                              # grown a token at a time, as decoding does
+            grown = grown + [t]
+            p.extend(grown)
+            assert p.propose(4) == _naive(grown, 4), (trial, grown)
+
+
+def _brute(cost, rates, limits, max_rows):
+    """The best drafts per sequence by trying them all: tokens a second, ties to fewer rows."""
+    best, pick = -1.0, None
+    for ks in itertools.product(*[range(min(lim, max_rows) + 1) for lim in limits]):
+        rows = len(rates) + sum(ks)
+        if rows > min(max_rows, len(cost) - 1):
+            continue
+        v = sum(expected(r, k) for r, k in zip(rates, ks)) / cost[rows]
+        if v > best + 1e-12:
+            best, pick = v, list(ks)
+    return best, pick
+
+
+@pytest.mark.parametrize("shape", ["flat then steep", "linear", "steps", "gpu-like"])
+def test_the_chooser_finds_the_best_width_of_one_sequence(shape):
+    n = np.arange(17, dtype=float)
+    cost = {"flat then steep": np.where(n <= 8, 1.0 + 0.02 * n, 1.0 + 0.5 * (n - 8)),
+            "linear": 1.0 + 0.35 * n,
+            "steps": 1.0 + 0.6 * np.ceil(n / 4),              # wave quantization: flat in 4s
+            "gpu-like": 1.0 + 0.02 * n}[shape]
+    cost[0] = 0
+    for rate in (0.1, 0.4, 0.7, 0.9, 0.98):
+        best, _ = _brute(list(cost), [rate], [15], 16)
+        ks = choose(list(cost), [rate], [15], 16)
+        got = expected(rate, ks[0]) / cost[1 + ks[0]]
+        assert got == pytest.approx(best, rel=1e-9), (shape, rate, ks)
+
+
+def test_the_chooser_shares_rows_between_sequences_and_respects_limits():
+    cost = [0] + [1.0 + 0.05 * k for k in range(1, 9)]
+    rates, limits = [0.9, 0.2, 0.6], [4, 4, 1]
+    ks = choose(cost, rates, limits, 8)
+    assert all(k <= lim for k, lim in zip(ks, limits)) and 3 + sum(ks) <= 8
+    best, _ = _brute(cost, rates, limits, 8)
+    got = sum(expected(r, k) for r, k in zip(rates, ks)) / cost[3 + sum(ks)]
+    assert got >= 0.98 * best
+    assert ks[0] >= ks[1]                          # the likelier drafts get the rows
+    # a step that is already full drafts nothing; costs that double per row draft nothing
+    assert choose(cost, [0.9] * 8, [4] * 8, 8) == [0] * 8
+    assert choose([0, 1, 2, 4, 8], [0.9], [3], 8) == [0]
+
+
+def test_acceptance_rate_follows_runs_and_drifts_back_when_unused():
+    a = Acceptance()
+    for _ in range(20):
+        a.update(4, 4)                             # every draft accepted
+    assert a.rate > 0.95 and (a.drafted, a.accepted, a.steps) == (80, 80, 20)
+    for _ in range(20):
+        a.update(4, 0)                             # every first draft rejected
+    assert a.rate < 0.05
+    for _ in range(200):
+        a.update(0, 0)
+    assert abs(a.rate - a.prior) < 0.01
+
+
+def test_a_sequence_keeps_acceptance_by_match_length_and_reports_openai_usage():
+    s = Speculation("auto")
+    s.n = 3
+    s.update(4, 4)
+    s.n = 1
+    s.update(4, 0)
+    assert s.by_n[3].rate > s.by_n[1].rate
+    assert s.usage() == {"accepted_prediction_tokens": 4, "rejected_prediction_tokens": 4}
+
+
+def test_step_costs_start_from_the_profile_and_learn():
+    c = StepCosts(4, {1: 0.010, 2: 0.012})
+    assert c.table() == [0.0, 0.010, 0.012, 0.012, 0.012]     # unseen: as the largest below
+    for _ in range(50):
+        c.observe(3, 0.030)
+    assert c.table()[3] == pytest.approx(0.030, rel=1e-3) and c.table()[4] == c.table()[3]
+    assert StepCosts(2).table() == [0.0, 1.0, 1.0]
+
+
+def test_modes_are_checked():
+    assert check_mode("lookup") == "lookup"
+    with pytest.raises(ValueError, match="speculate"):
+        check_mode("heads")

@@ -1,0 +1,94 @@
+"""Speculative decoding in the one engine (policies/drafting.py, actors/loop.py): drafts verified
+as more rows of a decode step give exactly the tokens plain decoding gives (greedy at f32, and
+seeded sampling), with several sequences drafting in one step, and the oracle's greedy tokens."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testlib import PROMPTS
+
+PASSAGE = (Path(__file__).parents[1] / "scripts" / "data" / "pride_and_prejudice_ch1-2.txt").read_text()[:900]
+# text that the model copies (the passage again), and prompts that it does not
+COPY = PASSAGE + "\n\n" + PASSAGE[:PASSAGE.index(" that a single")]
+LIST = "Fruits: apple, banana, cherry, apple, banana, cherry, apple, banana,"
+
+
+@pytest.fixture(scope="module")
+def llm(ray_session):
+    import socllm
+    # lookup: drafts wherever the lookup finds some (auto may decide they do not pay here)
+    with socllm.LLM(precision="f32", context=512, max_seqs=8, kv_mb=24, plan="gpu", policy="fcfs",
+                    speculate="lookup", draft_max=6) as llm:
+        yield llm
+
+
+def _spec(out) -> dict:
+    return out.usage.get("completion_tokens_details") or {"accepted_prediction_tokens": 0,
+                                                          "rejected_prediction_tokens": 0}
+
+
+def test_greedy_tokens_equal_plain_decoding_with_several_sequences_drafting(llm):
+    prompts = [COPY, LIST, *PROMPTS]
+    plain = llm.generate(prompts, max_tokens=40, speculate="off")
+    drafted = llm.generate(prompts, max_tokens=40)                 # together: one step, many drafts
+    alone = [llm.generate(p, max_tokens=40)[0] for p in prompts[:2]]
+    assert [o.text for o in drafted] == [o.text for o in plain]
+    assert [o.text for o in alone] == [o.text for o in plain[:2]]
+    assert len({o.text for o in plain}) == len(prompts)             # references that vary
+    assert all(_spec(o) == {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+               for o in plain)
+    # the copying prompt's drafts were accepted (so the verified rows did decide its tokens)
+    assert _spec(alone[0])["accepted_prediction_tokens"] >= 20
+    assert _spec(drafted[1])["accepted_prediction_tokens"] >= 5
+    assert sum(_spec(o)["rejected_prediction_tokens"] for o in drafted) > 0
+    assert all(o.usage["completion_tokens"] == p.usage["completion_tokens"] for o, p in zip(drafted, plain))
+
+
+def test_verified_rows_give_the_oracles_greedy_tokens(llm, oracle, tokenizer):
+    ids = tokenizer.encode(COPY)
+    want = oracle.greedy(ids, 24)
+    [out] = llm.generate(COPY, max_tokens=24)
+    assert _spec(out)["accepted_prediction_tokens"] >= 10
+    assert out.text == tokenizer.decode(want)
+
+
+def test_seeded_sampling_is_the_same_with_drafts(llm):
+    """The verification samples each row with the request's own sampler, in order: the same
+    draws, the same tokens (penalties too: they see the tokens accepted so far)."""
+    for params in (dict(temperature=0.7, seed=11), dict(temperature=0.9, top_p=0.9, seed=3,
+                                                        frequency_penalty=0.3)):
+        plain = llm.generate([COPY, LIST], max_tokens=32, speculate="off", **params)
+        drafted = llm.generate([COPY, LIST], max_tokens=32, **params)
+        assert [o.text for o in drafted] == [o.text for o in plain], params
+        assert sum(_spec(o)["accepted_prediction_tokens"] for o in drafted) > 0
+
+
+def test_max_tokens_and_stop_text_hold_within_a_verified_run(llm):
+    [full] = llm.generate(COPY, max_tokens=30, speculate="off")
+    for n in (1, 2, 7):
+        [out] = llm.generate(COPY, max_tokens=n)
+        assert out.usage["completion_tokens"] == n and out.finish_reason == "length"
+    word = full.text.split()[5]
+    [cut] = llm.generate(COPY, max_tokens=30, stop=[word])
+    assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.index(word)]
+
+
+def test_status_shows_drafting_and_bad_values_are_refused(llm):
+    s = llm.status()["speculation"]
+    assert s["mode"] == "lookup" and s["drafted"] > s["accepted"] > 0
+    assert len(s["step_ms"]) == 8 and all(t > 0 for t in s["step_ms"])
+    with pytest.raises(ValueError, match="speculate"):
+        llm.generate(PROMPTS[0], max_tokens=2, speculate="heads")
+
+
+def test_a_service_with_speculation_off_refuses_a_request_that_asks_for_it(ray_session):
+    import socllm
+    with socllm.LLM(precision="f32", context=128, max_seqs=2, kv_mb=4, plan="gpu", policy="fcfs",
+                    speculate="off", warm=False) as llm:
+        assert llm.status()["speculation"] == {"mode": "off"}
+        with pytest.raises(ValueError, match="speculate"):
+            llm.generate(PROMPTS[0], max_tokens=2, speculate="lookup")
+        [out] = llm.generate(PROMPTS[0], max_tokens=2, speculate="off")
+        assert "completion_tokens_details" not in out.usage
