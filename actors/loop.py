@@ -228,6 +228,10 @@ class ServingEngine:
         drafts = self.speculator.drafts(batch, self.pool.context) if self.speculator else [[]] * len(batch)
         if any(drafts):
             drafts = self._room(batch, drafts)
+            # a constrained row's drafts end where its grammar would refuse one; its masks for
+            # the rows after each drafted token are filled with the step's (policies/grammar.py)
+            drafts = [s.constraint.set_draft(d) if s.constraint is not None else d
+                      for s, d in zip(batch, drafts)]
         rows = []
         for s, d in zip(batch, drafts):
             rows.append((s.tokens[-1], s.computed, s.slot))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 MODES = ("auto", "off", "lookup")     # --speculate / a request's speculate
 MAX_DRAFT = 15                        # drafted tokens one sequence verifies in a step
+FORCED = -1                           # a draft's "n-gram length" when a grammar forced it
 
 
 def check_mode(mode) -> str:
@@ -176,20 +177,24 @@ class Speculator:
         found, rates = [], []
         for s in batch:
             mode = self.mode if s.speculate is None else s.speculate
-            if mode == "off" or s.constraint is not None or self.mode == "off":
+            if mode == "off" or self.mode == "off":
                 found.append([])
                 rates.append(0.0)
                 continue
             if s.spec is None:
                 s.spec = Speculation(mode)
             sp = s.spec
-            sp.lookup.extend(s.ids)
             room = min(self.draft_max, context - 1 - s.computed - 1,
                        s.params.max_tokens - len(s.tokens) - 1)
-            draft, sp.n = sp.lookup.propose(room)
+            # what a grammar forces next (a schema's keys, a tool call's punctuation) is accepted
+            # whatever the model says; else the lookup (the loop cuts it where the grammar would
+            # refuse a token)
+            forced = s.constraint.forced()[:max(room, 0)] if s.constraint is not None else []
+            sp.lookup.extend(s.ids)
+            draft, sp.n = (forced, FORCED) if forced else sp.lookup.propose(room)
             found.append(draft)
-            # forced ("lookup"): drafted wherever found, while the step has rows
-            rates.append(1.0 if mode == "lookup" else sp.rate())
+            # lookup: drafted wherever found, while the step has rows
+            rates.append(1.0 if mode == "lookup" or forced else sp.rate())
         ks = choose(self.costs.table(), rates, [len(f) for f in found], self.max_rows)
         return [f[:k] for f, k in zip(found, ks)]
 

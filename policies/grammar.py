@@ -18,6 +18,7 @@ import llguidance
 import llguidance.numpy as llnp
 import numpy as np
 
+from .drafting import MAX_DRAFT
 from .sampling import BadParam
 
 
@@ -57,28 +58,58 @@ class Constraint:
 
     def __init__(self, grammars: Grammars, grammar: str):
         self.matcher = llguidance.LLMatcher(grammars.tok, grammar, log_level=0)
-        self.mask = llnp.allocate_token_bitmask(1, grammars.vocab)      # [1, ceil(V/32)]
-        self.ready = False           # the mask is the next token's
+        # [1 + MAX_DRAFT, ceil(V/32)]: row j, the mask after the step's first j drafted tokens
+        self.masks = llnp.allocate_token_bitmask(1 + MAX_DRAFT, grammars.vocab)
+        self.draft: list = []        # this step's drafted tokens (policies/drafting.py)
+        self.ready = False           # the masks are this step's
+
+    def forced(self) -> list:
+        """The tokens the grammar forces next (a schema's keys and punctuation): drafts that
+        cost a verified row and nothing else."""
+        if self.matcher.is_stopped():
+            return []
+        return list(self.matcher.compute_ff_tokens())[:MAX_DRAFT]
+
+    def set_draft(self, draft: list) -> list:
+        """This step's drafted tokens, cut where the grammar would refuse one."""
+        n = 0 if self.matcher.is_stopped() or not draft else self.matcher.validate_tokens(draft)
+        self.draft, self.ready = list(draft[:n]), False
+        return self.draft
 
     def fill(self):
-        """Compute the next token's mask (the loop's mask thread, while a step runs)."""
-        if not self.ready:
-            llnp.fill_next_token_bitmask(self.matcher, self.mask)
-            self.ready = True
+        """Compute this step's masks (the loop's mask thread, while a step runs): the next
+        token's, and after each drafted token the one after it (consumed, then rolled back)."""
+        if self.ready:
+            return
+        m = self.matcher
+        llnp.fill_next_token_bitmask(m, self.masks, 0)
+        for j, tok in enumerate(self.draft, 1):
+            if not m.consume_token(tok):
+                raise RuntimeError(f"the grammar refused drafted token {tok}: {m.get_error()}")
+            llnp.fill_next_token_bitmask(m, self.masks, j)
+        if self.draft:
+            m.rollback(len(self.draft))
+        self.ready = True
 
-    def apply(self, logits: np.ndarray) -> np.ndarray:
-        """logits [V] (a view of the pool: not written) -> a copy with every token the grammar
-        does not allow next at -inf."""
+    def apply(self, logits: np.ndarray, row: int = 0) -> np.ndarray:
+        """logits [V] of the step's `row` (0, or after `row` drafted tokens were accepted; a view
+        of the pool: not written) -> a copy with every token the grammar does not allow there at
+        -inf."""
         self.fill()
-        allowed = np.unpackbits(self.mask.view(np.uint8), bitorder="little")[:logits.shape[0]]
+        allowed = np.unpackbits(self.masks[row].view(np.uint8), bitorder="little")[:logits.shape[0]]
         return np.where(allowed.astype(bool), logits, np.float32(-np.inf))
 
     def take(self, token: int):
-        """The token sampled under the mask (an end token once the text is complete)."""
+        """The token sampled under the mask (an end token once the text is complete). The rows
+        after it keep their masks while it is the drafted token there (verification)."""
         if not self.matcher.is_stopped():
             if not self.matcher.consume_token(token):
                 raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
-        self.ready = False
+        if self.draft and token == self.draft[0]:
+            self.draft = self.draft[1:]
+            self.masks[:-1] = self.masks[1:].copy()
+        else:
+            self.draft, self.ready = [], False
 
     @property
     def complete(self) -> bool:

@@ -92,3 +92,19 @@ def test_a_service_with_speculation_off_refuses_a_request_that_asks_for_it(ray_s
             llm.generate(PROMPTS[0], max_tokens=2, speculate="lookup")
         [out] = llm.generate(PROMPTS[0], max_tokens=2, speculate="off")
         assert "completion_tokens_details" not in out.usage
+
+
+def test_constrained_replies_draft_what_the_grammar_forces_and_match_plain_decoding(llm):
+    """A schema's keys are forced tokens: drafted, verified under each row's own mask (the
+    grammar's state after the drafted tokens before it), and the reply is plain decoding's."""
+    import json
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "city": {"type": "string"}},
+              "required": ["name", "age", "city"], "additionalProperties": False}
+    msgs = [{"role": "user", "content": "Invent a person. Reply in JSON with name, age and city."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    [plain] = llm.chat(msgs, max_tokens=60, response_format=fmt, speculate="off")
+    [drafted] = llm.chat(msgs, max_tokens=60, response_format=fmt)
+    assert drafted.text == plain.text
+    assert set(json.loads(drafted.text)) == {"name", "age", "city"}
+    assert _spec(drafted)["accepted_prediction_tokens"] >= 2        # {" name, at least
