@@ -76,6 +76,23 @@ def test_models_by_id_and_openai_error_codes(door):
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
 
 
+def test_speculation_over_http_usage_metrics_and_a_bad_value(door):
+    """A request's speculate field; the drafts it verified in OpenAI's usage (Predicted
+    Outputs' names) and in /metrics."""
+    import requests
+    url, auth = door[1], {"Authorization": f"Bearer {KEY}"}
+    body = {"prompt": COUNT + " 9, 10, 11, 12, 13, 14, 15, 16, 1, 2, 3, 4,", "max_tokens": 24}
+    plain = _post(url, {**body, "speculate": "off"}).json()
+    drafted = _post(url, {**body, "speculate": "lookup"}).json()
+    assert drafted["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert "completion_tokens_details" not in plain["usage"]
+    assert drafted["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    text = requests.get(url + "/metrics", headers=auth, timeout=30).text
+    assert "socllm_spec_decode_accepted_tokens_total" in text
+    r = _post(url, {**body, "speculate": "heads"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculate", r.text
+
+
 def test_a_body_over_the_limit_is_413_and_a_text_far_over_the_context_is_refused_untokenized(door):
     import socllm
     r = _post(door[1], {"prompt": "x" * 100_000, "max_tokens": 2})

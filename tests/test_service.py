@@ -116,6 +116,9 @@ def test_status_reports_model_requests_kv_processors_memory(served):
         "the gpu), decode on the gpu" in r.stdout
     assert "preemption proactive chunks stop between gpu spans of ~20 ms (bound 50 ms: the npu " \
         "runs reactive chunks only); reactive ones run whole" in r.stdout
+    # speculation is on by default, its step costs measured at start (policies/drafting.py)
+    assert st["speculation"]["mode"] == "auto" and len(st["speculation"]["step_ms"]) == st["max_seqs"]
+    assert "speculate  auto (at most 8 drafted a step): " in r.stdout and "step ms by rows 1:" in r.stdout
 
 
 def test_status_counts_the_loops_steps(client):

@@ -168,6 +168,15 @@ def status(a) -> int:
               f"{kv['evicted_blocks']} evicted")
     else:
         print("prefix     cache off (--no-prefix-cache)")
+    sp = st.get("speculation") or {"mode": "off"}
+    if sp["mode"] == "off":
+        print("speculate  off (--speculate off)")
+    else:
+        rate = f"{sp['accepted']} of {sp['drafted']} drafted tokens accepted" + \
+            (f", {1 + sp['accepted'] / sp['verify_steps']:.2f} tokens a verifying step" if sp["verify_steps"] else "")
+        cost = " ".join(f"{n}:{ms:.1f}" for n, ms in enumerate(sp["step_ms"], 1))
+        print(f"speculate  {sp['mode']} (at most {sp['draft_max']} drafted a step): {rate}; "
+              f"step ms by rows {cost}")
     print(f"tokens/s   {st['tokens_per_s_1min']:.1f} (last minute)")
     lp = st["loop"]
     if lp["decode_steps"]:
