@@ -430,6 +430,10 @@ class Service:
         ttft = (req.first_token or req.arrival) - req.arrival
         n_dec = max(0, len(req.tokens) - 1)
         dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)
+        if req.spec is not None:      # speculative decoding: this request's drafts
+            out["speculation"] = {"drafted": req.spec.drafted, "accepted": req.spec.accepted,
+                                  "verify_steps": sum(a.steps for a in req.spec.by_n.values())}
+        out["finish"] = req.finish
         return out | {"usage": req.usage(), "plan": self.plan, "precision": self.precision,
                       "placement": {"prefill": self.runner.chunk_on, "decode": self.runner.decode_on},
                       "timings": {"ttft_s": ttft, "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,

@@ -10,7 +10,8 @@ import os
 def add_parser(sub):
     from socllm.policies.sim.soc import soc_names
     p = sub.add_parser("plan", help="the solver's choice for a step, op by op, with predicted times")
-    p.add_argument("--prompt-len", type=int, required=True)
+    p.add_argument("--prompt-len", type=int, default=None, help="the step's tokens (required "
+                   "but with --spec)")
     p.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
     p.add_argument("--soc", choices=soc_names(), default=None,
                    help="a simulated SoC instead of this machine (its profile from the papers)")
@@ -20,6 +21,12 @@ def add_parser(sub):
     p.add_argument("--profile", default=None, help="this machine's op profile (default: "
                    "~/.cache/socllm/op-profile.json, from python -m socllm.scripts.profile_ops; "
                    "measured there first, ~10 s, when it is absent)")
+    p.add_argument("--spec", action="store_true",
+                   help="speculative decoding's width instead (Ghidorah's ARCA): this machine's "
+                        "decode step time by rows, measured now, and the drafts per step that "
+                        "maximise tokens/s at a few acceptance rates")
+    p.add_argument("--precision", default=None, help="with --spec: the decode steps' (default: "
+                   "the service's default)")
     p.add_argument("--json", action="store_true")
 
 
@@ -41,7 +48,50 @@ def _profile_now(path: str) -> float:
     return took
 
 
+def spec(a) -> int:
+    """`socllm plan --spec`: the step cost of 1 .. 16 rows of one sequence on this machine's
+    serving plan (the GPU's kernels), and what policies/drafting.choose makes of it."""
+    import sys
+
+    from socllm.policies.config import DEFAULT_PRECISION
+    from socllm.policies.drafting import MAX_DRAFT, choose, expected
+    from socllm.actors.engine import Engine
+    precision = a.precision or DEFAULT_PRECISION
+    rows = MAX_DRAFT + 1
+    print(f"socllm: timing decode steps of 1 .. {rows} rows ({precision}), ~20 s", file=sys.stderr,
+          flush=True)
+    with Engine(processors_=("gpu",), model=a.plan_model, max_seqs=rows, context=256) as eng:
+        run = eng.runner("gpu", precision)
+        run.warm(rows, chunks=())
+        prof = run.profile_batches(rows, reps=5)
+        device = next((d.get("device") for d in eng.info() if d["processor"] == "gpu"), "gpu")
+    cost = [0.0] + [prof[n] for n in range(1, rows + 1)]
+    rates = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
+    best = {}
+    for r in rates:
+        k = choose(cost, [r], [MAX_DRAFT], rows)[0]
+        best[r] = {"drafts": k, "tokens_per_step": round(expected(r, k), 3),
+                   "speedup": round(expected(r, k) / cost[1 + k] * cost[1], 3)}
+    out = {"device": device, "precision": precision, "step_ms": {n: round(1e3 * cost[n], 3) for n in range(1, rows + 1)},
+           "best_by_acceptance": best}
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"decode step of one sequence by rows (last token + drafts), {device}, {precision}:")
+    print("rows " + " ".join(f"{n:6d}" for n in range(1, rows + 1)))
+    print("ms   " + " ".join(f"{1e3 * cost[n]:6.2f}" for n in range(1, rows + 1)))
+    print("x1   " + " ".join(f"{cost[n] / cost[1]:6.2f}" for n in range(1, rows + 1)))
+    print("acceptance rate -> drafts a step, expected tokens a step, speed-up over plain decoding:")
+    for r, b in best.items():
+        print(f"  {r:.2f} -> {b['drafts']:2d} drafts, {b['tokens_per_step']:.2f} tokens, {b['speedup']:.2f}x")
+    return 0
+
+
 def run(a) -> int:
+    if a.spec:
+        return spec(a)
+    if a.prompt_len is None:
+        raise ValueError("--prompt-len is required (but with --spec)")
     from socllm.graph.program import StepProgram
     from socllm.policies.buckets import MAX_CHUNK
     from socllm.policies.sim.plan_report import plan_step
