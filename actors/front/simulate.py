@@ -10,7 +10,8 @@ def add_parser(sub):
     from socllm.models.published import PUBLISHED
     from socllm.policies.sim.soc import WEIGHTS, soc_names
     s = sub.add_parser("simulate", help="socllm's plans on a simulated phone SoC (HeteroLLM's strategies)")
-    s.add_argument("--soc", choices=soc_names(), default="snapdragon-8gen3")
+    s.add_argument("--soc", choices=soc_names(()), default=None,
+                   help="default: snapdragon-8gen3 (HeteroLLM's phone); jetson-xavier-nx with --spec")
     s.add_argument("--model", dest="sim_model", choices=sorted(PUBLISHED), default="llama-8b",
                    help="a model by its published configuration (no weights needed)")
     s.add_argument("--prompt-len", type=int, default=256)
@@ -29,6 +30,21 @@ def add_parser(sub):
     s.add_argument("--proactive-words", type=int, default=None,
                    help="median words of a proactive prompt (--workload; default: "
                         "policies/workload.LENGTHS, as scripts/agents.py replays)")
+    s.add_argument("--spec", action="store_true",
+                   help="speculative decoding (Ghidorah, arXiv 2505.23219): Vicuna-7B's decoding "
+                        "speed against the verification width, normalized to sequential decoding, "
+                        "for sequential, Medusa (GPU), Medusa+EM (Megatron split) and Ghidorah "
+                        "(HCMP + ARCA), on a simulated CPU+GPU SoC")
+    s.add_argument("--dataset", default="mt-bench",
+                   choices=("mt-bench", "gsm8k", "mbpp", "human-eval", "all"),
+                   help="--spec: whose acceptance lengths (Ghidorah Table I); all: one table each")
+    s.add_argument("--widths", default="1,2,4,8,16,32,64",
+                   help="--spec: verification widths, comma-separated (Table I's powers of two)")
+    s.add_argument("--context", type=int, default=256,
+                   help="--spec: the KV cache's length (Ghidorah §IV-C: about 256)")
+    s.add_argument("--draft-heads", type=int, default=0,
+                   help="--spec: Medusa heads whose weights a step also reads (0: the backbone "
+                        "only, as Figure 9's Medusa ~ its acceptance length implies)")
     s.add_argument("--json", action="store_true")
     s.add_argument("--plot", default=None, metavar="F.png", help="prefill time of each strategy")
 
@@ -39,9 +55,13 @@ def run(a) -> int:
     from socllm.policies.sim.soc import load_soc
     from socllm.policies.sim.soc_plans import (DECODE, PREFILL, against_published, cut_rows, decode,
                                            planner_for, prefill)
+    if a.spec:
+        return _spec(a)
     if not 0 < a.prompt_len < 4096:
         raise ValueError(f"--prompt-len must be in [1, 4095], got {a.prompt_len}")
-    soc = load_soc(a.soc)
+    soc = load_soc(a.soc or "snapdragon-8gen3")
+    if not {"gpu", "npu"} <= set(soc.processors):
+        raise ValueError(f"{soc.name} has no NPU for HeteroLLM's strategies: simulate it with --spec")
     a.weights = a.weights or soc.weights
     if a.workload:
         return _workload(a, soc)
@@ -161,3 +181,91 @@ def _workload(a, soc) -> int:
               (f"; Agent.xpu §6.2 published -{100 * pub:.1f} % (mean, against OpenVINO's iGPU, "
                f"on this SoC)" if pub else ""))
     return 0
+
+
+def _spec(a) -> int:
+    """`socllm simulate --spec`: Ghidorah's Figure 9 on a simulated CPU+GPU SoC."""
+    from socllm.policies.sim.soc import WEIGHTS, load_soc
+    from socllm.policies.sim.speculative import (ACCEPTANCE, VICUNA_7B, against_text,
+                                                 published_figure, speculative_curve)
+    try:
+        widths = [int(w) for w in a.widths.split(",")]
+    except ValueError:
+        raise ValueError(f"--widths takes comma-separated integers, got {a.widths!r}") from None
+    if not widths or any(w not in ACCEPTANCE["mt-bench"] for w in widths):
+        raise ValueError(f"--widths are among Table I's {', '.join(map(str, ACCEPTANCE['mt-bench']))}")
+    if not 0 <= a.context < 4096:
+        raise ValueError(f"--context must be in [0, 4095], got {a.context}")
+    if not 0 <= a.draft_heads <= 5:
+        raise ValueError(f"--draft-heads must be in [0, 5] (Medusa's Vicuna-7B has 5), got {a.draft_heads}")
+    soc = load_soc(a.soc or "jetson-xavier-nx")
+    a.weights = a.weights or soc.weights
+    wb = WEIGHTS[a.weights]["w4"]
+    datasets = list(ACCEPTANCE) if a.dataset == "all" else [a.dataset]
+    out = {"soc": soc.name, "title": soc.title, "simulated": True, "source": soc.source,
+           "model": VICUNA_7B.name, "model_source": VICUNA_7B.source, "weights": a.weights,
+           "weight_bytes": wb, "context": a.context, "draft_heads": a.draft_heads, "datasets": {}}
+    for ds in datasets:
+        curve = speculative_curve(soc, VICUNA_7B, widths, ACCEPTANCE[ds], a.context, wb, a.draft_heads)
+        fig = published_figure(soc, ds)
+        for r in curve["rows"]:
+            r["paper_figure"] = {m: fig[(m, r["width"])] for m in ("medusa", "medusa+em", "ghidorah")
+                                 if (m, r["width"]) in fig}
+        curve["paper_text"] = against_text(soc, curve, ds)
+        out["datasets"][ds] = curve
+    if a.plot:
+        _plot_spec(out, a.plot)
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"SIMULATED: {out['title']} ({out['source']})")
+    print(f"Vicuna-7B (published shape: {VICUNA_7B.source}), {a.weights} weights "
+          f"({wb:g} B a weight), KV cache {a.context} tokens, "
+          f"{a.draft_heads or 'no'} Medusa head weights read a step")
+    for ds, c in out["datasets"].items():
+        seq = c["sequential_s"]
+        print(f"\n{ds} (acceptance: Ghidorah Table I): decoding speed normalized to sequential "
+              f"(W=1 on the GPU alone: {seq * 1e3:.0f} ms a step, {1 / seq:.2f} tok/s)")
+        print(f"  {'W':>3s} {'accept':>6s} | {'step ms: gpu':>12s} {'cpu':>6s} {'em':>6s} {'hcmp':>6s} | "
+              f"{'cpu share: em':>13s} {'hcmp':>5s} | {'seq':>4s} {'medusa':>6s} {'+em':>5s} {'ghidorah':>8s} "
+              f"{'cpu*':>5s} | paper Fig. 9 (~): medusa +em ghidorah")
+        for r in c["rows"]:
+            st, sh, n, p = r["step_s"], r["cpu_share"], r["normalized"], r["paper_figure"]
+            paper = " ".join(f"{p[m]:.1f}" if m in p else "-" for m in ("medusa", "medusa+em", "ghidorah"))
+            print(f"  {r['width']:3d} {r['acceptance']:6.2f} | {st['gpu'] * 1e3:12.0f} {st['cpu'] * 1e3:6.0f} "
+                  f"{st['medusa+em'] * 1e3:6.0f} {st['ghidorah'] * 1e3:6.0f} | {sh['medusa+em']:13.2f} "
+                  f"{sh['ghidorah']:5.2f} | {n['sequential']:4.2f} {n['medusa']:6.2f} {n['medusa+em']:5.2f} "
+                  f"{n['ghidorah']:8.2f} {r['normalized_cpu_alone']:5.2f} | {paper}")
+        print(f"  ARCA's width (Ghidorah's fastest): {c['best_width']}. cpu*: Medusa's tree on the CPU "
+              "alone (not a method of the paper). paper Fig. 9: the bars as the paper text's image "
+              "description reads them (approximate)")
+        for t in c["paper_text"]:
+            print(f"  paper text: {t['what']} ({t['method']}) {t['published']:g}, simulated "
+                  f"{t['simulated']:.3g} (x{t['ratio']:.2f})"
+                  f"{' [the profile is calibrated to this one]' if t['calibrated'] else ''} -- {t['source']}")
+    return 0
+
+
+def _plot_spec(out, path):
+    """Figure 9's layout: per width, a bar a method (simulated), the paper's bars as dots."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    methods = ("sequential", "medusa", "medusa+em", "ghidorah")
+    sets = list(out["datasets"].items())
+    fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.4), squeeze=False)
+    for ax, (ds, c) in zip(axes[0], sets):
+        rows = c["rows"]
+        for i, m in enumerate(methods):
+            xs = [j + (i - 1.5) * 0.2 for j in range(len(rows))]
+            ax.bar(xs, [r["normalized"][m] for r in rows], 0.2, label=m)
+            pts = [(x, r["paper_figure"][m]) for x, r in zip(xs, rows) if m in r["paper_figure"]]
+            if pts:
+                ax.plot(*zip(*pts), "k.", label="paper (Fig. 9, ~)" if i == 3 else None)
+        ax.set_xticks(range(len(rows)), [str(r["width"]) for r in rows])
+        ax.set(xlabel="verification width", ylabel="normalized decoding speed", title=ds)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{out['title']}\nVicuna-7B, KV cache {out['context']}, Ghidorah Table I acceptance",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)

@@ -28,7 +28,9 @@ WEIGHT_BYTES = {"w4": 0.625, "wq": 0.625, "w8": 1.0625, "wt": 2.0, "wf": 4.0}
 W4A16_BYTES = {**WEIGHT_BYTES, "w4": 4.125 / 8, "w8": 4.125 / 8}
 # Agent.xpu's W8A16 (§6.1, round-to-nearest, OpenVINO's per-channel int8: a byte a weight)
 W8A16_BYTES = {**WEIGHT_BYTES, "w4": 1.0, "w8": 1.0}
-WEIGHTS = {"q4_1": WEIGHT_BYTES, "w4a16": W4A16_BYTES, "w8a16": W8A16_BYTES}
+# Ghidorah's Vicuna-7B on FasterTransformer (§IV): half-precision weights, two bytes each
+F16_BYTES = {**WEIGHT_BYTES, "w4": 2.0, "w8": 2.0}
+WEIGHTS = {"q4_1": WEIGHT_BYTES, "w4a16": W4A16_BYTES, "w8a16": W8A16_BYTES, "f16": F16_BYTES}
 
 
 @dataclass
@@ -43,6 +45,17 @@ class Processor:
     prepare_s: float = 0.0           # NPU graph preparation: fixed part ...
     prepare_s_per_row: float = 0.0   # ... and per row of the graph's shape
     api: str = ""
+    # a GPU's wave quantization (NVIDIA's "wave quantization", Ghidorah §III-C2's [26]): a matrix
+    # product's output is cut into tiles of gemm_tile_rows x gemm_tile_cols, run `sms` at a time,
+    # so rows and columns are paid for by whole tiles and whole waves (0: no such effect)
+    sms: int = 0
+    gemm_tile_rows: int = 0
+    gemm_tile_cols: int = 0
+    # memory contention, per processor (Ghidorah §III-C3: it "affects different processing units
+    # at varying levels"): the fraction of the bandwidth it reaches alone that it loses while the
+    # other processor streams memory at the full bandwidth that one reaches alone (in proportion
+    # below that). Only policies/sim/speculative.py reads it; simulate.py shares bandwidth_total
+    contention_loss: float = 0.0
 
 
 @dataclass
@@ -60,14 +73,22 @@ class SoC:
     published: list = field(default_factory=list)   # the papers' results, to compare against
 
 
-def soc_names() -> list:
-    return sorted(f[:-5] for f in os.listdir(SOC_DIR) if f.endswith(".json"))
+def soc_names(needs: tuple = ("gpu", "npu")) -> list:
+    """The simulated SoCs that have every processor of `needs` (the GPU and the NPU that
+    HeteroLLM's strategies and `socllm plan` split between; () for all of them)."""
+    out = []
+    for f in sorted(os.listdir(SOC_DIR)):
+        if f.endswith(".json"):
+            with open(os.path.join(SOC_DIR, f)) as fh:
+                if set(needs) <= set(json.load(fh)["processors"]):
+                    out.append(f[:-5])
+    return out
 
 
 def load_soc(name: str) -> SoC:
     path = os.path.join(SOC_DIR, f"{name}.json")
     if not os.path.exists(path):
-        raise ValueError(f"unknown SoC {name!r} (simulated SoCs: {', '.join(soc_names())})")
+        raise ValueError(f"unknown SoC {name!r} (simulated SoCs: {', '.join(soc_names(()))})")
     with open(path) as f:
         d = json.load(f)
     notes = {k: v for k, v in d.items() if k.endswith("_note")}

@@ -176,10 +176,11 @@ def against_published(soc: SoC, planners: dict, weights: str = "w4a16") -> list:
     """The SoC's published results (policies/sim/socs/*.json "published") beside the simulated ones.
     planners: model name -> planner_for(...). Rows: {what, model, strategy, prompt_len, source,
     published, simulated, ratio (simulated / published)}. A workload's figures (they name rates)
-    are the workload simulation's (actors/front/simulate.py --workload)."""
+    are the workload simulation's (actors/front/simulate.py --workload), a speculative method's
+    (they name one) the speculative curve's (policies/sim/speculative.py, --spec)."""
     rows = []
     for e in soc.published:
-        if "reactive_rate" in e:
+        if "reactive_rate" in e or "method" in e:   # a workload's, or speculative decoding's
             continue
         pl, s, L = planners[e["model"]], e["strategy"], e["prompt_len"]
         if e["what"] == "decode tok/s":
