@@ -146,6 +146,8 @@ class Engine:
         self._actors.append(self.planner)
         # the slots' sizes from the same graph, here: the planner actor starts meanwhile
         slots = assign_slots(build_graph(self.cfg, n_layers))
+        # the final-normed hidden state's slot (the LM head's input): draft heads read it
+        self.hidden_slot = slots.assign.get("xf")
         slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
         if n_layers is not None:      # a truncated model (tests): only the first layers' weights
             weights = {k: v for k, v in weights.items()

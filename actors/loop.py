@@ -30,6 +30,9 @@ class ServingEngine:
         (None: no drafts)."""
         self.config, self.pool, self.runner, self.scheduler = config, pool, runner, scheduler
         self.metrics, self.publish, self.speculator = metrics, publish, speculator
+        # the rows' final hidden states in the pool, for draft heads (None: no heads, or a plan
+        # whose decode steps do not write them)
+        self.hidden = runner.hidden_rows() if speculator and speculator.heads else None
         self.table: dict = {}                 # id -> Sequence, ended ones too (KEEP_ENDED)
         self.slots = list(range(config.max_seqs))[::-1]   # free rows of the block tables
         self.cv = threading.Condition()       # guards the table, the scheduler and the slots
@@ -247,7 +250,7 @@ class ServingEngine:
         t1 = time.perf_counter()
         r = 0
         for seq, d in zip(batch, drafts):
-            self._verify(seq, d, logits[r: r + 1 + len(d)])
+            self._verify(seq, d, logits[r: r + 1 + len(d)], r)
             r += 1 + len(d)
         t = self.times
         t["decode_steps"] += 1
@@ -270,9 +273,10 @@ class ServingEngine:
                 out.append(d[:k])
         return out
 
-    def _verify(self, seq: Sequence, drafted: list, logits):
-        """A sequence's rows of the step: each row's token sampled as plain decoding samples it;
-        the next row counts only while the token sampled equals the one drafted there."""
+    def _verify(self, seq: Sequence, drafted: list, logits, row: int):
+        """A sequence's rows of the step (from `row` on): each row's token sampled as plain
+        decoding samples it; the next row counts only while the token sampled equals the one
+        drafted there. The last row's hidden state is kept for the draft heads."""
         accepted = 0
         for j in range(len(drafted) + 1):
             seq.computed += 1
@@ -284,6 +288,8 @@ class ServingEngine:
             accepted += 1
         if self.speculator:
             self.speculator.verified(seq, len(drafted), accepted)
+            if seq.spec is not None:
+                seq.spec.hidden = None if self.hidden is None else self.hidden[row + j].copy()
 
     @staticmethod
     def _sample(seq: Sequence, logits):

@@ -112,6 +112,16 @@ class Runner:
             self._program(("npu", False, 0, npu_chunk))      # for step(on="npu")
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
 
+    def hidden_rows(self) -> np.ndarray | None:
+        """A view of the pool [max_rows, dim]: the last step's final-normed hidden state of each
+        row (the LM head's input: draft heads read it, policies/drafting.py), where this plan's
+        decode steps write it (the GPU's or the CPU's kernels); else None."""
+        slot = self.eng.hidden_slot
+        if slot is None or self.decode_on not in ("gpu", "cpu"):
+            return None
+        off, dim = self.lay.slots[slot], self.eng.cfg.dim
+        return self.eng.arena.buf[off: off + 4 * dim * self.lay.max_rows].view(np.float32).reshape(-1, dim)
+
     @property
     def ran(self) -> collections.Counter:
         """"plan phase[ bucket]" -> steps run ("npu chunk 32", "gpu batch"): for status."""

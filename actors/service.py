@@ -147,7 +147,7 @@ class Service:
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
             self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
             spec = None if c.speculate == "off" else \
-                Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile)
+                Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
             self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
                                       spec)
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
@@ -274,6 +274,8 @@ class Service:
                 raise BadParam("speculate", f"must be one of {', '.join(SPECULATE)}, got {speculate!r}")
             if self.config.speculate == "off" and speculate != "off":
                 raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
+            if speculate == "heads" and not self.core.speculator.heads:
+                raise BadParam("speculate", "heads: this service has no draft heads for its model")
         asked = {k: v for k, v in sampling.items() if v is not None}
         SamplingParams(**asked)                      # raises for a bad value, before tokenizing
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
@@ -493,3 +495,16 @@ class Service:
         if self.engine is not None:
             self.engine.close()
         return True
+
+
+def _heads(c, e):
+    """The draft heads trained for the served model (models/heads.py), where speculation may use
+    them; --speculate heads without them is refused at start."""
+    from socllm.models.heads import heads_path, load_heads
+    from socllm.policies.config import ConfigError
+    from socllm.policies.drafting import Heads
+    h = load_heads(e.model_path) if c.speculate != "off" else None
+    if h is None and c.speculate == "heads":
+        raise ConfigError("speculate", f"heads: no draft heads for this model file "
+                                       f"({heads_path(e.model_path)}; scripts/train_heads.py trains them)")
+    return h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])

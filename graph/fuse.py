@@ -175,8 +175,9 @@ def _fuse(prog: StepProgram, proc: str) -> list:
         if t.op == "rmsnorm" and nxt is not None and nxt.op == "lm_head" \
                 and nxt.args["table"][0] == "w8" \
                 and nxt.args["x"] == t.args["out"] and _joinable([t, nxt]):
-            store = bool(readers[t.seq] - {nxt.seq})
-            out.append(Fused("norm_prep", {**t.args, "store": store, "natural": True}, t.waits, [],
+            # the final hidden state is stored as well: speculative decoding's draft heads read
+            # it from the pool (policies/drafting.py)
+            out.append(Fused("norm_prep", {**t.args, "store": True, "natural": True}, t.waits, [],
                              (t.seq,), t.layer))
             out.append(Fused("lm_head_act", dict(nxt.args), [], nxt.signals, (nxt.seq,), nxt.layer))
             prepared, i = None, i + 2

@@ -173,9 +173,10 @@ class ServeConfig(EngineConfig):
     api_key: str | None = field(default=None, repr=False)
     max_body_mb: float = 4.0          # a larger HTTP body is refused (413) before it is read whole
     max_waiting: int = 256            # requests waiting to start; one more is refused (429)
-    # speculative decoding (policies/drafting.py): auto drafts where the measured step costs and
-    # the acceptance so far say it pays; lookup drafts whenever the lookup finds a continuation;
-    # off never. A request may ask for less (its speculate field), never more.
+    # speculative decoding (policies/drafting.py): auto drafts (n-gram lookup, else the model's
+    # draft heads where it has some) where the measured step costs and the acceptance so far say
+    # it pays; lookup drafts whenever the lookup finds a continuation; heads only from the heads;
+    # off never. A request's speculate field chooses for it, unless this is off.
     speculate: str = "auto"
     draft_max: int = 8                # tokens one sequence drafts in a step, at most
 

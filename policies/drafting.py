@@ -22,11 +22,15 @@ sampled output are those of plain decoding.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-MODES = ("auto", "off", "lookup")     # --speculate / a request's speculate
+import numpy as np
+
+MODES = ("auto", "off", "lookup", "heads")     # --speculate / a request's speculate
 MAX_DRAFT = 15                        # drafted tokens one sequence verifies in a step
 FORCED = -1                           # a draft's "n-gram length" when a grammar forced it
+HEADS = -2                            # ... when draft heads made it
 
 
 def check_mode(mode) -> str:
@@ -136,6 +140,28 @@ def choose(cost: list, rates: list, limits: list, max_rows: int) -> list:
     return ks
 
 
+class Heads:
+    """Medusa-style draft heads (Medusa-1: the model is frozen, so verification keeps its
+    tokens exact): head k maps a row's final-normed hidden state x to x + SiLU(W_k x + b_k),
+    whose logits over a token subset (the model's own embedding rows of it) give the token k+1
+    places after the row's next one. A chain draft: each head's most likely token. Trained by
+    scripts/train_heads.py (models/heads.py holds the files)."""
+
+    def __init__(self, W: np.ndarray, b: np.ndarray, vocab: np.ndarray, embed: np.ndarray,
+                 prior: float = Acceptance.prior):
+        """prior: the first head's accuracy on held-out rows, the acceptance expected before any
+        is seen."""
+        self.W, self.b, self.vocab, self.embed = W, b, vocab, embed      # [K,D,D] [K,D] [V'] [V',D]
+        self.k, self.prior = W.shape[0], prior
+
+    def propose(self, hidden: np.ndarray) -> np.ndarray:
+        """hidden [S, D] (each sequence's last row) -> drafted tokens [S, K]."""
+        z = np.einsum("sd,ked->ske", hidden, self.W) + self.b
+        h = hidden[:, None, :] + z / (1.0 + np.exp(-z))                  # ResBlock: x + SiLU(.)
+        logits = h.reshape(-1, h.shape[-1]) @ self.embed.T                # one pass over E'
+        return self.vocab[logits.argmax(1)].reshape(len(hidden), self.k)
+
+
 class StepCosts:
     """Seconds of a decode step of n rows (n = 1 .. max_rows) on this device: seeded from the
     profile measured at start where there is one (runner.profile_batches), then an average of the
@@ -166,15 +192,17 @@ class StepCosts:
 class Speculator:
     """The drafts of a decode batch's sequences (actors/loop.py asks before each decode step)."""
 
-    def __init__(self, mode: str, max_rows: int, draft_max: int, profile: dict | None = None):
+    def __init__(self, mode: str, max_rows: int, draft_max: int, profile: dict | None = None,
+                 heads: Heads | None = None):
         self.mode = check_mode(mode)
-        self.max_rows, self.draft_max = max_rows, draft_max
+        self.max_rows, self.draft_max, self.heads = max_rows, draft_max, heads
+        self.heads_s = None                 # seconds the heads take a step (an average)
         self.costs = StepCosts(max_rows, profile)
         self.drafted = self.accepted = self.steps = 0     # the service's, for status and metrics
 
     def drafts(self, batch: list, context: int) -> list:
         """[drafted tokens] per sequence of the batch (Sequence: policies/request.py)."""
-        found, rates = [], []
+        found, rates, ask = [], [], []
         for s in batch:
             mode = self.mode if s.speculate is None else s.speculate
             if mode == "off" or self.mode == "off":
@@ -183,20 +211,52 @@ class Speculator:
                 continue
             if s.spec is None:
                 s.spec = Speculation(mode)
+                if self.heads is not None:
+                    p = self.heads.prior
+                    s.spec.by_n[HEADS] = Acceptance(prior=p, rate=p)
             sp = s.spec
             room = min(self.draft_max, context - 1 - s.computed - 1,
                        s.params.max_tokens - len(s.tokens) - 1)
             # what a grammar forces next (a schema's keys, a tool call's punctuation) is accepted
             # whatever the model says; else the lookup (the loop cuts it where the grammar would
-            # refuse a token)
+            # refuse a token); else the heads, below
             forced = s.constraint.forced()[:max(room, 0)] if s.constraint is not None else []
-            sp.lookup.extend(s.ids)
-            draft, sp.n = (forced, FORCED) if forced else sp.lookup.propose(room)
+            draft, sp.n = (forced, FORCED) if forced else ([], 0)
+            if not forced and mode != "heads":
+                sp.lookup.extend(s.ids)
+                draft, sp.n = sp.lookup.propose(room)
+            # the heads where the lookup found nothing, or where they have been accepted more
+            # often than drafts from an n-gram this long
+            if mode != "lookup" and not forced and self.heads is not None and sp.hidden is not None \
+                    and room > 0 and (not draft or sp.rate(HEADS) > sp.rate()) \
+                    and (mode == "heads" or self._heads_pay(sp.rate(HEADS), room, len(batch))):
+                ask.append((len(found), room))
             found.append(draft)
             # lookup: drafted wherever found, while the step has rows
             rates.append(1.0 if mode == "lookup" or forced else sp.rate())
+        if ask:
+            t0 = time.perf_counter()
+            tokens = self.heads.propose(np.stack([batch[i].spec.hidden for i, _ in ask]))
+            dt = time.perf_counter() - t0
+            self.heads_s = dt if self.heads_s is None else self.heads_s + 0.2 * (dt - self.heads_s)
+            for (i, room), t in zip(ask, tokens):
+                found[i] = [int(x) for x in t[:room]]
+                batch[i].spec.n = HEADS
+                rates[i] = batch[i].spec.rate()
         ks = choose(self.costs.table(), rates, [len(f) for f in found], self.max_rows)
         return [f[:k] for f, k in zip(found, ks)]
+
+    def _heads_pay(self, rate: float, room: int, rows: int) -> bool:
+        """Whether running the heads for one more sequence of a step of `rows` rows can pay for
+        itself: the best draft length at their acceptance rate gives more tokens a second than
+        the step without, counting the heads' own time (measured) as part of the step."""
+        cost = self.costs.table()
+        if rows >= len(cost) - 1:
+            return False
+        extra = self.heads_s or 0.0
+        plain = rows / cost[rows]
+        return any((rows - 1 + expected(rate, k)) / (cost[rows + k] + extra) > plain
+                   for k in range(1, min(room, len(cost) - 1 - rows) + 1))
 
     def verified(self, seq, drafted: int, accepted: int):
         if seq.spec is not None:
@@ -207,7 +267,8 @@ class Speculator:
             self.steps += 1
 
     def describe(self) -> dict:
-        return {"mode": self.mode, "draft_max": self.draft_max, "drafted": self.drafted,
+        return {"mode": self.mode, "draft_max": self.draft_max, "heads": self.heads is not None,
+                "drafted": self.drafted,
                 "accepted": self.accepted, "verify_steps": self.steps,
                 "step_ms": [round(1e3 * c, 2) for c in self.costs.table()[1:]]}
 
@@ -220,11 +281,13 @@ class Speculation:
     # acceptance by the length of the n-gram that found the draft (a longer match predicts more)
     by_n: dict = field(default_factory=dict)
     n: int = 0                                    # this step's
+    hidden: object = None                         # the last row's final hidden state (heads)
     drafted: int = 0
     accepted: int = 0
 
-    def rate(self) -> float:
-        a = self.by_n.get(self.n)
+    def rate(self, n: int | None = None) -> float:
+        """The acceptance rate of drafts from this step's source (or `n`'s)."""
+        a = self.by_n.get(self.n if n is None else n)
         return a.rate if a is not None else Acceptance.prior
 
     def update(self, drafted: int, accepted: int):

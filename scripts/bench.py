@@ -172,7 +172,17 @@ def main(argv=None) -> int:
     ap.add_argument("--sync", action="store_true", help="the synchronization microbenchmark instead")
     ap.add_argument("--profile", metavar="PRECISION", nargs="?", const="q16",
                     help="where a GPU decode step's time goes (scripts/profile_decode.py) instead")
-    a = ap.parse_args(argv)
+    ap.add_argument("--speculate", metavar="MODES", nargs="?", const="off,auto",
+                    help="speculative decoding instead: one stream on input-grounded and open "
+                         "chat prompts, socllm with these --speculate modes against llama.cpp "
+                         "plain and with its prompt-lookup drafting (scripts/spec_bench.py; its "
+                         "options after --: socllm bench --speculate -- --reps 1)")
+    a, rest = ap.parse_known_args(argv)
+    if a.speculate:
+        from .spec_bench import main as spec
+        return spec(["--modes", a.speculate, *[x for x in rest if x != "--"]])
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if a.profile:
         from .profile_decode import main as profile
         profile(["--precision", a.profile])

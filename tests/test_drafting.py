@@ -125,4 +125,34 @@ def test_step_costs_start_from_the_profile_and_learn():
 def test_modes_are_checked():
     assert check_mode("lookup") == "lookup"
     with pytest.raises(ValueError, match="speculate"):
-        check_mode("heads")
+        check_mode("medusa")
+
+
+def test_heads_draft_each_heads_most_likely_token_of_the_subset():
+    from socllm.policies.drafting import Heads
+    rng = np.random.default_rng(1)
+    K, D, V = 3, 16, 40
+    W, b = rng.normal(0, 0.3, (K, D, D)).astype(np.float32), rng.normal(0, 0.1, (K, D)).astype(np.float32)
+    vocab = rng.choice(1000, V, replace=False)
+    embed = rng.normal(0, 1, (V, D)).astype(np.float32)
+    heads = Heads(W, b, vocab, embed)
+    x = rng.normal(0, 1, (5, D)).astype(np.float32)
+    got = heads.propose(x)
+    for s in range(5):
+        for k in range(K):
+            z = W[k] @ x[s] + b[k]
+            h = x[s] + z / (1 + np.exp(-z))
+            assert got[s, k] == vocab[np.argmax(embed @ h)]
+    zero = Heads(np.zeros_like(W), np.zeros_like(b), vocab, embed)     # identity heads: the
+    assert (zero.propose(x) == vocab[np.argmax(x @ embed.T, 1)][:, None]).all()   # LM head's pick
+
+
+def test_heads_run_only_where_they_can_pay_for_their_own_time():
+    from socllm.policies.drafting import Speculator
+    s = Speculator("auto", 8, 8, {1: 0.008, 2: 0.009, 3: 0.0095, 4: 0.010})
+    s.heads_s = 0.001
+    assert s._heads_pay(0.6, 3, 1)              # 1.6 tokens in 10 ms against 1 in 8
+    assert not s._heads_pay(0.15, 3, 1)         # 1.15 in 10 ms: not worth it
+    s.heads_s = 0.0
+    assert s._heads_pay(0.15, 3, 1)             # free heads: 1.15 in 9 ms
+    assert not s._heads_pay(0.9, 3, 8)          # a full step has no row for them

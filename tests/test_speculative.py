@@ -80,7 +80,7 @@ def test_status_shows_drafting_and_bad_values_are_refused(llm):
     assert s["mode"] == "lookup" and s["drafted"] > s["accepted"] > 0
     assert len(s["step_ms"]) == 8 and all(t > 0 for t in s["step_ms"])
     with pytest.raises(ValueError, match="speculate"):
-        llm.generate(PROMPTS[0], max_tokens=2, speculate="heads")
+        llm.generate(PROMPTS[0], max_tokens=2, speculate="medusa")
 
 
 def test_a_service_with_speculation_off_refuses_a_request_that_asks_for_it(ray_session):
@@ -108,3 +108,17 @@ def test_constrained_replies_draft_what_the_grammar_forces_and_match_plain_decod
     assert drafted.text == plain.text
     assert set(json.loads(drafted.text)) == {"name", "age", "city"}
     assert _spec(drafted)["accepted_prediction_tokens"] >= 2        # {" name, at least
+
+
+def test_draft_heads_give_plain_decodings_tokens_on_open_prompts(llm):
+    """The default model's trained draft heads (models/heads/) draft from the last row's hidden
+    state on prompts whose text the lookup cannot find; their accepted drafts keep the tokens."""
+    assert llm.status()["speculation"]["heads"]
+    convs = [[{"role": "user", "content": c}] for c in
+             ("Write a short poem about the sea.", "Give three tips for sleeping well.",
+              "Explain what a volcano is.")]
+    plain = llm.chat(convs, max_tokens=48, speculate="off")
+    drafted = llm.chat(convs, max_tokens=48, speculate="heads")
+    assert [o.text for o in drafted] == [o.text for o in plain]
+    assert len({o.text for o in plain}) == 3
+    assert sum(_spec(o)["accepted_prediction_tokens"] for o in drafted) >= 10

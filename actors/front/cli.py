@@ -48,10 +48,11 @@ def _flag(e: BadParam) -> str:
     return f"{name} {e.message}"
 
 
-SPECULATE_HELP = ("speculative decoding: drafts from n-grams of the prompt and the text so far, "
+SPECULATE_HELP = ("speculative decoding: drafts from n-grams of the prompt and the text so far "
+                  "(lookup) or from the model's draft heads (heads, where models/heads has them), "
                   "verified as extra rows of a decode step (the same tokens as without); auto: "
-                  "where this device's measured step costs and the acceptance so far say it pays; "
-                  "lookup: whenever a draft is found; off")
+                  "either, where this device's measured step costs and the acceptance so far say "
+                  "it pays; lookup / heads: that drafter whenever it has a draft; off")
 
 
 def _parser() -> argparse.ArgumentParser:
