@@ -507,4 +507,6 @@ def _heads(c, e):
     if h is None and c.speculate == "heads":
         raise ConfigError("speculate", f"heads: no draft heads for this model file "
                                        f"({heads_path(e.model_path)}; scripts/train_heads.py trains them)")
+    from socllm.actors.engine import _trim
+    _trim()                   # the embedding's rows were read through a copy of its table
     return h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])

@@ -28,12 +28,25 @@ def load_heads(model_path: str) -> dict | None:
     with open(model_path, "rb") as f:
         if hashlib.sha256(f.read()).hexdigest() != meta["model_sha256"]:
             return None
-    from .gguf_file import open_gguf
-    from .llama import load_config, load_weights
-    from .oracle import _dequant
-    reader = open_gguf(model_path)
-    cfg = load_config(reader)
     vocab = z["vocab"].astype(np.int64)
-    embed = _dequant(load_weights(reader, cfg)["token_embd.weight"])[vocab].astype(np.float32)
     return {"W": z["W"].astype(np.float32), "b": z["b"].astype(np.float32), "vocab": vocab,
-            "embed": np.ascontiguousarray(embed), "meta": meta}
+            "embed": embedding_rows(model_path, vocab), "meta": meta}
+
+
+def embedding_rows(model_path: str, rows: np.ndarray) -> np.ndarray:
+    """The token embedding's rows `rows`, f32 [len(rows), D], read without the rest of the model
+    (a Q8_0 table: only those rows are dequantized)."""
+    from .gguf_file import open_gguf
+    from .oracle import _dequant
+    from .quant import dequant_q8_0, float_matrix, planar, repack_q8_0
+    reader = open_gguf(model_path)
+    t = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    cols, n = (int(x) for x in t.shape)
+    kind = t.tensor_type.name
+    if kind == "Q8_0":
+        w = repack_q8_0(t.data, n, cols)
+        out = dequant_q8_0(w["qs"][rows], w["d"][rows])
+    else:
+        w = float_matrix(kind, t.data, n, cols) if kind in ("F32", "F16", "BF16") else planar(kind, t.data, n, cols)
+        out = _dequant(w)[rows]
+    return np.ascontiguousarray(out, dtype=np.float32)

@@ -582,9 +582,9 @@ def test_an_f16_kv_cache_is_written_through_row_maps_only(dev16, lay, rng):
             k.run("linear", args, 1, 2)
 
 
-@pytest.mark.parametrize("N", [1, 5, 9])
-def test_lm_head_rows_gives_every_rows_logits(dev, lay, rng, N):
-    Vs = 1000
+@pytest.mark.parametrize("Vs", [1000, 999])         # odd: the AVX-512 form's last pair is one row
+@pytest.mark.parametrize("N", [1, 3, 5, 9])
+def test_lm_head_rows_gives_every_rows_logits(dev, lay, rng, N, Vs):
     x, table, out = rows(lay, rng, N, D), lay.w8(Vs, D, rng), lay.zeros((N, Vs))
     check(dev, lay, "lm_head", {"x": ("a", x), "table": table, "out": ("a", out), "D": D, "V": Vs,
                                 "all_rows": True}, N, 0, [(out, N * Vs * 4)])
@@ -617,27 +617,30 @@ def test_batch_linear_in_integers_matches_numpy(dev, lay, rng, N, bits, tol):
 
 
 @pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("N,K,M", [(2, D, KVH * HD), (5, D, F), (16, F, D), (19, D, KVH * HD)])
-def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, K, M, kv):
-    """A decode batch's linear at q8 in weight tiles of 8 rows (cl/batch.cl): each row equals the
-    int8 reference of linear_act (the same prepared row, f64 sums) to f32 rounding (f16: that
-    rounded to nearest even), at its paged KV row; rows padded to whole tiles (19 rows: 16 + 3)
-    are computed, never stored."""
+def test_batch_linear_tiles_compute_the_integer_reference(dev, lay, rng, build, N, K, M, bits, kv):
+    """A decode batch's linear at q8 / q16 in weight tiles of 8 rows (cl/batch.cl): each row
+    equals the int8 / int16 reference of linear_act (the same prepared row, f64 sums) to f32
+    rounding (f16: that rounded to nearest even), at its paged KV row; rows padded to whole tiles
+    (19 rows: 16 + 3) are computed, never stored."""
     arena, clk = dev[0], build
     if kv == "f16":
         clk = CLKernels(clk.ctx, clk.queue, clk.buf, clk.options, kv_dtype="f16", mirror=clk.mirror)
     kvt = KV_NUMPY[kv]
     x = rng.standard_normal((N, K)).astype(np.float32)
+    x[N // 2, QK: 2 * QK] = 0.0                     # an all-zero block: dx = 0
+    x[-1, :QK] *= 1e3                               # blocks of very different scales
     w = lay.w4(M, K, rng)
     kv_rows = rng.permutation(40)[:N].astype(np.int32)
     xo, out, rmap = lay.put(x), lay.zeros((40, M), kvt), lay.put(kv_rows)
-    scratch, nbytes = lay.top, 32 * (K + K // 4 + 64)
+    scratch, nbytes = lay.top, 32 * (bits // 8 * K + K // 4 + 64)
     lay.zeros(nbytes // 4)
     qs, d, m = (arena[o: o + n].view(t).reshape(M, -1) for o, n, t in
                 [(w[1], M * K // 2, np.uint8), (w[2], M * K // 16, np.float16),
                  (w[3], M * K // 16, np.float16)])
-    want = np.stack([linear_act_reference(x[n], qs, d, m, K, M, 8) for n in range(N)])
-    clk.rows_act, clk._prepared = (scratch, nbytes, 8), None
+    want = np.stack([linear_act_reference(x[n], qs, d, m, K, M, bits) for n in range(N)])
+    clk.rows_act, clk._prepared = (scratch, nbytes, bits), None
     try:
         clk.run("linear", {"x": ("a", xo), "w": w, "out": ("kv", out), "rows": ("a", rmap),
                            "K": K, "M": M}, N, 0)
@@ -647,9 +650,67 @@ def test_batch_linear_tiles_compute_the_int8_reference(dev, lay, rng, build, N, 
     got = arena[out: out + 40 * M * kvt(0).itemsize].view(kvt).reshape(40, M)
     if kv == "f16":
         want = want.astype(np.float16).astype(np.float32)
-    np.testing.assert_allclose(got[kv_rows].astype(np.float32), want, rtol=1e-3 if kv == "f16" else 0,
-                               atol=1e-5 * np.abs(want).max())
+    for n in range(N):          # each row to its own scale (the last one's is ~1e3 times larger)
+        np.testing.assert_allclose(got[kv_rows[n]].astype(np.float32), want[n],
+                                   rtol=1e-3 if kv == "f16" else 0, atol=1e-5 * np.abs(want[n]).max())
     assert not got[np.setdiff1d(np.arange(40), kv_rows)].any()
+
+
+@pytest.mark.parametrize("N", [2, 3, 5, 8])
+@pytest.mark.parametrize("K,M", MODEL_LINEARS)
+def test_q16_tiles_equal_the_int16_rows_kernel(dev, lay, rng, build, N, K, M):
+    """A decode batch's linear at q16 (speculative decoding's verification rows): the weight
+    tiles (cl/batch.cl, ACT_BITS 16) take the same prepared rows and form the same integer
+    products as linear_rows_act, the int16 kernel that ran these batches before; only f32 sums
+    run in another order. A wrong pairing of weights and activations is off by the output's
+    own scale."""
+    arena, clk = dev[0], build
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    x[0, :QK] *= 300.0                               # blocks of different scales
+    x[-1, QK: 2 * QK] = 0.0                          # an all-zero block: dx = 0
+    w = lay.w4(M, K, rng)
+    xo, tiles, rows_ = lay.put(x), lay.zeros((N, M)), lay.zeros((N, M))
+    nbytes = N * (2 * K + K // 4 + 64)               # N int16 rows: what the pool sizes for N
+    scratch = lay.zeros(nbytes // 4)
+    args = {"x": ("a", xo), "w": w, "out": ("a", tiles), "K": K, "M": M}
+    clk.rows_act, clk._prepared = (scratch, nbytes, 16), None
+    try:
+        assert clk._tile_rows(K, N) is not None      # tiles serve these rows
+        clk.run("linear", args, N, 0)
+        clk._prepared = None
+        clk._linear_rows({**args, "out": ("a", rows_)}, N, rows_, M, 0)
+        clk.finish()
+    finally:
+        clk.rows_act = None
+    got, want = (arena[o: o + N * M * 4].view(np.float32).reshape(N, M) for o in (tiles, rows_))
+    for n in range(N):
+        np.testing.assert_allclose(got[n], want[n], rtol=0, atol=2e-6 * np.abs(want[n]).max())
+
+
+@pytest.mark.parametrize("form", [0, 1])
+def test_q16_tiles_narrower_dot_forms_compute_the_int16_reference(dev, lay, rng, form):
+    """The int16 tile's products without AVX512-VNNI (cl/batch.cl DOT16_FORM): pmaddwd over 512
+    bits (AVX512BW), or over two 256-bit halves (AVX2, as on Zen 3), built here on purpose."""
+    arena, clk = dev
+    clk = CLKernels(clk.ctx, clk.queue, clk.buf, f"-DDOT16_FORM={form}", mirror=clk.mirror)
+    N, K, M = 5, F, D
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    w = lay.w4(M, K, rng)
+    xo, out = lay.put(x), lay.zeros((N, M))
+    nbytes = N * (2 * K + K // 4 + 64)
+    scratch = lay.zeros(nbytes // 4)
+    qs, d, m = (arena[o: o + n].view(t).reshape(M, -1) for o, n, t in
+                [(w[1], M * K // 2, np.uint8), (w[2], M * K // 16, np.float16),
+                 (w[3], M * K // 16, np.float16)])
+    want = np.stack([linear_act_reference(x[n], qs, d, m, K, M, 16) for n in range(N)])
+    clk.rows_act, clk._prepared = (scratch, nbytes, 16), None
+    try:
+        clk.run("linear", {"x": ("a", xo), "w": w, "out": ("a", out), "K": K, "M": M}, N, 0)
+        clk.finish()
+    finally:
+        clk.rows_act = None
+    got = arena[out: out + N * M * 4].view(np.float32).reshape(N, M)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 # -- weights in the other block formats (models/quant.py): one program per format ---------------

@@ -34,12 +34,27 @@ SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
 DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl")]
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
-# q16 decode batches of up to this many rows run their linears in int16 (linear_rows_act); larger
-# ones in f32, whose dequantized weight block serves GEMM_TN rows: measured through the service on
-# 2 cores (tok/s, integers vs f32): 2 rows 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192.
-# q8 batches of any size run int8 weight tiles (linear_tile) instead.
+# A decode batch's linears over prepared rows (q16, q8): Q4_1 / Q4_0 weights ("w4") with M a
+# multiple of 8 and no bias run in weight tiles (linear_tile, cl/batch.cl), int8 at q8 and int16
+# at q16, for any N > 1 (q16: while its rows, padded to whole tiles, fit the scratch). The 210
+# linears of a SmolLM2-135M step (weights streaming from memory), 2 Zen 5 cores with AVX-512 VNNI,
+# kernel ms, min of 7 (scripts/gpu_rows.py has whole steps):
+#   rows                                   2      4      8     16
+#   q16 int16 tiles                      2.86   3.38   4.85   7.91
+#   q16 before them (int16 rows to 2,
+#       then f32 GEMM)                   4.86   8.28  10.12  18.25
+#   q16 int16 rows (linear_rows_act)     4.85   8.55  14.59  27.12
+#   q8 int8 tiles                        4.55   3.87   7.15  10.59
+# Other weight formats, a bias or M not a multiple of 8 keep q16's paths from before the tiles:
+# up to INT_ROWS_MAX rows in int16 (linear_rows_act), more in f32, whose dequantized weight block
+# serves GEMM_TN rows: measured through the service on 2 cores (tok/s, integers vs f32): 2 rows
+# 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192.
 INT_ROWS_MAX = 2
-TILE_ROWS = (4, 8, 16)      # activation rows a linear_tile work-item may take (cl/batch.cl)
+TILE_ROWS = (4, 8, 16)      # activation rows a q8 linear_tile work-item may take (cl/batch.cl)
+# q16 tiles: any number of rows up to this (N dealt evenly: CLKernels._tile_rows). Each (rows, K)
+# is a program build (~0.5-0.8 s cold, then PoCL's disk cache), 7 row counts at most a K; one tile
+# of 9-16 rows measured within ~10 % of two, either way (2 shared cores): not worth 8 more.
+TILE16_MAX = 8
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
@@ -72,9 +87,10 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "rope_rows_table": [u64] * 2 + [i32, f32, u64],
     "attention_paged": [u64] * 7 + [i32] * 5,
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
+    "lm_head_rows2": [u64] * 4 + [i32, i32, i32],    # AVX-512 builds only
     "prep_rows": [u64] * 2 + [i32, i32, i32],
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
-    # batch.cl (ACT_BITS 8 builds only)
+    # batch.cl (ACT_BITS 8 and 16 builds only)
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
@@ -237,7 +253,7 @@ class CLKernels:
                 options=f"{options} -DHEAD_DIM={head_dim} -DACT_BITS={act_bits} {extra}")
             ks, built = {}, set(prg.kernel_names.split(";"))
             for name, scalars in _SCALARS.items():
-                if name not in built:       # linear_tile: int8 builds only
+                if name not in built:       # linear_tile: int8 / int16 builds; lm_head_rows2: AVX-512
                     continue
                 ks[name] = cl.Kernel(prg, name)
                 ks[name].set_scalar_arg_dtypes([None] + scalars)
@@ -488,7 +504,7 @@ class CLKernels:
         out = a["out"][1] if rows else out_offset(a["out"], pos0, ld, self.kv_half)
         b = a["b"][1] if "b" in a else 0                   # a bias [M] (Qwen2's q, k, v)
         if N > 1 and self.rows_act is not None and a["w"][0] != "wt":   # floats: f32 GEMM
-            if self.rows_act[2] == 8 and M % 8 == 0 and not wopts and not b:
+            if M % 8 == 0 and not wopts and not b and self._tile_rows(K, N) is not None:
                 return self._linear_tile(a, N, out, ld, rows)
             if N <= INT_ROWS_MAX or wopts or b:
                 return self._linear_rows(a, N, out, ld, rows)
@@ -524,13 +540,31 @@ class CLKernels:
             self._go("prep_rows", (round_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, N, ks=ks)
             self._prepared = (x, rows)
 
+    def _tile_rows(self, K, N):
+        """(rows a linear_tile work-item takes, prepared row bytes) for N rows of K, or None where
+        tiles do not serve. q8: TILE_ROWS' fewest that cover N (at most the last). q16: N rows
+        dealt evenly over the fewest tiles of at most TILE16_MAX rows (5 rows: one tile of 5; 12:
+        two of 6), more tiles while the rows padded to whole tiles do not fit the scratch (the
+        pool sizes it for max_seqs int16 rows); None if none fits."""
+        off, nbytes, bits = self.rows_act
+        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        if bits == 8:
+            return next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1]), row_bytes
+        if bits != 16:
+            return None
+        for tiles in range(-(-N // TILE16_MAX), N + 1):
+            tn = -(-N // tiles)
+            if round_up(N, tn) * row_bytes <= nbytes:
+                return tn, row_bytes
+        return None
+
     def _linear_tile(self, a, N, out, ld, rows):
-        """A decode batch's linear in int8, 8 weight rows a work-item (cl/batch.cl), built per K
-        and per rows a work-item takes (TILE_ROWS: the fewest that cover N, at most the last)."""
+        """A decode batch's linear in int8 or int16 (q8, q16), 8 weight rows a work-item
+        (cl/batch.cl), built per K and per rows a work-item takes (_tile_rows)."""
         K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
-        tn = next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1])
-        row_bytes = round_up(K + 8 * (K // QK), 64)
-        ks = self._kernels(64, 8, None, f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
+        tn, row_bytes = self._tile_rows(K, N)
+        ks = self._kernels(64, self.rows_act[2], None,
+                           f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
         self._prep_rows(a["x"][1], K, N, round_up(N, tn), row_bytes, ks)
         self._go("linear_tile", (round_up(M // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                  self.rows_act[0], qs, d, m, out, K, M, N, ld, rows, row_bytes, ks=ks)
@@ -612,6 +646,10 @@ class CLKernels:
         check_aligned("lm_head", qs, to=16)
         if a.get("all_rows"):   # a batch: every row's logits, the table read once for GEMM_TN rows
             tn, ks = self._tn(N)
+            if "lm_head_rows2" in ks:       # x86 with AVX-512: two table rows a work-item
+                self._go("lm_head_rows2", (round_up(-(-V // 2), self.group), -(-N // tn)), (self.group, 1),
+                         a["x"][1], qs, d, a["out"][1], D, V, N, ks=ks)
+                return
             self._go("lm_head_rows", (round_up(V, self.group), -(-N // tn)), (self.group, 1), a["x"][1],
                      qs, d, a["out"][1], D, V, N, ks=ks)
             return

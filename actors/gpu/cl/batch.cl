@@ -1,7 +1,8 @@
-// A decode batch's linears in int8, weight tile by weight tile (precision q8; appended after
-// paged.cl). linear_rows_act's way (a weight row against a row of activations, a horizontal sum
-// per row) spends ~6 instructions per block and row on conversions and scaling; here a work-item
-// takes a TILE of 8 weight rows, so each integer lane belongs to one weight row:
+// A decode batch's linears in int8 (precision q8) or int16 (q16, below), weight tile by weight
+// tile (appended after paged.cl). linear_rows_act's way (a weight row against a row of
+// activations, a horizontal sum per row) spends ~6 instructions per block and row on conversions
+// and scaling; here a work-item takes a TILE of 8 weight rows, so each integer lane belongs to
+// one weight row:
 //   W_g   the dword g (bytes 4g .. 4g+3) of block b of the 8 rows, as one 256-bit vector:
 //         low nibbles pair with the activation's evens 4g .. 4g+3, high nibbles with its odds
 //   dot   8 u8 x s8 pair products (pmaddubsw) against an activation dword broadcast to all
@@ -9,14 +10,48 @@
 //         the block's 8 row sums in 17 instructions, no horizontal sum
 //   scale acc += dot * (d_w * dx) + m_w * sx: one vector for the tile's 8 rows
 // The tile's weight blocks are loaded, transposed and split once for TILE_N activation rows.
+//
+// q16 (ACT_BITS 16, int16 activations) has its own linear_tile below: the same tiles, with the
+// weights widened to int16 pairs and the products summed by vpdpwssd in 512-bit vectors.
 
 #ifndef TILE_N       // activation rows a work-item takes against its weight tile
 #define TILE_N 4
 #endif
 
+#if (ACT_BITS == 8 || ACT_BITS == 16) && defined(Q8_X86)
+typedef uint uint8v __attribute__((ext_vector_type(8)));
+// the dwords of block b of a tile's 8 weight rows (row j at q + j nb): w[g] lane j = dword g
+// (bytes 4g .. 4g+3) of row j
+inline void tile_words(const __global uint4* q, int nb, int b, uint8v* w)
+{
+    // rows (j, j+4) side by side, then a 4x4 dword transpose in each 128-bit half
+    const uint8v a0 = __builtin_shufflevector(q[b], q[4 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+    const uint8v a1 = __builtin_shufflevector(q[nb + b], q[5 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+    const uint8v a2 = __builtin_shufflevector(q[2 * nb + b], q[6 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+    const uint8v a3 = __builtin_shufflevector(q[3 * nb + b], q[7 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
+    const uint8v t0 = __builtin_shufflevector(a0, a1, 0, 8, 1, 9, 4, 12, 5, 13);   // unpacklo dq
+    const uint8v t1 = __builtin_shufflevector(a0, a1, 2, 10, 3, 11, 6, 14, 7, 15);  // unpackhi dq
+    const uint8v t2 = __builtin_shufflevector(a2, a3, 0, 8, 1, 9, 4, 12, 5, 13);
+    const uint8v t3 = __builtin_shufflevector(a2, a3, 2, 10, 3, 11, 6, 14, 7, 15);
+    w[0] = __builtin_shufflevector(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13);             // qdq
+    w[1] = __builtin_shufflevector(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15);
+    w[2] = __builtin_shufflevector(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13);
+    w[3] = __builtin_shufflevector(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
+}
+#endif
+
+// TILE_K: a build for one K (CLKernels builds one per K it meets): the rows of a tile and of the
+// scratch are then constant displacements from one pointer each, not ~30 induction variables.
+#ifdef TILE_K
+#define TK TILE_K
+#define TRB TILE_ROW_BYTES
+#else
+#define TK K
+#define TRB row_bytes
+#endif
+
 #if ACT_BITS == 8
 #ifdef Q8_X86
-typedef uint uint8v __attribute__((ext_vector_type(8)));
 // sum_j q_w * q_x of block b for the tile's 8 rows: lo / hi [4] the split tile, x the row's
 // prepared block (16 evens, then 16 odds, int8)
 #ifdef VNNI
@@ -52,16 +87,8 @@ inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
 // linear_tile: N prepared int8 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) -> out [N, M]
 // in rows ld wide (row n at rows[n] if rows_o != 0). The scratch holds ceil(N / TILE_N) * TILE_N
 // rows (prep_rows repeats row N-1), so a work-item's rows are one base and constant strides.
-// TILE_K: a build for one K (CLKernels builds one per K it meets): the rows of a tile and of the
-// scratch are then constant displacements from one pointer each, not ~30 induction variables.
+// TILE_K (above): a build for one K.
 // global (M / 8 rounded up to LIN_R, ceil(N / TILE_N)), local (LIN_R, 1)
-#ifdef TILE_K
-#define TK TILE_K
-#define TRB TILE_ROW_BYTES
-#else
-#define TK K
-#define TRB row_bytes
-#endif
 __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
                           ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
 {
@@ -82,19 +109,8 @@ __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
         const short8 mh = (short8)(m[b], m[nb + b], m[2 * nb + b], m[3 * nb + b], m[4 * nb + b],
                                    m[5 * nb + b], m[6 * nb + b], m[7 * nb + b]);
         const float8 dw = __builtin_ia32_vcvtph2ps256(dh), mw = __builtin_ia32_vcvtph2ps256(mh);
-        // rows (j, j+4) side by side, then a 4x4 dword transpose in each 128-bit half
-        const uint8v a0 = __builtin_shufflevector(q[b], q[4 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
-        const uint8v a1 = __builtin_shufflevector(q[nb + b], q[5 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
-        const uint8v a2 = __builtin_shufflevector(q[2 * nb + b], q[6 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
-        const uint8v a3 = __builtin_shufflevector(q[3 * nb + b], q[7 * nb + b], 0, 1, 2, 3, 4, 5, 6, 7);
-        const uint8v t0 = __builtin_shufflevector(a0, a1, 0, 8, 1, 9, 4, 12, 5, 13);   // unpacklo dq
-        const uint8v t1 = __builtin_shufflevector(a0, a1, 2, 10, 3, 11, 6, 14, 7, 15);  // unpackhi dq
-        const uint8v t2 = __builtin_shufflevector(a2, a3, 0, 8, 1, 9, 4, 12, 5, 13);
-        const uint8v t3 = __builtin_shufflevector(a2, a3, 2, 10, 3, 11, 6, 14, 7, 15);
-        const uint8v w[4] = {__builtin_shufflevector(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13),  // qdq
-                             __builtin_shufflevector(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15),
-                             __builtin_shufflevector(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13),
-                             __builtin_shufflevector(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15)};
+        uint8v w[4];
+        tile_words(q, nb, b, w);
         v32qi lo[4], hi[4];
 #pragma unroll
         for (int g = 0; g < 4; g++) {
@@ -136,5 +152,151 @@ __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
             KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, acc[i]);
         else if (n0 + i < N)
             vstore8(acc[i], 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
+}
+#endif
+
+#if ACT_BITS == 16
+// linear_tile at q16: N prepared int16 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) ->
+// out [N, M], with linear_tile's (int8) geometry, scratch and arguments. The int16 products:
+//   W_g   tile_words' dword g of the 8 rows (lane j: bytes 4g .. 4g+3 of row j), widened to 16
+//         int16 (vpmovzxbw): int lane 2j+h holds bytes 4g+2h, 4g+2h+1 of row j, so its low
+//         nibbles (& 0x0F) pair with the activation's evens 4g+2h, 4g+2h+1 and its high ones
+//         (>> 4) with the odds 4g+2h, 4g+2h+1
+//   dot   vpdpwssd against the activation's qword of evens 4g .. 4g+3 (or odds) broadcast to every
+//         lane pair: 8 instructions give lane 2j+h the sum over the block's evens and odds of
+//         index = 2h, 2h+1 (mod 4) for row j (16 products a lane: |sum| <= 16 * 15 * 32767 < 2^23,
+//         exact in int32 and in f32)
+//   scale acc += m_w' * sx, then += dot * (d_w * dx) (two fma), m_w' = m_w in lane 2j and 0 in
+//         lane 2j+1; row j's result is lanes 2j + 2j+1 at the end
+// Each integer product is linear_rows_act's (decode.cl dot_q4q16); only the float sums run in
+// another order (per half-block lane pair, the pairs added last).
+#ifdef Q8_X86
+typedef int v16si __attribute__((__vector_size__(64)));
+typedef short v32hi __attribute__((__vector_size__(64)));
+typedef ushort ushort32 __attribute__((ext_vector_type(32)));
+// acc + the sum of each int lane's two int16 products: DOT16_FORM 2 one vpdpwssd (AVX512-VNNI),
+// 1 pmaddwd and an add (AVX512BW), 0 those over two 256-bit halves (AVX2). The tests build the
+// narrower forms on a VNNI machine too (-DDOT16_FORM=0 / 1).
+#ifndef DOT16_FORM
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define DOT16_FORM 2
+#elif defined(__AVX512BW__)
+#define DOT16_FORM 1
+#else
+#define DOT16_FORM 0
+#endif
+#endif
+#if DOT16_FORM == 2
+#define DOT_W16(acc, w, x) __builtin_ia32_vpdpwssd512((acc), (w), (x))
+#elif DOT16_FORM == 1
+#define DOT_W16(acc, w, x) ((acc) + __builtin_ia32_pmaddwd512(__builtin_astype((w), v32hi), \
+                                                              __builtin_astype((x), v32hi)))
+#else
+inline v16si DOT_W16(v16si acc, v16si w, v16si x)
+{
+    const int16 wi = __builtin_astype(w, int16), xi = __builtin_astype(x, int16);
+    const v8si lo = __builtin_ia32_pmaddwd256(__builtin_astype(wi.lo, v16hi), __builtin_astype(xi.lo, v16hi));
+    const v8si hi = __builtin_ia32_pmaddwd256(__builtin_astype(wi.hi, v16hi), __builtin_astype(xi.hi, v16hi));
+    return acc + __builtin_astype((int16)(__builtin_astype(lo, int8), __builtin_astype(hi, int8)), v16si);
+}
+#endif
+#endif
+
+__kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+{
+    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
+    if (r0 >= M) return;
+    const int nb = TK / QK;
+    const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
+    const __global ushort* m = AT(const ushort, m_o) + (size_t)r0 * nb;
+    const __global uchar* x0 = AT(const uchar, s_o + (ulong)n0 * TRB);   // row i at x0 + i TRB
+#ifdef Q8_X86
+    float16 acc[TILE_N];
+#pragma unroll
+    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const short8 dh = (short8)(d[b], d[nb + b], d[2 * nb + b], d[3 * nb + b], d[4 * nb + b],
+                                   d[5 * nb + b], d[6 * nb + b], d[7 * nb + b]);
+        const short8 mh = (short8)(m[b], m[nb + b], m[2 * nb + b], m[3 * nb + b], m[4 * nb + b],
+                                   m[5 * nb + b], m[6 * nb + b], m[7 * nb + b]);
+        const float8 dw8 = __builtin_ia32_vcvtph2ps256(dh), mw8 = __builtin_ia32_vcvtph2ps256(mh);
+        const float16 dw = __builtin_shufflevector(dw8, dw8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const float16 mw = __builtin_shufflevector(mw8, (float8)0.0f, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8);
+        // prefetch the next tile (the next work-item's, on this thread when it is in this
+        // work-group): its codes (2 nb lines) 2 lines a block, its scales (nb / 4 lines each) a
+        // line a block. The step's weights stream from DRAM; without this, tiles of more than 4
+        // rows stalled on them (210 linears of 8 rows: 12.4 ms in tiles of 8, 9.1 in two of 4;
+        // with it 7.1 and 7.5, on 2 loaded cores)
+        __builtin_prefetch((const __global uchar*)(q + 8 * nb) + 128 * b);
+        __builtin_prefetch((const __global uchar*)(q + 8 * nb) + 128 * b + 64);
+        if (64 * b < 16 * nb) {
+            __builtin_prefetch((const __global uchar*)(d + 8 * nb) + 64 * b);
+            __builtin_prefetch((const __global uchar*)(m + 8 * nb) + 64 * b);
+        }
+        uint8v w[4];
+        tile_words(q, nb, b, w);
+        v16si lo[4], hi[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const ushort32 z = CVT(__builtin_astype(w[g], uchar32), ushort32);
+            lo[g] = __builtin_astype(z & (ushort)0x0F, v16si);
+            hi[g] = __builtin_astype(z >> (ushort)4, v16si);
+        }
+#pragma unroll
+        for (int i = 0; i < TILE_N; i++) {   // row i: values [K] int16, then dx [K/32], sx [K/32]
+            const __global ulong* xb = (const __global ulong*)(x0 + i * TRB) + 8 * b;
+            const __global float* dx = (const __global float*)(x0 + i * TRB + 2 * TK);
+            v16si s = DOT_W16(__builtin_astype((int16)0, v16si), lo[0], __builtin_astype((ulong8)xb[0], v16si));
+#pragma unroll
+            for (int g = 1; g < 4; g++)
+                s = DOT_W16(s, lo[g], __builtin_astype((ulong8)xb[g], v16si));
+#pragma unroll
+            for (int g = 0; g < 4; g++)
+                s = DOT_W16(s, hi[g], __builtin_astype((ulong8)xb[4 + g], v16si));
+            acc[i] = fma(CVT(__builtin_astype(s, int16), float16), dw * dx[b],
+                         fma(mw, (float16)dx[nb + b], acc[i]));
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < TILE_N; i++) {
+        const float8 y = acc[i].even + acc[i].odd;
+        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
+            KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, y);
+        else if (n0 + i < N)
+            vstore8(y, 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
+    }
+#else
+    float8 acc[TILE_N];
+    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        float dws[8], mws[8];
+        int sums[TILE_N][8];
+        for (int j = 0; j < 8; j++) {
+            dws[j] = HALF(d, j * nb + b);
+            mws[j] = HALF(m, j * nb + b);
+            const uchar16 wq = as_uchar16(q[j * nb + b]);
+            const int16 wl = convert_int16(wq & (uchar)0x0F), wh = convert_int16(wq >> (uchar)4);
+            for (int i = 0; i < TILE_N; i++) {
+                const __global short16* x = (const __global short16*)(x0 + i * TRB) + 2 * b;
+                const int16 p = wl * convert_int16(x[0]) + wh * convert_int16(x[1]);
+                const int8 s8 = p.lo + p.hi;
+                const int4 s4 = s8.lo + s8.hi;
+                sums[i][j] = s4.x + s4.y + s4.z + s4.w;
+            }
+        }
+        const float8 dw = vload8(0, dws), mw = vload8(0, mws);
+        for (int i = 0; i < TILE_N; i++) {
+            const __global float* dx = (const __global float*)(x0 + i * TRB + 2 * TK);
+            acc[i] += convert_float8(vload8(0, sums[i])) * (dw * dx[b]) + mw * dx[nb + b];
+        }
+    }
+    for (int i = 0; i < TILE_N; i++)
+        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
+            KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, acc[i]);
+        else if (n0 + i < N)
+            vstore8(acc[i], 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
+#endif
 }
 #endif

@@ -173,6 +173,66 @@ __kernel void lm_head_rows(__global uchar* arena, ulong x_o, ulong qs_o, ulong d
         if (n0 + i < N) AT(float, out_o)[(size_t)(n0 + i) * V + r] = hsum8(acc[i]);
 }
 
+#if defined(Q8_X86) && defined(__AVX512F__)
+// lm_head_rows on AVX-512 (CLKernels launches it where a build has it): two table rows a
+// work-item, each block's 32 weights times its scale first (exact in f32: |q| <= 128 times an
+// f16), then one fma a value, row and table row, 16 lanes at a time: each 16 values of x loaded
+// once for both table rows (lm_head_rows' float8 form is bound by its loads of x). The sums
+// differ from lm_head_rows' by rounding only.  global (ceil(V / 2) rounded up, ceil(N / LM_TN))
+typedef float float16u __attribute__((ext_vector_type(16), aligned(4)));   // unaligned loads
+typedef char char32u __attribute__((ext_vector_type(32), aligned(1)));
+__kernel void lm_head_rows2(__global uchar* arena, ulong x_o, ulong qs_o, ulong d_o, ulong out_o,
+                            int D, int V, int N)
+{
+    const int r = 2 * get_global_id(0), n0 = get_global_id(1) * LM_TN;
+    if (r >= V) return;
+    const int r1 = r + 1 < V ? r + 1 : r, nb = D / QK;      // an odd V: the last row twice
+    const __global char* qa = AT(const char, qs_o) + (size_t)r * D;
+    const __global char* qb = AT(const char, qs_o) + (size_t)r1 * D;
+    const __global ushort* da = AT(const ushort, d_o) + (size_t)r * nb;
+    const __global ushort* db = AT(const ushort, d_o) + (size_t)r1 * nb;
+    const __global float* x[LM_TN];
+    // accumulators [table row][row]; up to 4 rows a second pair for the blocks' high halves:
+    // fma chains of one a block, not two (their latency would bind a few rows)
+#define LM_H (LM_TN <= 4 ? 2 : 1)
+    float16 acc[LM_H][LM_TN], acc1[LM_H][LM_TN];
+#pragma unroll
+    for (int i = 0; i < LM_TN; i++) {
+        x[i] = AT(const float, x_o) + (size_t)(n0 + i < N ? n0 + i : N - 1) * D;
+#pragma unroll
+        for (int h = 0; h < LM_H; h++) acc[h][i] = acc1[h][i] = 0.0f;
+    }
+    __builtin_prefetch(da + 2 * nb);              // the next pair's scales and, a line a block,
+    for (int b = 0; b < nb; b++) {                // its 2 D bytes of weights (nb = 2 D / 64)
+        __builtin_prefetch(qa + 2 * D + 64 * b);
+        const char32u va = *(const __global char32u*)(qa + QK * b);
+        const char32u vb = *(const __global char32u*)(qb + QK * b);
+        const float sa = HALF(da, b), sb = HALF(db, b);
+        const float16 a0 = CVT(va.lo, float16) * sa, a1 = CVT(va.hi, float16) * sa;
+        const float16 b0 = CVT(vb.lo, float16) * sb, b1 = CVT(vb.hi, float16) * sb;
+#pragma unroll
+        for (int i = 0; i < LM_TN; i++) {
+            const __global float16u* xb = (const __global float16u*)(x[i] + QK * b);
+            const float16 x0 = xb[0], x1 = xb[1];
+            acc[0][i] = fma(a0, x0, acc[0][i]);
+            acc1[0][i] = fma(b0, x0, acc1[0][i]);
+            acc[LM_H - 1][i] = fma(a1, x1, acc[LM_H - 1][i]);
+            acc1[LM_H - 1][i] = fma(b1, x1, acc1[LM_H - 1][i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < LM_TN; i++)
+        if (n0 + i < N) {
+            const float16 ya = LM_H == 2 ? acc[0][i] + acc[LM_H - 1][i] : acc[0][i];
+            const float16 yb = LM_H == 2 ? acc1[0][i] + acc1[LM_H - 1][i] : acc1[0][i];
+            __global float* o = AT(float, out_o) + (size_t)(n0 + i) * V + r;
+            o[0] = hsum8(ya.lo + ya.hi);
+            if (r + 1 < V) o[1] = hsum8(yb.lo + yb.hi);
+        }
+}
+#undef LM_H
+#endif
+
 // ---- a decode batch's linears with prepared (int16 / int8) activations (precision q16 / q8) ----
 // prep_rows: x [N, K] -> prepared rows (decode.cl's act format), row n at s_o + n * row_bytes;
 // rows n >= N (a launch padded to whole tiles, batch.cl) repeat row N-1.
