@@ -89,7 +89,7 @@ def test_speculation_over_http_usage_metrics_and_a_bad_value(door):
     assert drafted["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
     text = requests.get(url + "/metrics", headers=auth, timeout=30).text
     assert "socllm_spec_decode_accepted_tokens_total" in text
-    r = _post(url, {**body, "speculate": "heads"})
+    r = _post(url, {**body, "speculate": "medusa"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculate", r.text
 
 
