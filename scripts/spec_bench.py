@@ -62,6 +62,8 @@ import sys
 import time
 from pathlib import Path
 
+from socllm.policies.drafting import MODES
+
 HERE = Path(__file__).resolve().parent
 PROMPTS = HERE / "data" / "spec_prompts.json"
 RESULTS = HERE / "results"
@@ -105,9 +107,9 @@ def llama_variants(spec: str) -> list:
 
 def socllm_modes(spec: str) -> list:
     modes = [m.strip() for m in spec.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("off", "auto", "lookup")]
+    bad = [m for m in modes if m not in MODES]
     if bad or not modes or len(set(modes)) != len(modes):
-        raise ValueError(f"--modes: distinct values of off, auto, lookup; got {spec!r}")
+        raise ValueError(f"--modes: distinct values of {', '.join(MODES)}; got {spec!r}")
     return modes
 
 

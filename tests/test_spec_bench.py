@@ -31,7 +31,7 @@ def test_variants_modes_and_order():
             llama_variants(bad)
     assert socllm_modes("off,auto") == ["off", "auto"]
     with pytest.raises(ValueError):
-        socllm_modes("off,heads")
+        socllm_modes("off,medusa")
     assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"] and rotated([], 3) == []
     assert spread([3, None, 1, 2]) == {"min": 1, "median": 2, "max": 3, "n": 3} and spread([None]) is None
 
