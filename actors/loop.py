@@ -257,8 +257,8 @@ class ServingEngine:
         t["decode_rows"] += len(rows)
         t["decode_kernels_s"] += t1 - t0
         t["decode_s"] += time.perf_counter() - t0
-        if self.speculator:
-            self.speculator.costs.observe(len(rows), t1 - t0)
+        if self.speculator:         # a step's cost: its kernels and the verification of its rows
+            self.speculator.costs.observe(len(rows), time.perf_counter() - t0)
 
     def _room(self, batch: list, drafts: list) -> list:
         """Drafts cut to the KV blocks the pool can give their rows now."""

@@ -31,6 +31,10 @@ MODES = ("auto", "off", "lookup", "heads")     # --speculate / a request's specu
 MAX_DRAFT = 15                        # drafted tokens one sequence verifies in a step
 FORCED = -1                           # a draft's "n-gram length" when a grammar forced it
 HEADS = -2                            # ... when draft heads made it
+# a draft row must promise this share more tokens a second than the step without it: a batch of
+# short requests (acceptance still the prior) on a step that is already compute-bound lost 12 %
+# of its throughput to drafts at 0 (8-16 streams, scripts/results/serve-2core-zen5-q16tiles*.json)
+MARGIN = 0.05
 
 
 def check_mode(mode) -> str:
@@ -76,8 +80,8 @@ class Acceptance:
     """A sequence's drafted and accepted tokens, and its acceptance rate (an average over recent
     drafts that drifts back to `prior` while nothing is drafted, so a sequence whose drafts were
     rejected is tried again later)."""
-    prior: float = 0.6
-    rate: float = 0.6
+    prior: float = 0.5
+    rate: float = 0.5
     drafted: int = 0
     accepted: int = 0
     steps: int = 0                      # verification steps (rows drafted > 0)
@@ -102,14 +106,15 @@ def expected(rate: float, k: int) -> float:
     return sum(rate ** j for j in range(k + 1))
 
 
-def choose(cost: list, rates: list, limits: list, max_rows: int) -> list:
+def choose(cost: list, rates: list, limits: list, max_rows: int, margin: float = 0.0) -> list:
     """Drafted tokens per sequence for one step.
 
     cost[n]: seconds of a step of n rows (n = 1 .. len(cost) - 1; cost[0] unused), this device's
     profile; rates[i]: sequence i's acceptance rate; limits[i]: the most it may draft (what its
     drafter found, its room in the context and max_tokens). A step has one row per sequence plus
     its drafts, at most max_rows (and len(cost) - 1). A row is added where its expected tokens
-    (rate^(k+1)) are highest, as long as tokens per second grow."""
+    (rate^(k+1)) are highest, as long as tokens per second grow (by more than `margin`, a share:
+    what the costs' noise and the rates' errors could eat)."""
     ks = [0] * len(rates)
     rows = len(rates)
     top = min(max_rows, len(cost) - 1)
@@ -129,11 +134,9 @@ def choose(cost: list, rates: list, limits: list, max_rows: int) -> list:
             trial_k += 1
             trial_tokens += rates[i] ** trial_k
             trial_rows += 1
-            if trial_tokens / cost[trial_rows] > best:
+            if trial_tokens / cost[trial_rows] > best * (1 + margin):
                 break
         else:
-            break
-        if trial_tokens / cost[trial_rows] <= best:
             break
         ks[i], tokens, rows = trial_k, trial_tokens, trial_rows
         best = tokens / cost[rows]
@@ -243,7 +246,7 @@ class Speculator:
                 found[i] = [int(x) for x in t[:room]]
                 batch[i].spec.n = HEADS
                 rates[i] = batch[i].spec.rate()
-        ks = choose(self.costs.table(), rates, [len(f) for f in found], self.max_rows)
+        ks = choose(self.costs.table(), rates, [len(f) for f in found], self.max_rows, MARGIN)
         return [f[:k] for f, k in zip(found, ks)]
 
     def _heads_pay(self, rate: float, room: int, rows: int) -> bool:
@@ -254,7 +257,7 @@ class Speculator:
         if rows >= len(cost) - 1:
             return False
         extra = self.heads_s or 0.0
-        plain = rows / cost[rows]
+        plain = rows / cost[rows] * (1 + MARGIN)
         return any((rows - 1 + expected(rate, k)) / (cost[rows + k] + extra) > plain
                    for k in range(1, min(room, len(cost) - 1 - rows) + 1))
 

@@ -167,9 +167,11 @@ def summarize(results: list, wall: float, errors=()) -> dict:
 class Socllm:
     name = "socllm"
 
-    def __init__(self, gguf: str, max_seqs: int, precision: str | None = None):
+    def __init__(self, gguf: str, max_seqs: int, precision: str | None = None,
+                 speculate: str | None = None):
         self.svc, self.info, self.url = start_socllm(
-            gguf, max_seqs=max_seqs, **({"precision": precision} if precision else {}))
+            gguf, max_seqs=max_seqs, **({"precision": precision} if precision else {}),
+            **({"speculate": speculate} if speculate else {}))
         pl = self.info["placement"]
         self.version = f"socllm (plan {self.info['plan']}: prefill on the {pl['prefill']}, decode on " \
                        f"the {pl['decode']}, PoCL; {self.info['precision']})"
@@ -248,6 +250,7 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-server", default=None, help="the binary (default: on PATH or in .venv/bin)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--precision", default=None, help="socllm's (default: the service's default)")
+    ap.add_argument("--speculate", default=None, help="socllm's --speculate (default: the service's, auto)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
@@ -262,7 +265,7 @@ def main(argv=None) -> int:
         except Exception as e:
             missing[p] = f"{type(e).__name__}: {e}"
             print(f"# {p}: missing ({missing[p]})", file=sys.stderr)
-    engines.insert(0, Socllm(gguf, max(levels), a.precision))
+    engines.insert(0, Socllm(gguf, max(levels), a.precision, a.speculate))
     rows = []
     try:
         for rep in range(a.reps):

@@ -88,6 +88,8 @@ def test_the_chooser_shares_rows_between_sequences_and_respects_limits():
     # a step that is already full drafts nothing; costs that double per row draft nothing
     assert choose(cost, [0.9] * 8, [4] * 8, 8) == [0] * 8
     assert choose([0, 1, 2, 4, 8], [0.9], [3], 8) == [0]
+    # a row that promises less than the margin is not added
+    assert choose([0, 1.0, 1.1], [0.12], [1], 2) == [1] and choose([0, 1.0, 1.1], [0.12], [1], 2, 0.05) == [0]
 
 
 def test_acceptance_rate_follows_runs_and_drifts_back_when_unused():
@@ -154,5 +156,6 @@ def test_heads_run_only_where_they_can_pay_for_their_own_time():
     assert s._heads_pay(0.6, 3, 1)              # 1.6 tokens in 10 ms against 1 in 8
     assert not s._heads_pay(0.15, 3, 1)         # 1.15 in 10 ms: not worth it
     s.heads_s = 0.0
-    assert s._heads_pay(0.15, 3, 1)             # free heads: 1.15 in 9 ms
+    assert s._heads_pay(0.3, 3, 1)              # free heads: 1.3 in 9 ms
+    assert not s._heads_pay(0.15, 3, 1)         # 1.15 in 9 ms: within the margin of 1 in 8
     assert not s._heads_pay(0.9, 3, 8)          # a full step has no row for them
