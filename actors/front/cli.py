@@ -84,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="end the text before TEXT (up to 4 times)")
     g.add_argument("--address", default=None, help=ADDRESS_HELP + "; none found: a private engine")
     g.add_argument("--speculate", choices=SPECULATE, default=None,
-                   help=f"{SPECULATE_HELP} (default: a running service's, else {srv.speculate})")
+                   help=f"{SPECULATE_HELP} (default: a running service's, else off: a private "
+                        "engine builds its kernels as they are first used, which costs a short "
+                        "request more than drafts save)")
     g.add_argument("--draft-max", type=int, default=None,
                    help=f"a private engine's most drafted tokens a step (default {srv.draft_max})")
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
