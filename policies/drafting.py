@@ -206,6 +206,7 @@ class Speculator:
     def drafts(self, batch: list, context: int) -> list:
         """[drafted tokens] per sequence of the batch (Sequence: policies/request.py)."""
         found, rates, ask = [], [], []
+        cost = self.costs.table()
         for s in batch:
             mode = self.mode if s.speculate is None else s.speculate
             if mode == "off" or self.mode == "off":
@@ -232,7 +233,7 @@ class Speculator:
             # often than drafts from an n-gram this long
             if mode != "lookup" and not forced and self.heads is not None and sp.hidden is not None \
                     and room > 0 and (not draft or sp.rate(HEADS) > sp.rate()) \
-                    and (mode == "heads" or self._heads_pay(sp.rate(HEADS), room, len(batch))):
+                    and (mode == "heads" or self._heads_pay(cost, sp.rate(HEADS), room, len(batch))):
                 ask.append((len(found), room))
             found.append(draft)
             # lookup: drafted wherever found, while the step has rows
@@ -246,14 +247,14 @@ class Speculator:
                 found[i] = [int(x) for x in t[:room]]
                 batch[i].spec.n = HEADS
                 rates[i] = batch[i].spec.rate()
-        ks = choose(self.costs.table(), rates, [len(f) for f in found], self.max_rows, MARGIN)
+        ks = choose(cost, rates, [len(f) for f in found], self.max_rows, MARGIN)
         return [f[:k] for f, k in zip(found, ks)]
 
-    def _heads_pay(self, rate: float, room: int, rows: int) -> bool:
+    def _heads_pay(self, cost: list, rate: float, room: int, rows: int) -> bool:
         """Whether running the heads for one more sequence of a step of `rows` rows can pay for
         itself: the best draft length at their acceptance rate gives more tokens a second than
-        the step without, counting the heads' own time (measured) as part of the step."""
-        cost = self.costs.table()
+        the step without, counting the heads' own time (measured) as part of the step.
+        cost: the step costs' table (StepCosts.table)."""
         if rows >= len(cost) - 1:
             return False
         extra = self.heads_s or 0.0

@@ -60,7 +60,8 @@ class Constraint:
         self.matcher = llguidance.LLMatcher(grammars.tok, grammar, log_level=0)
         # [1 + MAX_DRAFT, ceil(V/32)]: row j, the mask after the step's first j drafted tokens
         self.masks = llnp.allocate_token_bitmask(1 + MAX_DRAFT, grammars.vocab)
-        self.draft: list = []        # this step's drafted tokens (policies/drafting.py)
+        self.draft: list = []        # this step's drafted tokens not yet taken (policies/drafting.py)
+        self.row = 0                 # the mask row of the next token
         self.ready = False           # the masks are this step's
 
     def forced(self) -> list:
@@ -73,7 +74,7 @@ class Constraint:
     def set_draft(self, draft: list) -> list:
         """This step's drafted tokens, cut where the grammar would refuse one."""
         n = 0 if self.matcher.is_stopped() or not draft else self.matcher.validate_tokens(draft)
-        self.draft, self.ready = list(draft[:n]), False
+        self.draft, self.ready, self.row = list(draft[:n]), False, 0
         return self.draft
 
     def fill(self):
@@ -89,14 +90,14 @@ class Constraint:
             llnp.fill_next_token_bitmask(m, self.masks, j)
         if self.draft:
             m.rollback(len(self.draft))
-        self.ready = True
+        self.ready, self.row = True, 0
 
-    def apply(self, logits: np.ndarray, row: int = 0) -> np.ndarray:
-        """logits [V] of the step's `row` (0, or after `row` drafted tokens were accepted; a view
-        of the pool: not written) -> a copy with every token the grammar does not allow there at
-        -inf."""
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """logits [V] of the next token (a view of the pool: not written) -> a copy with every
+        token the grammar does not allow there at -inf (the mask after the drafted tokens taken
+        so far this step)."""
         self.fill()
-        allowed = np.unpackbits(self.masks[row].view(np.uint8), bitorder="little")[:logits.shape[0]]
+        allowed = np.unpackbits(self.masks[self.row].view(np.uint8), bitorder="little")[:logits.shape[0]]
         return np.where(allowed.astype(bool), logits, np.float32(-np.inf))
 
     def take(self, token: int):
@@ -106,8 +107,7 @@ class Constraint:
             if not self.matcher.consume_token(token):
                 raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
         if self.draft and token == self.draft[0]:
-            self.draft = self.draft[1:]
-            self.masks[:-1] = self.masks[1:].copy()
+            self.draft, self.row = self.draft[1:], self.row + 1
         else:
             self.draft, self.ready = [], False
 

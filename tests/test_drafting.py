@@ -153,9 +153,9 @@ def test_heads_run_only_where_they_can_pay_for_their_own_time():
     from socllm.policies.drafting import Speculator
     s = Speculator("auto", 8, 8, {1: 0.008, 2: 0.009, 3: 0.0095, 4: 0.010})
     s.heads_s = 0.001
-    assert s._heads_pay(0.6, 3, 1)              # 1.6 tokens in 10 ms against 1 in 8
-    assert not s._heads_pay(0.15, 3, 1)         # 1.15 in 10 ms: not worth it
+    assert s._heads_pay(s.costs.table(), 0.6, 3, 1)              # 1.6 tokens in 10 ms against 1 in 8
+    assert not s._heads_pay(s.costs.table(), 0.15, 3, 1)         # 1.15 in 10 ms: not worth it
     s.heads_s = 0.0
-    assert s._heads_pay(0.3, 3, 1)              # free heads: 1.3 in 9 ms
-    assert not s._heads_pay(0.15, 3, 1)         # 1.15 in 9 ms: within the margin of 1 in 8
-    assert not s._heads_pay(0.9, 3, 8)          # a full step has no row for them
+    assert s._heads_pay(s.costs.table(), 0.3, 3, 1)              # free heads: 1.3 in 9 ms
+    assert not s._heads_pay(s.costs.table(), 0.15, 3, 1)         # 1.15 in 9 ms: within the margin of 1 in 8
+    assert not s._heads_pay(s.costs.table(), 0.9, 3, 8)          # a full step has no row for them
