@@ -151,6 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     add_parser(sub)
     from socllm.actors.front.plan import add_parser as add_plan
     add_plan(sub)
+    from socllm.actors.front.calibrate import add_parser as add_calibrate
+    add_calibrate(sub)
     return p
 
 
@@ -276,6 +278,9 @@ def main(argv=None) -> int:
         if a.cmd == "plan":
             from socllm.actors.front.plan import run as plan
             return plan(a)
+        if a.cmd == "calibrate":
+            from socllm.actors.front.calibrate import run as calibrate
+            return calibrate(a)
         if a.cmd == "simulate":
             from socllm.actors.front.simulate import run
             return run(a)
