@@ -44,8 +44,7 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         for part, shape, dt in [("attn_norm", (D,), "f32"), ("ffn_norm", (D,), "f32"),
                                 ("attn_q", (H * hd, D), "q4_1"), ("attn_k", (kv_cols, D), "q4_1"),
                                 ("attn_v", (kv_cols, D), "q4_1"), ("attn_output", (D, H * hd), "q4_1"),
-                                ("ffn_gate", (F, D), "q4_1"), ("ffn_up", (F, D), "q4_1"),
-                                ("ffn_down", (D, F), "q4_1")]:
+                                *_ffn_weights(cfg)]:
             g.tensor(weight_name(i, part), shape, dt, "weight")
         if cfg.qk_norm:
             g.tensor(f"blk.{i}.attn_q_norm.weight", (hd,), "f32", "weight")
@@ -108,13 +107,43 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         lin(i, "attn_output", p + "att", p + "o", H * hd, D)
         g.add("add", {"a": x, "b": post_norm(i, "post_attention_norm", p + "o")}, {"out": p + "h"}, i, D=D)
         g.add("rmsnorm", {"x": p + "h", "w": weight_name(i, "ffn_norm")}, {"out": p + "hn"}, i, D=D, eps=cfg.eps)
-        lin(i, "ffn_gate", p + "hn", p + "gate", D, F)
-        lin(i, "ffn_up", p + "hn", p + "up", D, F)
-        g.add(f"{cfg.act}_mul", {"g": p + "gate", "u": p + "up"}, {"out": p + "act"}, i, F=F)
-        lin(i, "ffn_down", p + "act", p + "down", F, D)
+        if cfg.n_experts:
+            _moe(g, cfg, i, p)
+        else:
+            lin(i, "ffn_gate", p + "hn", p + "gate", D, F)
+            lin(i, "ffn_up", p + "hn", p + "up", D, F)
+            g.add(f"{cfg.act}_mul", {"g": p + "gate", "u": p + "up"}, {"out": p + "act"}, i, F=F)
+            lin(i, "ffn_down", p + "act", p + "down", F, D)
         g.add("add", {"a": p + "h", "b": post_norm(i, "post_ffw_norm", p + "down")}, {"out": p + "y"}, i, D=D)
         x = p + "y"
     g.add("rmsnorm", {"x": x, "w": "output_norm.weight"}, {"out": "xf"}, D=D, eps=cfg.eps)
     g.add("lm_head", {"x": "xf", "table": head}, {"out": "logits"}, D=D, V=cfg.vocab,
           **({"all_rows": True} if all_rows else {}))
     return g
+
+
+def _ffn_weights(cfg) -> list:
+    """(part, shape, dtype) of a layer's FFN weights: a dense MLP's three matrices, or an MoE's
+    router [E, D] and its experts stacked by rows (expert e's matrix: rows e*out .. (e+1)*out)."""
+    D, F, E = cfg.dim, cfg.ffn_dim, cfg.n_experts
+    if not E:
+        return [("ffn_gate", (F, D), "q4_1"), ("ffn_up", (F, D), "q4_1"), ("ffn_down", (D, F), "q4_1")]
+    return [("ffn_gate_inp", (E, D), "f32"), ("ffn_gate_exps", (E * F, D), "q4_1"),
+            ("ffn_up_exps", (E * F, D), "q4_1"), ("ffn_down_exps", (E * D, F), "q4_1")]
+
+
+def _moe(g: Graph, cfg, i: int, p: str):
+    """A mixture-of-experts FFN (NPUMoE; llama.cpp's build_moe_ffn): the router's logits, exact
+    top-k routing (moe_route: each row's k experts and weights), each row's k experts' gate and up
+    (moe_linear: [N, k*F]), the gated product, and the k experts' down projections summed by their
+    weights in rank order ([N, D])."""
+    D, F, E, k = cfg.dim, cfg.ffn_dim, cfg.n_experts, cfg.n_experts_used
+    g.add("linear", {"x": p + "hn", "w": weight_name(i, "ffn_gate_inp")}, {"out": p + "logit"}, i,
+          K=D, M=E)
+    g.add("moe_route", {"x": p + "logit"}, {"out": p + "route"}, i, E=E, k=k, norm=int(cfg.moe_norm))
+    for part, out in (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up")):
+        g.add("moe_linear", {"x": p + "hn", "route": p + "route", "w": weight_name(i, part)},
+              {"out": p + out}, i, K=D, M=F, E=E, k=k, per_slot=0, combine=0)
+    g.add(f"{cfg.act}_mul", {"g": p + "gate", "u": p + "up"}, {"out": p + "act"}, i, F=k * F)
+    g.add("moe_linear", {"x": p + "act", "route": p + "route", "w": weight_name(i, "ffn_down_exps")},
+          {"out": p + "down"}, i, K=F, M=D, E=E, k=k, per_slot=1, combine=1)

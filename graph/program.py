@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import msgpack
 
 WEIGHT_REFS = ("w4", "wq", "wt", "w8", "wf")
-OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "silu_mul", "gelu_mul", "add", "lm_head")
+OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "silu_mul", "gelu_mul", "add", "lm_head",
+       "moe_route", "moe_linear")
 
 
 @dataclass

@@ -48,6 +48,11 @@ class ModelConfig:
     window: int = 0            # sliding-window layers see their last `window` keys; 0: none
     swa_layers: tuple = ()     # the sliding-window layers
     rope_theta_swa: float = 0.0   # their rope base
+    # Mixture of experts (Mixtral-style `llama`; NPUMoE): n_experts FFNs of ffn_dim each, a router
+    # ffn_gate_inp [E, dim]; each token takes n_experts_used of them (0: a dense model)
+    n_experts: int = 0
+    n_experts_used: int = 0
+    moe_norm: bool = True      # the chosen experts' softmax weights renormalized to sum 1
 
     def layer_window(self, i: int) -> int:
         """Keys layer i sees behind a query, itself included (0: all of them)."""
@@ -78,6 +83,9 @@ class ModelConfig:
         if self.swa_layers and (self.window <= 0 or self.rope_theta_swa <= 0):
             raise ModelError(f"model config: sliding-window layers need a window and a rope base "
                              f"(got {self.window}, {self.rope_theta_swa})")
+        if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
+            raise ModelError(f"model config: {self.n_experts_used} experts used of "
+                             f"{self.n_experts} (need 1 .. {self.n_experts})")
         if self.rope_theta <= 0 or not 0 < self.eps < 1:
             raise ModelError(f"model config: bad rope_theta {self.rope_theta} or eps {self.eps}")
 
@@ -128,6 +136,8 @@ def read_config(reader: GGUFReader) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_freqs="rope_freqs.weight" in names,
         qk_norm=arch in ("qwen3", "gemma3"),
+        n_experts=int(_field(reader, f"{arch}.expert_count", 0)),
+        n_experts_used=int(_field(reader, f"{arch}.expert_used_count", 0)),
         **(_gemma3(reader, arch) if arch == "gemma3" else {}),
     )
     return cfg
@@ -171,7 +181,8 @@ def load_weights(reader: GGUFReader, cfg: ModelConfig) -> dict[str, dict | np.nd
         if len(t.shape) == 1:
             weights[t.name] = np.array(t.data, np.float32).reshape(-1)  # copy: off the mmap
             continue
-        cols, rows = (int(n) for n in t.shape)  # GGUF lists ne0 (the input width) first
+        # GGUF lists ne0 (the input width) first; experts [E, M, K] stack as one [E*M, K] matrix
+        cols, rows = int(t.shape[0]), int(np.prod([int(n) for n in t.shape[1:]]))
         kind = t.tensor_type.name
         if t.name in TABLES and kind == "Q8_0":
             weights[t.name] = repack_q8_0(t.data, rows, cols)
@@ -198,10 +209,17 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple
              "attn_k.weight": (MATRIX, (c.kv_dim, c.dim)),
              "attn_v.weight": (MATRIX, (c.kv_dim, c.dim)),
              "attn_output.weight": (MATRIX, (c.dim, c.q_dim)),
-             "ffn_norm.weight": (VECTOR, (c.dim,)),
-             "ffn_gate.weight": (MATRIX, (c.ffn_dim, c.dim)),
-             "ffn_up.weight": (MATRIX, (c.ffn_dim, c.dim)),
-             "ffn_down.weight": (MATRIX, (c.dim, c.ffn_dim))}
+             "ffn_norm.weight": (VECTOR, (c.dim,))}
+    if c.n_experts:          # [E, out, in]: expert e's matrix is rows e*out .. (e+1)*out
+        E = c.n_experts
+        block.update({"ffn_gate_inp.weight": (FLOAT_TYPES, (E, c.dim)),
+                      "ffn_gate_exps.weight": (MATRIX, (E, c.ffn_dim, c.dim)),
+                      "ffn_up_exps.weight": (MATRIX, (E, c.ffn_dim, c.dim)),
+                      "ffn_down_exps.weight": (MATRIX, (E, c.dim, c.ffn_dim))})
+    else:
+        block.update({"ffn_gate.weight": (MATRIX, (c.ffn_dim, c.dim)),
+                      "ffn_up.weight": (MATRIX, (c.ffn_dim, c.dim)),
+                      "ffn_down.weight": (MATRIX, (c.dim, c.ffn_dim))})
     if c.rope_freqs:
         table["rope_freqs.weight"] = (VECTOR, (c.head_dim // 2,))
     if c.qk_norm:

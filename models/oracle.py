@@ -25,6 +25,11 @@ class KVCache:
 class Oracle:
     def __init__(self, cfg: ModelConfig, weights: dict):
         self.cfg = cfg
+        # tap(layer, name, value): sees the layer's intermediates (calibration, models/moefy.py):
+        # "attn_out" [T, dim] (the attention's output, before the residual add), "ffn_in" [T, dim]
+        # (the ffn_norm output), and "ffn_act" [T, ffn] (a dense layer's gate*up) or "moe_logits"
+        # [T, E] and "moe_sel" [T, k] (an MoE layer's router logits and chosen experts)
+        self.tap = None
         w = {name: _dequant(t) for name, t in weights.items()}  # matrices [out, in], vectors [n]
         self.embd = w["token_embd.weight"]                                  # [vocab, dim]
         self.lm_head = self.embd if cfg.tied_embeddings else w["output.weight"]  # [vocab, dim]
@@ -74,11 +79,44 @@ class Oracle:
                 a = _rmsnorm(a, lw["post_attention_norm.weight"], c.eps)
             x = x + a
             h = _rmsnorm(x, lw["ffn_norm.weight"], c.eps)
-            m = (gate(h @ lw["ffn_gate.weight"].T) * (h @ lw["ffn_up.weight"].T)) @ lw["ffn_down.weight"].T
+            self._tap(i, "attn_out", a)
+            self._tap(i, "ffn_in", h)
+            m = self._moe(i, lw, h, gate) if c.n_experts else self._mlp(i, lw, h, gate)
             if c.post_norms:
                 m = _rmsnorm(m, lw["post_ffw_norm.weight"], c.eps)
             x = x + m
         return _rmsnorm(x, self.out_norm, c.eps)
+
+    def _tap(self, i, name, value):
+        if self.tap is not None:
+            self.tap(i, name, value)
+
+    def _mlp(self, i, lw, h, gate):
+        act = gate(h @ lw["ffn_gate.weight"].T) * (h @ lw["ffn_up.weight"].T)    # [T, ffn]
+        self._tap(i, "ffn_act", act)
+        return act @ lw["ffn_down.weight"].T
+
+    def _moe(self, i, lw, h, gate):
+        """A mixture-of-experts FFN with exact top-k routing, as llama.cpp's build_moe_ffn: softmax
+        over all E router logits, the k largest (ties: the lower id), their weights renormalized
+        (families with norm_topk), y = sum over the k in rank order of w_j * FFN_{e_j}(h)."""
+        c = self.cfg
+        z = h @ lw["ffn_gate_inp.weight"].T                                 # [T, E]
+        sel, w = route(z, c.n_experts_used, c.moe_norm)                     # [T, k] each
+        self._tap(i, "moe_logits", z)
+        self._tap(i, "moe_sel", sel)
+        F = c.ffn_dim
+        G = lw["ffn_gate_exps.weight"].reshape(c.n_experts, F, c.dim)       # [E, F, dim]
+        U = lw["ffn_up_exps.weight"].reshape(c.n_experts, F, c.dim)         # [E, F, dim]
+        Dn = lw["ffn_down_exps.weight"].reshape(c.n_experts, c.dim, F)      # [E, dim, F]
+        y = np.zeros((*sel.shape, c.dim), F32)                              # [T, k, dim]
+        for e in np.unique(sel):
+            t, j = np.nonzero(sel == e)
+            y[t, j] = (gate(h[t] @ G[e].T) * (h[t] @ U[e].T)) @ Dn[e].T
+        out = w[:, 0, None] * y[:, 0]
+        for j in range(1, sel.shape[1]):                                    # in rank order
+            out = out + w[:, j, None] * y[:, j]
+        return out
 
     def _attention(self, i, lw, h, pos0, cos, sin, kv):
         c, T = self.cfg, h.shape[0]
@@ -126,6 +164,19 @@ class Oracle:
         else:
             out[..., 0::2], out[..., 1::2] = ra, rb
         return out
+
+
+def route(z: np.ndarray, k: int, norm: bool = True):
+    """Router logits z [T, E] -> (experts [T, k] int, weights [T, k] f32): softmax over all E, the
+    top k by probability (ties: the lower id, a stable sort; llama.cpp leaves tie order open),
+    renormalized to sum 1 when norm (clamped below at 2^-14, as llama.cpp does)."""
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    sel = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, sel, axis=1)
+    if norm:
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), F32(6.103515625e-5))
+    return sel, w.astype(F32)
 
 
 def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

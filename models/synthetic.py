@@ -42,13 +42,16 @@ def blocks(qtype: str, x: np.ndarray, rng) -> np.ndarray:
 
 def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, ffn=64,
                layers=1, vocab=257, table="Q8_0", head_dim=16, heads=None, window=4,
-               swa_pattern=3, kv_heads=None, random=False, context=64, meta=None) -> str:
+               swa_pattern=3, kv_heads=None, random=False, context=64, meta=None, experts=0,
+               top_k=2) -> str:
     """matrix: the type of the layers' matrices; table: the token embedding's; types: {name:
     type} for single tensors; extra: f32 vectors beside the Llama ones (rope_freqs.weight: [hd/2];
     a name with "norm": [hd]; others [8]). heads: query heads (default dim / head_dim), kv_heads
     (default half of them). random: block matrices of random valid blocks rather than quantized
     weights (fast at a real model's size: scripts/gpu_decode.py's runs); vocab beyond 257: filler
     tokens.
+    experts: a mixture of experts (Mixtral-style tensors): `experts` FFNs of width ffn each, an F32
+    router, top_k of them used a token.
     gemma3: sliding-window layers of `window` keys, every swa_pattern-th layer global, rope base
     1e6 (global layers) and llama.cpp's default 1e4 (sliding ones). meta: more metadata, {key
     after "ARCH.": a str or a float}."""
@@ -63,6 +66,8 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     w.add_feed_forward_length(ffn), w.add_head_count(heads), w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)
     w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab), w.add_key_length(hd), w.add_value_length(hd)
+    if experts:
+        w.add_expert_count(experts), w.add_expert_used_count(top_k)
     if arch == "gemma3":
         w.add_sliding_window(window), w.add_sliding_window_pattern(swa_pattern)
     for key, value in (meta or {}).items():
@@ -79,9 +84,15 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
         b = f"blk.{i}."
         shapes.update({b + "attn_norm.weight": (dim,), b + "ffn_norm.weight": (dim,),
                        b + "attn_q.weight": (q_dim, dim), b + "attn_k.weight": (kv_dim, dim),
-                       b + "attn_v.weight": (kv_dim, dim), b + "attn_output.weight": (dim, q_dim),
-                       b + "ffn_gate.weight": (ffn, dim), b + "ffn_up.weight": (ffn, dim),
-                       b + "ffn_down.weight": (dim, ffn)})
+                       b + "attn_v.weight": (kv_dim, dim), b + "attn_output.weight": (dim, q_dim)})
+        if experts:
+            shapes.update({b + "ffn_gate_inp.weight": (experts, dim),
+                           b + "ffn_gate_exps.weight": (experts, ffn, dim),
+                           b + "ffn_up_exps.weight": (experts, ffn, dim),
+                           b + "ffn_down_exps.weight": (experts, dim, ffn)})
+        else:
+            shapes.update({b + "ffn_gate.weight": (ffn, dim), b + "ffn_up.weight": (ffn, dim),
+                           b + "ffn_down.weight": (dim, ffn)})
         if arch == "gemma3":                                # sublayer outputs normed
             shapes.update({b + "post_attention_norm.weight": (dim,), b + "post_ffw_norm.weight": (dim,)})
         if arch in ("qwen3", "gemma3"):                     # per-head Q/K norms
@@ -98,14 +109,19 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
             w.add_tensor(name, x + 1 if "norm" in name else x)
             continue
         qtype = types.get(name, table if name == "token_embd.weight" else matrix)
+        if name.endswith("ffn_gate_inp.weight"):      # a router: F32, as llama.cpp keeps it
+            qtype, x = types.get(name, "F32"), x * 10
+        if len(shape) == 3:                            # experts [E, out, in]: quantized by rows
+            x = x.reshape(-1, shape[2])
         if qtype == "F32":
-            w.add_tensor(name, x)
+            w.add_tensor(name, x.reshape(shape))
         elif random and qtype in FORMATS:
             size = {"Q4_K": 2e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}.get(qtype, 0.01)
-            raw = random_blocks(qtype, *shape, rng, lambda n: rng.uniform(0.5, 1.0, n) * size)
-            w.add_tensor(name, raw, raw_dtype=QT[qtype])
+            raw = random_blocks(qtype, *x.shape, rng, lambda n: rng.uniform(0.5, 1.0, n) * size)
+            w.add_tensor(name, raw.reshape(*shape[:-1], -1), raw_dtype=QT[qtype])
         else:
-            w.add_tensor(name, blocks(qtype, x, rng), raw_dtype=QT[qtype])
+            raw = blocks(qtype, x, rng)
+            w.add_tensor(name, raw.reshape(*shape[:-1], -1), raw_dtype=QT[qtype])
     write(w)
     return str(path)
 

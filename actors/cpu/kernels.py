@@ -11,6 +11,7 @@ import numpy as np
 from socllm.graph.ops import visible
 from socllm.memory.arena import strided_rows
 
+from socllm.models.oracle import route
 from socllm.models.quant import FLOAT_TYPES, FORMATS, QK, dequant, dequant_float, dequant_q8_0
 
 
@@ -204,6 +205,35 @@ class NumpyKernels:
         """a, b [N, D] -> out = a + b"""
         D = a["D"]
         self.f32(a["out"][1], N, D)[:] = self.f32(a["a"][1], N, D) + self.f32(a["b"][1], N, D)
+
+    def moe_route(self, a, N, pos0):
+        """x [N, E] router logits -> out [N, 2k]: each row's k experts (ids as floats, the most
+        probable first, ties to the lower id), then their softmax weights (renormalized: norm)"""
+        E, k = a["E"], a["k"]
+        sel, w = route(self.f32(a["x"][1], N, E), k, bool(a.get("norm", 1)))
+        out = self.f32(a["out"][1], N, 2 * k)
+        out[:, :k], out[:, k:] = sel, w
+
+    def moe_linear(self, a, N, pos0):
+        """x [N, K] (per_slot: [N, k*K], one input a slot), route [N, 2k], W [E*M, K] (expert e:
+        rows e*M ..) -> out [N, k*M]: y[n, j] = x[n(, j)] @ W_{e[n, j]}.T; combine: out [N, M] =
+        sum over j in rank order of w[n, j] * y[n, j]. The rows of one expert in one matmul."""
+        K, M, E, k = a["K"], a["M"], a["E"], a["k"]
+        rt = self.f32(a["route"][1], N, 2 * k)
+        sel, w = rt[:, :k].astype(np.int64), rt[:, k:]
+        x = self.f32(a["x"][1], N, K * (k if a["per_slot"] else 1)).reshape(N, -1, K)
+        y = np.zeros((N, k, M), np.float32)
+        for e in np.unique(sel):
+            n, j = np.nonzero(sel == e)
+            We = self.matrix(a["w"], E * M, K, np.arange(e * M, (e + 1) * M))      # [M, K]
+            y[n, j] = x[n, j if a["per_slot"] else 0] @ We.T
+        if not a["combine"]:
+            self.f32(a["out"][1], N, k * M)[:] = y.reshape(N, k * M)
+            return
+        out = w[:, 0, None] * y[:, 0]
+        for j in range(1, k):
+            out = out + w[:, j, None] * y[:, j]
+        self.f32(a["out"][1], N, M)[:] = out
 
     def lm_head(self, a, N, pos0):
         """x [N, D] (last row used), table [V, D] -> out [V] logits of row N-1"""

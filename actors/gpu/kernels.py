@@ -32,7 +32,7 @@ from socllm.models.quant import FORMATS, QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
-DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl")]
+DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl", "moe.cl")]
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 # A decode batch's linears over prepared rows (q16, q8): Q4_1 / Q4_0 weights ("w4") with M a
 # multiple of 8 and no bias run in weight tiles (linear_tile, cl/batch.cl), int8 at q8 and int16
@@ -92,6 +92,9 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
     # batch.cl (ACT_BITS 8 and 16 builds only)
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
+    # moe.cl
+    "moe_route": [u64] * 2 + [i32] * 4,
+    "moe_linear": [u64] * 6 + [i32] * 5,
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -629,6 +632,21 @@ class CLKernels:
         """a, b [N, D] -> out [N, D]"""
         n = N * a["D"]
         self._go("add", (round_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
+
+    def _moe_route(self, a, N, pos0):
+        """x [N, E] router logits -> out [N, 2k] (NumpyKernels.moe_route)"""
+        if a["E"] > 256:
+            raise ValueError(f"moe_route: {a['E']} experts, the kernel takes 256 at most")
+        self._go("moe_route", (N,), None, a["x"][1], a["out"][1], a["E"], a["k"], int(a.get("norm", 1)), N)
+
+    def _moe_linear(self, a, N, pos0):
+        """x [N, K] or [N, k*K], route [N, 2k], W [E*M, K] -> out [N, k*M] or, combine, [N, M]
+        (NumpyKernels.moe_linear): every row's k experts' rows, in the weight's own format"""
+        (qs, d, m), wopts = weight_build(a["w"])
+        check_aligned("moe_linear", a["x"][1])
+        self._go("moe_linear", (a["M"], N), None, a["x"][1], a["route"][1], qs, d, m, a["out"][1],
+                 a["K"], a["M"], a["k"], int(a["per_slot"]), int(a["combine"]),
+                 ks=self._kernels(64, 32, None, wopts))
 
     def _lm_head(self, a, N, pos0):
         """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V] (a table in a block format: the

@@ -12,6 +12,7 @@ import openvino.opset15 as ops15
 from socllm.models.quant import FORMATS, QK, codes
 
 from socllm.graph.ops import visible
+from socllm.actors.npu.moe import MOE_BUILDERS
 from socllm.memory.arena import strided_rows
 
 F32 = np.float32
@@ -557,4 +558,4 @@ def _lm_head(g: Graph, a):
 
 BUILDERS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "rope": _rope,
             "attention": _attention, "silu_mul": _silu_mul, "gelu_mul": _gelu_mul, "add": _add,
-            "lm_head": _lm_head}
+            "lm_head": _lm_head, **MOE_BUILDERS}
