@@ -230,7 +230,8 @@ class Runner:
                     blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
                     self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False,
                               buffer=buffer)
-        if self.npu_chunk:            # the static chunk graphs: the plan's, or the NPU's alone
+        # the static chunk graphs: the plan's, or the NPU's alone (not past a small context)
+        if self.npu_chunk and self.npu_chunk <= lay.context:
             n = self.npu_chunk
             blocks = [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]
             self.step([(0, i, 0) for i in range(n)], {0: blocks}, all_rows=False,

@@ -180,12 +180,12 @@ class Service:
             plan, source = (cached, "cached") if cached else \
                 ("auto", "timed") if "npu" in e.available else (base, "no npu")
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
-        runner = Runner(e, base if plan == "auto" else plan, self.precision,
-                        c.prefill_chunk if npu else 0)
+        chunk = min(c.prefill_chunk, e.context)          # a small model's context is the limit
+        runner = Runner(e, base if plan == "auto" else plan, self.precision, chunk if npu else 0)
         if c.warm:
             runner.warm(c.max_seqs)
         if plan == "auto":
-            chunk_ms = _time_chunks(runner, c.prefill_chunk, (base, "npu"))
+            chunk_ms = _time_chunks(runner, chunk, (base, "npu"))
             on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
             runner.chunks_on(on)
             if on != "npu":
