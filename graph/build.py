@@ -136,11 +136,14 @@ def _moe(g: Graph, cfg, i: int, p: str):
     """A mixture-of-experts FFN (NPUMoE; llama.cpp's build_moe_ffn): the router's logits, exact
     top-k routing (moe_route: each row's k experts and weights), each row's k experts' gate and up
     (moe_linear: [N, k*F]), the gated product, and the k experts' down projections summed by their
-    weights in rank order ([N, D])."""
+    weights in rank order ([N, D]). A route row: k expert ids (as floats), k weights, saliency."""
     D, F, E, k = cfg.dim, cfg.ffn_dim, cfg.n_experts, cfg.n_experts_used
     g.add("linear", {"x": p + "hn", "w": weight_name(i, "ffn_gate_inp")}, {"out": p + "logit"}, i,
           K=D, M=E)
-    g.add("moe_route", {"x": p + "logit"}, {"out": p + "route"}, i, E=E, k=k, norm=int(cfg.moe_norm))
+    # the route keeps each row's saliency, the L2 norm of its attention output (NPUMoE §3.2:
+    # which rows an expert over its capacity drops first)
+    g.add("moe_route", {"x": p + "logit", "sal": p + "o"}, {"out": p + "route"}, i, E=E, k=k,
+          norm=int(cfg.moe_norm), D=D)
     for part, out in (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up")):
         g.add("moe_linear", {"x": p + "hn", "route": p + "route", "w": weight_name(i, part)},
               {"out": p + out}, i, K=D, M=F, E=E, k=k, per_slot=0, combine=0)

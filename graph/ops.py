@@ -38,8 +38,9 @@ RULES = {
     "silu_mul": lambda g, op: _shape(g, op.inputs["g"]),
     "gelu_mul": lambda g, op: _shape(g, op.inputs["g"]),
     "add": lambda g, op: _shape(g, op.inputs["a"]),
-    # MoE (graph/build.py _moe): route [N, 2k] = k expert ids (as floats) then their weights
-    "moe_route": lambda g, op: (_rows(g, op, "x"), 2 * op.attrs["k"]),
+    # MoE (graph/build.py _moe): route [N, 2k+1] = k expert ids (as floats), their weights, and
+    # the row's saliency
+    "moe_route": lambda g, op: (_rows(g, op, "x"), 2 * op.attrs["k"] + 1),
     "moe_linear": lambda g, op: (_rows(g, op, "x"), op.attrs["M"] * (1 if op.attrs["combine"] else op.attrs["k"])),
     "lm_head": lambda g, op: ((_rows(g, op, "x"), op.attrs["V"]) if op.attrs.get("all_rows")
                               else (op.attrs["V"],)),
@@ -52,10 +53,11 @@ CHECKS = {
     "gelu_mul": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["g"]), _shape(g, op.inputs["u"]))),
     "add": lambda g, op: all(_eq(a, b) for a, b in zip(_shape(g, op.inputs["a"]), _shape(g, op.inputs["b"]))),
     "attention": lambda g, op: _eq(_shape(g, op.inputs["q"])[1], op.attrs["heads"] * op.attrs["head_dim"]),
-    "moe_route": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["E"]),
+    "moe_route": lambda g, op: _eq(_shape(g, op.inputs["x"])[1], op.attrs["E"])
+                 and _eq(_shape(g, op.inputs["sal"])[1], op.attrs["D"]),
     "moe_linear": lambda g, op: _eq(_shape(g, op.inputs["x"])[1],
                                     op.attrs["K"] * (op.attrs["k"] if op.attrs["per_slot"] else 1))
-                  and _eq(_shape(g, op.inputs["route"])[1], 2 * op.attrs["k"]),
+                  and _eq(_shape(g, op.inputs["route"])[1], 2 * op.attrs["k"] + 1),
 }
 
 

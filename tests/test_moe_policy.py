@@ -138,15 +138,24 @@ PROFILE = {"npu": {"launch_ms": 1.0, "ms_per_row": 0.001}, "fallback": {"launch_
 def test_residency_keeps_groups_that_amortise_their_launch():
     hot = moe.Group([0, 1, 2, 3], 64, expected_rows=200)     # NPU 1.26 ms, fallback 4.04 ms
     cold = moe.Group([4, 5, 6, 7], 16, expected_rows=20)     # NPU 1.06 ms, fallback 0.44 ms
-    moe.place([cold, hot], PROFILE, expert_bytes=2**20)
+    moe.place([[cold, hot]], PROFILE, expert_bytes=2**20)
     assert (hot.processor, cold.processor) == ("npu", "fallback")
+
+
+def test_residency_balances_a_layer_between_the_npu_and_the_fallback():
+    # each group 1.0 ms on the NPU, 0.9 on the fallback: running side by side, half of them move
+    groups = [moe.Group([i], 100, expected_rows=90) for i in range(4)]
+    flat = {"npu": {"launch_ms": 0, "ms_per_row": 0.01}, "fallback": {"launch_ms": 0, "ms_per_row": 0.01}}
+    moe.place([groups], {**PROFILE, **flat}, expert_bytes=2**20)
+    assert sorted(g.processor for g in groups) == ["fallback"] * 2 + ["npu"] * 2
 
 
 def test_residency_stops_at_the_npus_memory_and_graph_budgets():
     groups = [moe.Group([4 * i + j for j in range(4)], 64, expected_rows=200 - i) for i in range(6)]
-    moe.place(groups, PROFILE, expert_bytes=10 * 2**20)     # 40 MB a group, 100 MB in all
+    layers = [[g] for g in groups]                  # a layer each: nothing to balance
+    moe.place(layers, PROFILE, expert_bytes=10 * 2**20)     # 40 MB a group, 100 MB in all
     assert [g.processor for g in groups] == ["npu"] * 2 + ["fallback"] * 4
-    moe.place(groups, {**PROFILE, "npu_mb": 1e6, "max_graphs": 3}, expert_bytes=10 * 2**20)
+    moe.place(layers, {**PROFILE, "npu_mb": 1e6, "max_graphs": 3}, expert_bytes=10 * 2**20)
     assert [g.processor for g in groups] == ["npu"] * 3 + ["fallback"] * 3
 
 

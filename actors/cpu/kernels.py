@@ -207,20 +207,22 @@ class NumpyKernels:
         self.f32(a["out"][1], N, D)[:] = self.f32(a["a"][1], N, D) + self.f32(a["b"][1], N, D)
 
     def moe_route(self, a, N, pos0):
-        """x [N, E] router logits -> out [N, 2k]: each row's k experts (ids as floats, the most
-        probable first, ties to the lower id), then their softmax weights (renormalized: norm)"""
+        """x [N, E] router logits, sal [N, D] -> out [N, 2k+1]: each row's k experts (ids as
+        floats, the most probable first, ties to the lower id), their softmax weights
+        (renormalized: norm), and the L2 norm of its sal row (its saliency)"""
         E, k = a["E"], a["k"]
         sel, w = route(self.f32(a["x"][1], N, E), k, bool(a.get("norm", 1)))
-        out = self.f32(a["out"][1], N, 2 * k)
-        out[:, :k], out[:, k:] = sel, w
+        out = self.f32(a["out"][1], N, 2 * k + 1)
+        out[:, :k], out[:, k:2 * k] = sel, w
+        out[:, 2 * k] = np.linalg.norm(self.f32(a["sal"][1], N, a["D"]), axis=1)
 
     def moe_linear(self, a, N, pos0):
-        """x [N, K] (per_slot: [N, k*K], one input a slot), route [N, 2k], W [E*M, K] (expert e:
+        """x [N, K] (per_slot: [N, k*K], one input a slot), route [N, 2k+1], W [E*M, K] (expert e:
         rows e*M ..) -> out [N, k*M]: y[n, j] = x[n(, j)] @ W_{e[n, j]}.T; combine: out [N, M] =
         sum over j in rank order of w[n, j] * y[n, j]. The rows of one expert in one matmul."""
         K, M, E, k = a["K"], a["M"], a["E"], a["k"]
-        rt = self.f32(a["route"][1], N, 2 * k)
-        sel, w = rt[:, :k].astype(np.int64), rt[:, k:]
+        rt = self.f32(a["route"][1], N, 2 * k + 1)
+        sel, w = rt[:, :k].astype(np.int64), rt[:, k:2 * k]
         x = self.f32(a["x"][1], N, K * (k if a["per_slot"] else 1)).reshape(N, -1, K)
         y = np.zeros((N, k, M), np.float32)
         for e in np.unique(sel):

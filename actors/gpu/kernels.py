@@ -93,7 +93,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     # batch.cl (ACT_BITS 8 and 16 builds only)
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
     # moe.cl
-    "moe_route": [u64] * 2 + [i32] * 4,
+    "moe_route": [u64] * 3 + [i32] * 5,
     "moe_linear": [u64] * 6 + [i32] * 5,
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
@@ -634,13 +634,14 @@ class CLKernels:
         self._go("add", (round_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
 
     def _moe_route(self, a, N, pos0):
-        """x [N, E] router logits -> out [N, 2k] (NumpyKernels.moe_route)"""
+        """x [N, E] router logits, sal [N, D] -> out [N, 2k+1] (NumpyKernels.moe_route)"""
         if a["E"] > 256:
             raise ValueError(f"moe_route: {a['E']} experts, the kernel takes 256 at most")
-        self._go("moe_route", (N,), None, a["x"][1], a["out"][1], a["E"], a["k"], int(a.get("norm", 1)), N)
+        self._go("moe_route", (N,), None, a["x"][1], a["sal"][1], a["out"][1], a["E"], a["k"],
+                 int(a.get("norm", 1)), N, a["D"])
 
     def _moe_linear(self, a, N, pos0):
-        """x [N, K] or [N, k*K], route [N, 2k], W [E*M, K] -> out [N, k*M] or, combine, [N, M]
+        """x [N, K] or [N, k*K], route [N, 2k+1], W [E*M, K] -> out [N, k*M] or, combine, [N, M]
         (NumpyKernels.moe_linear): every row's k experts' rows, in the weight's own format"""
         (qs, d, m), wopts = weight_build(a["w"])
         check_aligned("moe_linear", a["x"][1])

@@ -19,7 +19,8 @@ def _i64(*v) -> np.ndarray:
 
 
 def _route(g, a):
-    """x [B, E] logits -> out [B, 2k]: k experts (as floats, ties to the lower id) and weights."""
+    """x [B, E] logits, sal [B, D] -> out [B, 2k+1]: k experts (as floats, ties to the lower
+    id), their weights, the sal row's L2 norm."""
     E, k = a["E"], a["k"]
     p = ops.softmax(g.read(a["x"], E), 1)
     top = ov.opset11.topk(p, np.int64(k), 1, "max", "value", ov.Type.i32, stable=True)
@@ -27,13 +28,14 @@ def _route(g, a):
     if a.get("norm", 1):
         s = ops.maximum(ops.reduce_sum(w, _i64(1), True), ops.constant(F32(6.103515625e-5)))
         w = ops.divide(w, s)
-    g.write(a["out"], ops.concat([ops.convert(top.output(1), F32), w], 1))
+    sal = ops.sqrt(ops.reduce_sum(ops.multiply(*[g.read(a["sal"], a["D"])] * 2), _i64(1), True))
+    g.write(a["out"], ops.concat([ops.convert(top.output(1), F32), w, sal], 1))
 
 
 def _slots(g, a):
     """The route's (experts [B, k] i32, weights [B, k])."""
     k = a["k"]
-    rt = g.read(a["route"], 2 * k)
+    rt = g.read(a["route"], 2 * k + 1)
     sel = ops.convert(ops.slice(rt, _i64(0), _i64(k), _i64(1), _i64(1)), ov.Type.i32)
     return sel, ops.slice(rt, _i64(k), _i64(2 * k), _i64(1), _i64(1))
 

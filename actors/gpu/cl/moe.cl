@@ -1,14 +1,20 @@
 // ---- mixture of experts (graph/build.py _moe; NPUMoE) -----------------------------------------
 
-// moe_route: router logits x [N, E] -> out [N, 2k]: each row's k experts, the most probable first
-// (ties: the lower id), as floats, then their softmax weights, renormalized to sum 1 when norm
-// (clamped below at 2^-14, as llama.cpp's build_moe_ffn). E <= 256. global (N): a row each.
-__kernel void moe_route(__global uchar* arena, ulong x_o, ulong out_o, int E, int k, int norm, int N)
+// moe_route: router logits x [N, E], sal [N, D] -> out [N, 2k+1]: each row's k experts, the most
+// probable first (ties: the lower id), as floats, their softmax weights, renormalized to sum 1
+// when norm (clamped below at 2^-14, as llama.cpp's build_moe_ffn), and the L2 norm of its sal
+// row. E <= 256. global (N): a row each.
+__kernel void moe_route(__global uchar* arena, ulong x_o, ulong sal_o, ulong out_o, int E, int k,
+                        int norm, int N, int D)
 {
     const int n = get_global_id(0);
     if (n >= N) return;
     const __global float* z = AT(const float, x_o) + (size_t)n * E;
-    __global float* out = AT(float, out_o) + (size_t)n * 2 * k;
+    const __global float* sal = AT(const float, sal_o) + (size_t)n * D;
+    __global float* out = AT(float, out_o) + (size_t)n * (2 * k + 1);
+    float ss = 0.0f;
+    for (int i = 0; i < D; i++) ss += sal[i] * sal[i];
+    out[2 * k] = sqrt(ss);
     float mx = z[0], sum = 0.0f, wsum = 0.0f;
     for (int e = 1; e < E; e++) mx = fmax(mx, z[e]);
     for (int e = 0; e < E; e++) sum += exp(z[e] - mx);
@@ -29,7 +35,7 @@ __kernel void moe_route(__global uchar* arena, ulong x_o, ulong out_o, int E, in
     }
 }
 
-// moe_linear: x [N, K] (per_slot: [N, k, K], slot j's own input), route [N, 2k] (moe_route's),
+// moe_linear: x [N, K] (per_slot: [N, k, K], slot j's own input), route [N, 2k+1] (moe_route's),
 // W [E*M, K] in the build's format (expert e: rows e*M ..) -> out [N, k, M], y[n, j] = x[n(, j)]
 // @ W_{e[n, j]}.T; combine: out [N, M] = sum over j in rank order of w[n, j] * y[n, j].
 // global (M, N): one work-item = one output row of every slot of one token.
@@ -39,7 +45,7 @@ __kernel void moe_linear(__global uchar* arena, ulong x_o, ulong route_o, ulong 
     const int r = get_global_id(0), n = get_global_id(1);
     if (r >= M) return;
     const int nb = K / QK;
-    const __global float* rt = AT(const float, route_o) + (size_t)n * 2 * k;
+    const __global float* rt = AT(const float, route_o) + (size_t)n * (2 * k + 1);
     float total = 0.0f;
     for (int j = 0; j < k; j++) {
         const int e = (int)rt[j];
