@@ -23,8 +23,9 @@ OVERFLOW = ("prune", "spill", "pad")
 TIER_FACTORS = (0.5, 1, 2, 4)       # x C_base (§4.1: the top quartile gets 4x base capacity)
 GROUP_SIZES = (4, 8, 16)            # §4.2's configurations
 ROW_MULTIPLE = 16                   # §3.2: sizes that are multiples of 16 run best on the NPU
-# A device profile: per processor the cost of one call of an expert graph and of each row it
-# computes (one expert's FFN on one token); the NPU's budget for resident expert weights and the
+# A device profile: per processor the cost of one call of an expert graph, of each row it
+# computes (one expert's FFN on one token) and optionally of streaming one expert's weights
+# (ms_per_expert); the NPU's budget for resident expert weights and the
 # largest graph it keeps (NPUMoE §4.2: over ~1.2 GB an M2 Ultra falls back to the CPU).
 EXAMPLE_PROFILE = {"npu": {"launch_ms": 0.5, "ms_per_row": 0.002},
                    "fallback": {"launch_ms": 0.02, "ms_per_row": 0.01},
@@ -140,27 +141,41 @@ def group_experts(cap, mean, size: int, max_size: int | None = None) -> list:
     return groups
 
 
-def npu_pays(g: Group, profile: dict) -> bool:
-    """§4.3: a group stays on the NPU when its call (launch, then every row of its slices,
-    padding included) beats the fallback's time for the rows it would really get."""
+def call_ms(g: Group, profile: dict) -> tuple:
+    """(ms on the NPU, ms on the fallback) of a group a chunk: the NPU's one call (launch, then
+    every row of its slices, padding included) against the fallback's calls, one an expert, on
+    the rows it would really get. A call's work is a roofline: its rows' compute against
+    streaming its experts' weights (ms_per_expert, 0 when the profile leaves it out)."""
     npu, fb = profile["npu"], profile["fallback"]
-    on_npu = npu["launch_ms"] + npu["ms_per_row"] * len(g.experts) * g.capacity
-    on_fb = fb["launch_ms"] * len(g.experts) + fb["ms_per_row"] * g.expected_rows
-    return on_npu < on_fb
+    G = len(g.experts)
+    return (npu["launch_ms"] + max(G * npu.get("ms_per_expert", 0), npu["ms_per_row"] * G * g.capacity),
+            G * fb["launch_ms"] + max(G * fb.get("ms_per_expert", 0), fb["ms_per_row"] * g.expected_rows))
 
 
-def place(groups: list, profile: dict, expert_bytes: int) -> None:
-    """Residency (§4.3), over every layer's groups at once: the hottest groups (expected rows a
-    call) go to the NPU while they pay for their launch and fit its memory and graph budgets;
-    the rest run on the fallback. Sets each group's processor."""
+def place(layers: list, profile: dict, expert_bytes: int) -> None:
+    """Residency (§4.3) of every layer's groups ([[Group]], a list a layer); sets each group's
+    processor. In a layer the fallback runs beside the NPU, so the coldest groups move to it
+    while that shortens the layer (its NPU calls against the fallback's, the longer of the
+    two): a group whose launch its rows do not amortise goes, hot groups stay. Then the hottest
+    NPU groups of all layers keep their place while they fit the NPU's memory and graph
+    budgets; the rest run on the fallback too."""
+    for groups in layers:
+        ms = {id(g): call_ms(g, profile) for g in groups}
+        npu, fb = sum(m[0] for m in ms.values()), 0.0
+        for g in sorted(groups, key=lambda g: g.expected_rows):
+            a, b = ms[id(g)]
+            if max(npu - a, fb + b) < max(npu, fb):
+                g.processor, npu, fb = "fallback", npu - a, fb + b
+            else:
+                g.processor = "npu"
     mb, graphs = 0.0, 0
-    for g in sorted(groups, key=lambda g: -g.expected_rows):
+    kept = [g for groups in layers for g in groups if g.processor == "npu"]
+    for g in sorted(kept, key=lambda g: -g.expected_rows):
         size = len(g.experts) * expert_bytes / 2**20
-        ok = (npu_pays(g, profile) and mb + size <= profile["npu_mb"]
-              and graphs < profile["max_graphs"])
-        g.processor = "npu" if ok else "fallback"
-        if ok:
+        if mb + size <= profile["npu_mb"] and graphs < profile["max_graphs"]:
             mb, graphs = mb + size, graphs + 1
+        else:
+            g.processor = "fallback"
 
 
 @dataclass
@@ -220,7 +235,7 @@ def plan(calib: dict, profile: dict = EXAMPLE_PROFILE, overflow: str = "prune",
     T, k, E = calib["chunk"], calib["top_k"], calib["n_experts"]
     expert_bytes = 3 * calib["dim"] * calib["ffn_dim"] * profile.get("bytes_per_weight", 2)
     max_size = max(1, int(profile["graph_mb"] * 2**20 // expert_bytes))
-    layers, groups = [], []
+    layers = []
     for x in calib["layers"]:
         ts, cap = capacity_tiers(x["p95"], x["rho"], T, k, row)
         if not tiers:
@@ -229,9 +244,8 @@ def plan(calib: dict, profile: dict = EXAMPLE_PROFILE, overflow: str = "prune",
         lp = LayerPlan(x["layer"], x["rho"], ts, cap.tolist(),
                        group_experts(cap, x["mean"], group_size, max_size))
         layers.append(lp)
-        groups += lp.groups
     if residency:
-        place(groups, profile, expert_bytes)
+        place([lp.groups for lp in layers], profile, expert_bytes)
     return MoEPlan(calib["gguf_sha256"], T, k, E, overflow, row, group_size, tiers,
                    round(expert_bytes / 2**20, 3), layers)
 
