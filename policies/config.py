@@ -44,7 +44,14 @@ ENV = {"threads": ("SOCLLM_THREADS", int), "fuse": ("SOCLLM_FUSE", bool),
        "sleep_fraction": ("SOCLLM_SLEEP_FRACTION", float),
        "cl_discrete": ("SOCLLM_CL_DISCRETE", bool), "pocl_cpu": ("SOCLLM_POCL_CPU", str),
        "pocl_as_is": ("SOCLLM_POCL_AS_IS", bool),
-       "api_key": ("SOCLLM_API_KEY", str)}
+       "api_key": ("SOCLLM_API_KEY", str),
+       "moe_graphs": ("SOCLLM_MOE_GRAPHS", str), "moe_overflow": ("SOCLLM_MOE_OVERFLOW", str),
+       "moe_group": ("SOCLLM_MOE_GROUP", int)}
+# how the NPU runs a mixture-of-experts layer of a prefill chunk (actors/npu/experts.py):
+# grouped: NPUMoE's capacity tiers and grouped expert graphs; per_expert: a graph per expert at
+# the chunk's full size (NPUMoE's baseline); dense: one graph, every row through every expert
+MOE_GRAPHS = ("grouped", "per_expert", "dense")
+MOE_OVERFLOW = ("spill", "prune")
 
 
 class ConfigError(BadParam):
@@ -80,6 +87,10 @@ class EngineConfig:
     cl_discrete: bool = False         # the GPU's copying path forced on a unified device (PoCL)
     pocl_cpu: str | None = None       # the CPU PoCL compiles for (actors/gpu/device.py)
     pocl_as_is: bool = False          # PoCL as it ships: no CPU named
+    moe_graphs: str = "grouped"       # MOE_GRAPHS: an MoE layer of a prefill chunk on the NPU
+    moe_overflow: str = "spill"       # an expert's rows past its capacity: on the CPU (exact),
+                                      # or pruned, the least salient first (NPUMoE §3.2)
+    moe_group: int = 8                # experts a grouped graph (NPUMoE §4.2: 4, 8, 16)
     cache_dir: str | None = None      # what socllm keeps between runs (auto plans); from_env:
                                       # $XDG_CACHE_HOME/socllm, else ~/.cache/socllm
 
@@ -102,6 +113,12 @@ class EngineConfig:
               "in [0, 1]", self.sleep_fraction)
         _need(self.cache_dir is None or isinstance(self.cache_dir, str) and self.cache_dir != "",
               "cache_dir", "a folder", self.cache_dir)
+        _need(self.moe_graphs in MOE_GRAPHS, "moe_graphs", "one of " + ", ".join(MOE_GRAPHS),
+              self.moe_graphs)
+        _need(self.moe_overflow in MOE_OVERFLOW, "moe_overflow", "one of " + ", ".join(MOE_OVERFLOW),
+              self.moe_overflow)
+        _need(_whole(self.moe_group) and 1 <= self.moe_group <= 64, "moe_group", "in [1, 64]",
+              self.moe_group)
         _need(self.pocl_cpu is None or isinstance(self.pocl_cpu, str) and self.pocl_cpu != "",
               "pocl_cpu", "a CPU name", self.pocl_cpu)
 

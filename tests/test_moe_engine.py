@@ -21,7 +21,7 @@ LOGITS_TOL = 2e-4        # f32 sums in another order (tests/test_formats.py)
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     path = write_tiny(tmp_path_factory.mktemp("moe") / "moe.gguf", dim=64, ffn=64, head_dim=32,
-                      matrix="Q5_0", layers=2, experts=8, top_k=2, vocab=300)
+                      matrix="Q4_1", layers=2, experts=8, top_k=2, vocab=300)
     reader = open_gguf(path)
     cfg = load_config(reader)
     return path, Oracle(cfg, load_weights(reader, cfg))
@@ -75,6 +75,29 @@ def test_every_processor_runs_moe_layers_with_the_oracles_routing(moe, ray_sessi
             logits = eng.logits_after(ids + want, plan, "f32")
             err = float(np.abs(logits - ref).max() / np.abs(ref).max())
             assert err <= LOGITS_TOL, f"{plan}: logits {err:.2e} of their scale from the oracle's"
+        npu = next(i for i in eng.info() if i["processor"] == "npu")["moe"]
+        # the npu plan's prefill ran the MoE layers in grouped expert graphs (npu/experts.py),
+        # with spilled overflow: exact; the decode steps in the one-graph form
+        assert npu["grouped_layers"] >= 2 and npu["npu_rows"] > 0 and npu["pruned"] == 0
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("graphs", ["per_expert", "dense"])
+def test_the_npus_other_moe_graphs_give_the_oracles_logits(moe, ray_session, monkeypatch, graphs):
+    """NPUMoE's baselines, kept for measuring against: a graph per expert at the chunk's full
+    size, and one graph running every row through every expert."""
+    from socllm.actors.engine import Engine
+    monkeypatch.setenv("SOCLLM_MOE_GRAPHS", graphs)
+    path, oracle = moe
+    eng = Engine(model=path, context=64, threads=2, processors_=("cpu", "npu"))
+    try:
+        ids = eng.encode_prompt("Hello, world! 123")
+        ref = oracle.logits_for(ids)
+        logits = eng.logits_after(ids, "npu", "f32")
+        assert float(np.abs(logits - ref).max() / np.abs(ref).max()) <= LOGITS_TOL
+        npu = next(i for i in eng.info() if i["processor"] == "npu").get("moe", {})
+        assert npu.get("grouped_layers", 0) == (2 if graphs == "per_expert" else 0)
     finally:
         eng.close()
 

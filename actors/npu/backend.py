@@ -14,7 +14,10 @@ from socllm.graph.program import StepProgram, segment_live_out
 from socllm.graph.seqcut import part_rows
 from socllm.policies.buckets import const_weights, whole_graph
 
+from socllm.actors.npu.experts import GroupedExperts, moe_ffn_runs, moe_plan
 from socllm.actors.worker import Unit
+
+PREFILL_PHASES = ("prefill", "chunk")     # one-shot prefill, a serving chunk (actors/planner.py)
 
 # q8 / q16 (int8 / int16 activations in the GPU's decode GEMVs) have no OpenVINO hint of their own:
 # the NPU's graphs stay f32. q8 also turns on OpenVINO's dynamic quantization of FullyConnected
@@ -76,6 +79,9 @@ class NPUBackend:
         self.compile_s: dict = {}          # "phase/bucket/precision" -> seconds
         self.shared: dict = {}             # segment signature -> compiled graph (ov_segment)
         self.segments: list = []           # every OVSegment built (lazy KV-length compiles)
+        self.config = EngineConfig.from_env() if config is None else config
+        self.moe: dict = {}                # bucket -> (MoE plan, its source) (npu/experts.py)
+        self.experts: list = []            # every GroupedExperts unit built
         os.makedirs(CACHE_DIR, exist_ok=True)
 
     def build_units(self, prog: StepProgram, precision: str) -> list:
@@ -93,10 +99,17 @@ class NPUBackend:
         # constants cannot be shared across layers: a decode graph spans from one attention to
         # the next instead (the attentions, weightless, share one graph per KV-length bucket)
         segs = segments(tasks, per_layer=not const)
+        grouped = self._grouped_moe(prog, tasks)
+        if grouped:                        # MoE FFNs: units of their own (npu/experts.py)
+            segs = [part for seg in segs for part in _cut_moe(seg)]
         tail = segs[-1:] if segs and _is_tail(segs[-1]) else []
         body = segs[:len(segs) - len(tail)]
         seq_cut = any("seq_n" in t.args for t in tasks)
-        if self.whole_graph and whole_graph(prog.phase, prog.bucket) and len(body) > 1 \
+        if grouped:
+            units = [self._experts_unit(prog, seg, precision, config, grouped)
+                     if moe_ffn_runs(seg) == [0] and len(seg) == 4 else
+                     self._unit(prog, seg, precision, config, const) for seg in body]
+        elif self.whole_graph and whole_graph(prog.phase, prog.bucket) and len(body) > 1 \
                 and _straight(body) and not seq_cut:
             # a prompt's first chunk: the whole model as one graph (policies/buckets.const_weights);
             # the per-layer graphs of later chunks are compiled when one first comes
@@ -111,6 +124,26 @@ class NPUBackend:
         key = f"{prog.phase}/{prog.bucket}/{precision}"
         self.compile_s[key] = self.compile_s.get(key, 0.0) + time.perf_counter() - t0
         return units
+
+    def _grouped_moe(self, prog: StepProgram, tasks: list):
+        """The MoE plan (policies/moe.py) a prefill chunk's MoE FFNs run by, None where they run in
+        the segments' graphs (decode steps, config moe_graphs "dense", no MoE)."""
+        moe = [t for t in tasks if t.op == "moe_linear"]
+        if self.config.moe_graphs == "dense" or prog.phase not in PREFILL_PHASES or not moe \
+                or any(t.args["w"][0] != "w4" for t in moe):      # the grouped graphs read Q4
+            return None
+        if prog.bucket not in self.moe:
+            self.moe[prog.bucket] = moe_plan(self.config, tasks, prog.bucket)
+        return self.moe[prog.bucket][0]
+
+    def _experts_unit(self, prog, seg, precision, config, plan) -> Unit:
+        from socllm.actors.npu.segment import _compile_props
+        layer = next(lp for lp in plan.layers if lp.layer == seg[0].layer)
+        props = _compile_props(self.core, OV_HINT.get(precision, precision), config)
+        unit = GroupedExperts(self.core, self.device, self.arena, seg, layer,
+                              plan.overflow, props, self.shared)
+        self.experts.append(unit)
+        return Unit(seg[0].waits, unit.run, seg[-1].signals, tuple(t.seq for t in seg))
 
     def _unit(self, prog, seg, precision, config, const, cache=True) -> Unit:
         from socllm.actors.npu.segment import OVSegment
@@ -158,7 +191,28 @@ class NPUBackend:
                 "compile_s": self.compile_s,
                 # KV-length buckets compiled on first use, after install (npu/segment.py)
                 "compile_s_all": sum(s.compile_s for s in self.segments),
-                "compiled_graphs": len(self.shared)}
+                "compiled_graphs": len(self.shared),
+                **({"moe": self._moe_describe()} if self.moe else {})}
+
+    def _moe_describe(self) -> dict:
+        """How prefill chunks run their MoE layers: the plan's source and shape, and what the
+        grouped units did so far (rows on the NPU's graphs, on the CPU, pruned; NPU calls)."""
+        done = {k: sum(u.done[k] for u in self.experts) for k in ("npu_rows", "cpu_rows", "pruned", "calls")}
+        plans = {b: {"source": src, "overflow": p.overflow, "group_size": p.group_size,
+                     "tiers": p.tiers, "npu_groups": sum(g.processor == "npu" for lp in p.layers for g in lp.groups),
+                     "cpu_groups": sum(g.processor != "npu" for lp in p.layers for g in lp.groups)}
+                 for b, (p, src) in self.moe.items()}
+        return {"graphs": self.config.moe_graphs, "grouped_layers": len(self.experts),
+                "plans": plans, **done}
+
+
+def _cut_moe(seg: list) -> list:
+    """A segment split so that each MoE FFN in it (gate, up, product, down) is one of its own."""
+    out, lo = [], 0
+    for i in moe_ffn_runs(seg):
+        out += [seg[lo:i], seg[i:i + 4]]
+        lo = i + 4
+    return [s for s in out + [seg[lo:]] if s]
 
 
 def _is_tail(seg) -> bool:

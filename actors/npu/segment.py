@@ -283,14 +283,20 @@ class _Variant:
             np.copyto(dst, self._req.get_output_tensor(i).data)
 
 
+def _compile_props(core, precision, config) -> dict:
+    """The compile properties of a graph at this precision (config: the backend's knobs), those
+    the device supports."""
+    supported = core.get_property(pick_device(core), "SUPPORTED_PROPERTIES")
+    props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
+             "NUM_STREAMS": 1, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, **(config or {})}
+    return {k: v for k, v in props.items() if k in supported}
+
+
 def _compile(core, model, precision, config, cache_dir) -> tuple:
     """-> (compiled model, seconds). Dynamic quantization (int8 activations per group) only when
     the caller's config asks for it (precision q8): f32 keeps activations on the oracle's path."""
     device = pick_device(core)
-    supported = core.get_property(device, "SUPPORTED_PROPERTIES")
-    props = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY",
-             "NUM_STREAMS": 1, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0, **(config or {})}
-    props = {k: v for k, v in props.items() if k in supported}
+    props = _compile_props(core, precision, config)
     if cache_dir:
         props["CACHE_DIR"] = cache_dir
     t = time.perf_counter()
