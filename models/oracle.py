@@ -168,11 +168,14 @@ class Oracle:
 
 def route(z: np.ndarray, k: int, norm: bool = True):
     """Router logits z [T, E] -> (experts [T, k] int, weights [T, k] f32): softmax over all E, the
-    top k by probability (ties: the lower id, a stable sort; llama.cpp leaves tie order open),
-    renormalized to sum 1 when norm (clamped below at 2^-14, as llama.cpp does)."""
+    top k (ties: the lower id, a stable sort; llama.cpp leaves tie order open), renormalized to
+    sum 1 when norm (clamped below at 2^-14, as llama.cpp does). The top k are picked by logit,
+    which orders them as their probabilities do, but exactly: a flat router (a MoEfied model's,
+    models/moefy.py) has probabilities within an f32 ulp of each other, whose rounding would
+    decide the experts."""
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
-    sel = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    sel = np.argsort(-z, axis=1, kind="stable")[:, :k]
     w = np.take_along_axis(p, sel, axis=1)
     if norm:
         w = w / np.maximum(w.sum(axis=1, keepdims=True), F32(6.103515625e-5))

@@ -22,9 +22,13 @@ def _route(g, a):
     """x [B, E] logits, sal [B, D] -> out [B, 2k+1]: k experts (as floats, ties to the lower
     id), their weights, the sal row's L2 norm."""
     E, k = a["E"], a["k"]
-    p = ops.softmax(g.read(a["x"], E), 1)
-    top = ov.opset11.topk(p, np.int64(k), 1, "max", "value", ov.Type.i32, stable=True)
-    w = top.output(0)
+    z = g.read(a["x"], E)
+    # the top k by logit (models/oracle.route says why), their probabilities from their logits:
+    # p_j = exp(z_j - max z) / sum over all E of exp(z - max z)
+    top = ov.opset11.topk(z, np.int64(k), 1, "max", "value", ov.Type.i32, stable=True)
+    zmax = ops.reduce_max(z, _i64(1), True)
+    total = ops.reduce_sum(ops.exp(ops.subtract(z, zmax)), _i64(1), True)
+    w = ops.divide(ops.exp(ops.subtract(top.output(0), zmax)), total)
     if a.get("norm", 1):
         s = ops.maximum(ops.reduce_sum(w, _i64(1), True), ops.constant(F32(6.103515625e-5)))
         w = ops.divide(w, s)

@@ -19,7 +19,8 @@ __kernel void moe_route(__global uchar* arena, ulong x_o, ulong sal_o, ulong out
     for (int e = 1; e < E; e++) mx = fmax(mx, z[e]);
     for (int e = 0; e < E; e++) sum += exp(z[e] - mx);
     uint taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < k; j++) {          // selection: the largest logit not taken yet
+    for (int j = 0; j < k; j++) {          // selection: the largest logit not taken yet (by
+                                           // logit, not probability: models/oracle.py route)
         int best = -1;
         for (int e = 0; e < E; e++)
             if (!((taken[e >> 5] >> (e & 31)) & 1u) && (best < 0 || z[e] > z[best])) best = e;
