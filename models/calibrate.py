@@ -28,7 +28,7 @@ from .oracle import Oracle
 from .tokenizer import Tokenizer
 
 TEXT = Path(__file__).parents[1] / "scripts" / "data" / "pride_and_prejudice_ch1-2.txt"
-VERSION = 1
+VERSION = 2
 OVERLAP_K = (4, 8)                      # NPUMoE §5.8 reports top-4 and top-8
 SALIENCY_Q = (5, 25, 50, 75, 95)        # percentiles of ||attn_out||_2 kept per layer
 
@@ -132,8 +132,9 @@ def summarize(counts: np.ndarray, held: np.ndarray, sal: np.ndarray, k: int) -> 
                          **{f"p{p}": round(float(v), 5) for p, v in zip(SALIENCY_Q, q)}},
             "overlap": {str(K): overlap_at(tot, tot_held, K) for K in ks},
         })
-    return {"overlap_median": {str(K): float(np.median([x["overlap"][str(K)] for x in layers]))
-                               for K in ks},
+    per_k = {str(K): [x["overlap"][str(K)] for x in layers] for K in ks}
+    return {"overlap_median": {K: float(np.median(v)) for K, v in per_k.items()},
+            "overlap_mean": {K: round(float(np.mean(v)), 4) for K, v in per_k.items()},
             "layers": layers, "counts": counts.tolist(), "heldout_counts": held.tolist()}
 
 

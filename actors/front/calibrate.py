@@ -85,6 +85,8 @@ def table(r: dict) -> str:
                      f"{s['p50']:7.3f} {s['p95']:6.3f}" + "".join(f" {x['overlap'][k]:6.2f}" for k in ks))
     lines.append(f"{'median':>5} {'':>5} {'':>5}  {'':<34} {'':>7} {'':>7} {'':>6}"
                  + "".join(f" {r['overlap_median'][k]:6.2f}" for k in ks))
+    lines.append(f"{'mean':>5} {'':>5} {'':>5}  {'':<34} {'':>7} {'':>7} {'':>6}"
+                 + "".join(f" {r['overlap_mean'][k]:6.2f}" for k in ks))
     cache = r["cache"]
     lines.append(f"cache: {cache['path']} ({'reused' if cache['hit'] else 'written'})")
     return "\n".join(lines)
