@@ -142,7 +142,8 @@ def run(a) -> int:
     profile = None if a.soc else {"path": path, "measured_now_s": measured_s}
     out = {"device": device, "simulated": bool(a.soc), "source": source, "profile": profile,
            **plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention),
-           "auto_plans": {} if a.soc else _auto_plans()}
+           "auto_plans": {} if a.soc else _auto_plans(),
+           "moe": _moe(tasks, a.prompt_len, a.plan_model) if cfg.n_experts and not a.soc else None}
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -161,12 +162,38 @@ def run(a) -> int:
         alts = " ".join(f"{k} {v * 1e6:.0f}" for k, v in e["alternatives"].items())
         print(f"{e['op']:10s} {e['layer']:5d} {e['strategy']:9s} {parts:32s} {e['predicted_s'] * 1e6:12.1f}  {alts}")
     print("(layers 1.. as layer 0; --json lists every op)")
+    if out["moe"]:
+        m = out["moe"]
+        print(f"MoE prefill chunks of {a.prompt_len} on the NPU: {m['graphs']} expert graphs, overflow "
+              f"{m['overflow']}, from the {m['source']}")
+        for lp in m["layers"][:3]:
+            groups = "; ".join(f"{g['processor']} C={g['capacity']} experts {g['experts']}"
+                               for g in lp["groups"])
+            print(f"  layer {lp['layer']}: tiers {lp['tiers']}, rho {lp['rho']:.2f}: {groups}")
+        print(f"  ({m['npu_groups']} groups resident on the NPU, {m['cpu_groups']} on the CPU over "
+              f"{len(m['layers'])} layers; --json lists every layer)")
     for key, v in out["auto_plans"].items():
         model, machine = key.split("|")[:2]
         timed = ", ".join(f"{k} {ms:.0f} ms" for k, ms in v["chunk_ms"].items())
         print(f"serve --plan auto chose {v['plan']} for {os.path.basename(model.split(':')[0])} on "
               f"{machine} (a whole chunk: {timed})")
     return 0
+
+
+def _moe(tasks: list, chunk: int, model: str | None) -> dict:
+    """The NPU's MoE layout for prefill chunks of `chunk` rows (actors/npu/experts.py moe_plan:
+    NPUMoE's tiers, groups and residency from the model's cached calibration)."""
+    import dataclasses
+
+    from socllm.policies.config import EngineConfig
+    from socllm.actors.npu.experts import moe_plan
+    config = EngineConfig.from_env()
+    p, source = moe_plan(dataclasses.replace(config, model=model), tasks, chunk)
+    groups = [g for lp in p.layers for g in lp.groups]
+    return {"graphs": config.moe_graphs, "overflow": p.overflow, "source": source,
+            "npu_groups": sum(g.processor == "npu" for g in groups),
+            "cpu_groups": sum(g.processor != "npu" for g in groups),
+            "layers": [dataclasses.asdict(lp) for lp in p.layers]}
 
 
 def _auto_plans() -> dict:

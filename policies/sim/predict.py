@@ -23,6 +23,13 @@ PROFILE_PATH = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "op-pro
 NPU_TILE = 32          # HeteroLLM §3.2: the stage performance's step (a 32 x 32 array)
 
 
+# MoE ops (graph/build.py _moe) predicted as what they compute: an expert linear as a linear of
+# every row's k slots (the same weight bytes a row: the k experts' M rows); the route as an
+# element-wise op over the router's E logits
+STAND_INS = {"moe_linear": lambda a, n: ("linear", {k: a[k] for k in ("K", "M", "w") if k in a}, n * a["k"]),
+             "moe_route": lambda a, n: ("add", {"D": a["E"]}, n)}
+
+
 def _pad(x: float, tile: int) -> float:
     return -(-x // tile) * tile
 
@@ -66,6 +73,8 @@ class Predictor:
             self.coef[key] = _nnls(X * w[:, None], y * w)
 
     def seconds(self, proc: str, op: str, args: dict, n: int, pos0: int = 0) -> float:
+        if op in STAND_INS:            # an op the profile does not time: as the ops it is made of
+            op, args, n = STAND_INS[op](args, n)
         c = self.coef.get((proc, op))
         if c is None:
             raise KeyError(f"the profile has no {op} on the {proc}")
