@@ -24,6 +24,7 @@ import numpy as np
 
 from .gguf_file import ModelError, _sha256, open_gguf
 from .llama import load_config, load_weights
+from . import oracle as oracle_module
 from .oracle import Oracle
 from .tokenizer import Tokenizer
 
@@ -34,32 +35,41 @@ SALIENCY_Q = (5, 25, 50, 75, 95)        # percentiles of ||attn_out||_2 kept per
 
 
 def calibrate(path: str, tokens: int = 1024, chunk: int = 128, cache_dir: str | None = None,
-              text: str | None = None, refresh: bool = False) -> dict:
-    """The calibration of the GGUF at `path` on the first `tokens` tokens of `text` (default:
-    TEXT), held out against up to as many tokens after them; from the cache when
-    `cache_dir`/moe holds it (keyed by the file's sha256, T, N and the text's sha256). The
-    returned dict is the JSON, plus "cache": {"path", "hit"} (not stored)."""
-    if tokens < 1 or chunk < 1:
-        raise ValueError(f"--tokens and --chunk must be positive, got {tokens} and {chunk}")
+              text_file: str | None = None, skip: int = 0, refresh: bool = False) -> dict:
+    """The calibration of the GGUF at `path` on `tokens` tokens of `text_file` (default: TEXT)
+    after its first `skip` (tokens a router was fitted on, say), held out against up to as many
+    tokens after them; from the cache when `cache_dir`/moe holds it (keyed by the file's sha256,
+    T, N, skip, the text's and the oracle's). The returned dict is the JSON, plus "cache":
+    {"path", "hit"} (not stored)."""
+    if tokens < 1 or chunk < 1 or skip < 0:
+        raise ValueError(f"--tokens and --chunk must be positive and --skip not negative, got "
+                         f"{tokens}, {chunk} and {skip}")
     reader = open_gguf(path)
     cfg = load_config(reader)
     if not cfg.n_experts:
         raise ModelError(f"not a mixture-of-experts model: {path} (no {cfg.arch}.expert_count)")
-    name, text = (TEXT.name, TEXT.read_text()) if text is None else ("given", text)
+    text_file = Path(text_file or TEXT)
+    try:
+        text = text_file.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the calibration text {text_file}: {e}") from None
     text_sha = hashlib.sha256(text.encode()).hexdigest()
     gguf_sha = _sha256(path)
     cache = None
     if cache_dir:
-        cache = Path(cache_dir) / "moe" / f"{gguf_sha}-T{chunk}-N{tokens}-{text_sha[:12]}.json"
+        # the oracle's source too: a change to how it routes (ties, the rule) is a new calibration
+        oracle_sha = hashlib.sha256(Path(oracle_module.__file__).read_bytes()).hexdigest()
+        cache = (Path(cache_dir) / "moe" /
+                 f"{gguf_sha}-T{chunk}-N{tokens}-S{skip}-{text_sha[:12]}-{oracle_sha[:8]}.json")
         if not refresh:
             hit = _read(cache)
             if hit is not None:
                 return {**hit, "cache": {"path": str(cache), "hit": True}}
-    ids = Tokenizer(reader).encode(text)
+    ids = Tokenizer(reader).encode(text)[skip:]
     n_cal = min(tokens, len(ids) // 2) // chunk * chunk        # whole chunks; half the text at most
     n_held = min(tokens, len(ids) - n_cal) // chunk * chunk
     if n_cal == 0 or n_held == 0:
-        raise ValueError(f"the text has {len(ids)} tokens: too few for a calibration chunk and a "
+        raise ValueError(f"the text has {len(ids)} tokens after --skip: too few for a calibration chunk and a "
                          f"held-out chunk of {chunk}")
     window = cfg.context_length // chunk * chunk
     if window == 0:
@@ -71,9 +81,9 @@ def calibrate(path: str, tokens: int = 1024, chunk: int = 128, cache_dir: str | 
     out = {"version": VERSION, "model": os.path.basename(path), "gguf_sha256": gguf_sha,
            "arch": cfg.arch, "n_layers": cfg.n_layers, "n_experts": cfg.n_experts,
            "top_k": cfg.n_experts_used, "dim": cfg.dim, "ffn_dim": cfg.ffn_dim, "chunk": chunk,
-           "text": {"file": name, "sha256": text_sha, "tokens": len(ids)},
-           "calibration": {"first_token": 0, "tokens": n_cal, "chunks": n_cal // chunk},
-           "heldout": {"first_token": n_cal, "tokens": n_held, "chunks": n_held // chunk},
+           "text": {"file": text_file.name, "sha256": text_sha, "tokens": skip + len(ids), "skip": skip},
+           "calibration": {"first_token": skip, "tokens": n_cal, "chunks": n_cal // chunk},
+           "heldout": {"first_token": skip + n_cal, "tokens": n_held, "chunks": n_held // chunk},
            **out}
     if cache is not None:
         _write(cache, out)

@@ -224,6 +224,12 @@ def test_calibration_counts_every_pair_of_every_chunk(tiny_moe, tmp_path):
     assert set(r["overlap_median"]) == {"4"}        # K = 8 = E would overlap trivially
 
 
+def test_skip_leaves_out_the_texts_first_tokens(tiny_moe, tmp_path):
+    r = cal.calibrate(tiny_moe, tokens=64, chunk=32, skip=100, cache_dir=str(tmp_path))
+    assert (r["calibration"]["first_token"], r["heldout"]["first_token"]) == (100, 164)
+    assert r["text"]["skip"] == 100 and "-S100-" in r["cache"]["path"]
+
+
 def test_overlap_of_a_text_with_itself_is_one(tiny_moe):
     counts = np.asarray(cal.calibrate(tiny_moe, tokens=128, chunk=32)["counts"])
     s = cal.summarize(counts, counts, np.ones((2, 128), np.float32), 2)
@@ -255,11 +261,12 @@ def test_cli_prints_a_table_and_a_plan(tiny_moe, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("what, needle", [("missing", "model file not found"),
                                           ("dense", "not a mixture-of-experts model"),
-                                          ("chunk", "--chunk")])
+                                          ("chunk", "--chunk"), ("text", "calibration text")])
 def test_cli_bad_input_is_one_line_and_exit_2(what, needle, tmp_path, tiny_moe, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = {"missing": str(tmp_path / "none.gguf"), "dense": write_tiny(tmp_path / "dense.gguf"),
-            "chunk": tiny_moe}[what]
-    rc, out = _cli(capsys, path, *(["--chunk", "0"] if what == "chunk" else []))
+            "chunk": tiny_moe, "text": tiny_moe}[what]
+    extra = {"chunk": ["--chunk", "0"], "text": ["--text", str(tmp_path / "none.txt")]}.get(what, [])
+    rc, out = _cli(capsys, path, *extra)
     lines = out.err.strip().splitlines()
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("socllm: error:") and needle in lines[0]

@@ -17,6 +17,10 @@ def add_parser(sub):
     c.add_argument("--chunk", type=int, default=128,
                    help="T: tokens a prefill chunk, the unit expert loads are counted in "
                         "(default %(default)s)")
+    c.add_argument("--text", default=None, metavar="FILE",
+                   help="the calibration text (default: scripts/data/pride_and_prejudice_ch1-2.txt)")
+    c.add_argument("--skip", type=int, default=0,
+                   help="leave out the text's first SKIP tokens (those a router was fitted on)")
     c.add_argument("--refresh", action="store_true", help="calibrate again, ignoring the cache")
     c.add_argument("--plan", action="store_true",
                    help="also the tiers, groups and residency policies/moe.py derives, with their "
@@ -40,7 +44,8 @@ def run(a) -> int:
         raise ValueError(f"model file not found: {a.model}")
     if a.row < 1:
         raise ValueError(f"--row must be positive, got {a.row}")
-    r = calibrate(a.model, a.tokens, a.chunk, EngineConfig.from_env().cache_dir, refresh=a.refresh)
+    r = calibrate(a.model, a.tokens, a.chunk, EngineConfig.from_env().cache_dir, a.text, a.skip,
+                  a.refresh)
     p = _plan(a, r) if a.plan else None
     if a.json:
         out = {k: v for k, v in r.items() if k not in ("counts", "heldout_counts")}
