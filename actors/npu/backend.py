@@ -197,7 +197,8 @@ class NPUBackend:
     def _moe_describe(self) -> dict:
         """How prefill chunks run their MoE layers: the plan's source and shape, and what the
         grouped units did so far (rows on the NPU's graphs, on the CPU, pruned; NPU calls)."""
-        done = {k: sum(u.done[k] for u in self.experts) for k in ("npu_rows", "cpu_rows", "pruned", "calls")}
+        done = {k: round(sum(u.done[k] for u in self.experts), 1) for k in self.experts[0].done} \
+            if self.experts else {}
         plans = {b: {"source": src, "overflow": p.overflow, "group_size": p.group_size,
                      "tiers": p.tiers, "npu_groups": sum(g.processor == "npu" for lp in p.layers for g in lp.groups),
                      "cpu_groups": sum(g.processor != "npu" for lp in p.layers for g in lp.groups)}

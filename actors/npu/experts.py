@@ -114,7 +114,10 @@ class GroupedExperts:
             self.calls.append((lo, hi, req))
             row = hi
         self.cpu = NumpyKernels(arena)                         # cold experts and spilled rows
-        self.done = {"npu_rows": 0, "cpu_rows": 0, "pruned": 0, "calls": 0}     # so far
+        # so far: pairs on the NPU's graphs, on the CPU, pruned; NPU calls; ms dispatching (the
+        # host's sort, gather and combine), waiting for the NPU, on the CPU's experts
+        self.done = {"npu_rows": 0, "cpu_rows": 0, "pruned": 0, "calls": 0, "host_ms": 0.0,
+                     "npu_wait_ms": 0.0, "cpu_ms": 0.0}
 
     def _expert_tensors(self, part: str, e: int, M: int, K: int) -> list:
         """Expert e's rows of a stacked Q4 weight as (codes, d, m) tensors over the arena."""
@@ -130,6 +133,7 @@ class GroupedExperts:
         return self.arena[off: off + rows * cols * 4].view(F32).reshape(rows, cols)
 
     def run(self, n: int, pos0: int):
+        t0 = time.perf_counter()
         k = self.k
         rt = self._f32(self.route_off, n, 2 * k + 1)
         sel, w, sal = rt[:, :k].astype(np.int64), rt[:, k:2 * k], rt[:, 2 * k]
@@ -141,12 +145,18 @@ class GroupedExperts:
         started = [req for lo, hi, req in self.calls if busy[lo:hi].any()]   # an empty group: no call
         for req in started:
             req.start_async()
+        t1 = time.perf_counter()
         fallback = self._cpu(x, sel, d.fallback_token, d.fallback_slot)
+        t2 = time.perf_counter()
         for req in started:
             req.wait()
+        t3 = time.perf_counter()
         self._f32(self.out_off, n, self.D)[:] = combine(self.ybuf, fallback, w, d)
+        t4 = time.perf_counter()
         for key, v in (("npu_rows", len(d.row)), ("cpu_rows", len(d.fallback_token)),
-                       ("pruned", len(d.dropped_token)), ("calls", len(started))):
+                       ("pruned", len(d.dropped_token)), ("calls", len(started)),
+                       ("host_ms", 1e3 * (t1 - t0 + t4 - t3)), ("npu_wait_ms", 1e3 * (t3 - t2)),
+                       ("cpu_ms", 1e3 * (t2 - t1))):
             self.done[key] += v
 
     def _cpu(self, x, sel, tok, slot) -> np.ndarray:
@@ -194,4 +204,70 @@ def moe_plan(config, tasks: list, chunk: int):
     if config.moe_graphs == "per_expert":     # NPUMoE's baseline: a graph per expert, T rows
         return moe.plan(calib, overflow="spill", group_size=1, tiers=False, residency=False,
                         capacity=chunk), source
-    return moe.plan(calib, overflow=config.moe_overflow, group_size=config.moe_group), source
+    profile = device_profile(config.cache_dir, D, F)
+    return moe.plan(calib, profile, overflow=config.moe_overflow, group_size=config.moe_group), source
+
+
+def device_profile(cache_dir: str | None, D: int, F: int) -> dict:
+    """policies/moe.py's device profile, measured on this machine once per expert shape and
+    kept in the cache: one expert's FFN on 16 and on 64 rows as a grouped graph on the NPU's
+    device (its launch and per-row cost) and with the CPU's numpy kernels (per row, and
+    dequantizing the expert's weights, which it does each call)."""
+    import json
+    import os
+
+    from socllm.policies.moe import EXAMPLE_PROFILE
+    path = os.path.join(cache_dir, "moe", f"profile-d{D}-f{F}.json") if cache_dir else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    rng = np.random.default_rng(0)
+    nb = D // QK, F // QK
+    planar = {p: {"qs": rng.integers(0, 256, (M, K // 2), dtype=np.uint8),
+                  "d": (rng.random((M, K // QK)) * 1e-2).astype(np.float16),
+                  "m": (rng.random((M, K // QK)) * -1e-2).astype(np.float16)}
+              for p, M, K in (("gate", F, D), ("up", F, D), ("down", D, F))}
+    core = ov.Core()
+    from socllm.actors.npu.segment import _compile_props, pick_device
+    npu, cpu = {}, {}
+    for C in (16, 64):
+        req = core.compile_model(_group_model(1, C, D, F, "silu"), pick_device(core),
+                                 _compile_props(core, "f32", {"INFERENCE_NUM_THREADS": 2})).create_infer_request()
+        x = rng.standard_normal((C, D)).astype(F32)
+        tensors = [ov.Tensor(x)]
+        for p in ("gate", "up", "down"):
+            w = planar[p]
+            M, nbk = w["d"].shape
+            tensors += [ov.Tensor(w["qs"].reshape(-1), [M, nbk, QK], ov.Type.u4),
+                        ov.Tensor(w["d"].reshape(M, nbk, 1)), ov.Tensor(w["m"].reshape(M, nbk, 1))]
+        for i, t in enumerate(tensors):
+            req.set_input_tensor(i, t)
+        npu[C] = _best(req.infer)
+        from socllm.models.quant import dequant_q4_1
+        W = {}
+        cpu["dequant"] = _best(lambda: W.update({p: dequant_q4_1(w["qs"], w["d"], w["m"])
+                                                 for p, w in planar.items()}))
+        h = lambda: ((x @ W["gate"].T) * (x @ W["up"].T)) @ W["down"].T   # noqa: E731
+        cpu[C] = _best(h)
+    row = lambda t: max(1e-6, (t[64] - t[16]) / 48)                         # noqa: E731
+    profile = {**EXAMPLE_PROFILE,
+               "npu": {"launch_ms": max(0.0, npu[16] - 16 * row(npu)), "ms_per_row": row(npu)},
+               "fallback": {"launch_ms": max(0.0, cpu[16] - 16 * row(cpu)), "ms_per_row": row(cpu),
+                            "ms_per_expert": cpu["dequant"]},
+               "measured": f"{pick_device(core)} grouped graph vs numpy, one expert [{F}x{D}], 2 threads"}
+    if path:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(profile, f, indent=1)
+    return profile
+
+
+def _best(fn, reps: int = 5) -> float:
+    """ms of fn's fastest of reps runs, after one warm-up."""
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
