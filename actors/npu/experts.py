@@ -20,10 +20,8 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from socllm.graph.program import cut_rows
-from socllm.models.quant import QK
+from socllm.models.quant import QK, dequant_q4_1
 from socllm.policies.moe import combine, dispatch
-
-from socllm.actors.cpu.kernels import NumpyKernels
 
 F32 = np.float32
 RUNTIME_OVERFLOW = ("prune", "spill")     # pad needs a capacity per chunk: a static graph has one
@@ -113,21 +111,32 @@ class GroupedExperts:
             req.set_output_tensor(0, ov.Tensor(self.ybuf[lo:hi], shared_memory=True))
             self.calls.append((lo, hi, req))
             row = hi
-        self.cpu = NumpyKernels(arena)                         # cold experts and spilled rows
         # so far: pairs on the NPU's graphs, on the CPU, pruned; NPU calls; ms dispatching (the
         # host's sort, gather and combine), waiting for the NPU, on the CPU's experts
         self.done = {"npu_rows": 0, "cpu_rows": 0, "pruned": 0, "calls": 0, "host_ms": 0.0,
                      "npu_wait_ms": 0.0, "cpu_ms": 0.0}
 
-    def _expert_tensors(self, part: str, e: int, M: int, K: int) -> list:
-        """Expert e's rows of a stacked Q4 weight as (codes, d, m) tensors over the arena."""
+    def _expert_views(self, part: str, e: int, M: int, K: int) -> tuple:
+        """Expert e's rows of a stacked Q4 weight in the arena: codes [M, K/2] u8, d and m
+        [M, K/32] f16 (models/quant.py's planar layout)."""
         whole = {"w": self.refs[part]["w"], "K": K, "M": self.E * M, "out": ("a", 0)}
         _, qs, d, m = cut_rows(whole, e * M, (e + 1) * M)["w"]
         nb = K // QK
-        codes = self.arena[qs: qs + M * K // 2]
-        return [ov.Tensor(codes, [M, nb, QK], ov.Type.u4),
-                ov.Tensor(self.arena[d: d + M * nb * 2].view(np.float16).reshape(M, nb, 1), shared_memory=True),
-                ov.Tensor(self.arena[m: m + M * nb * 2].view(np.float16).reshape(M, nb, 1), shared_memory=True)]
+        return (self.arena[qs: qs + M * K // 2].reshape(M, K // 2),
+                self.arena[d: d + M * nb * 2].view(np.float16).reshape(M, nb),
+                self.arena[m: m + M * nb * 2].view(np.float16).reshape(M, nb))
+
+    def _expert_tensors(self, part: str, e: int, M: int, K: int) -> list:
+        """The same as OpenVINO tensors over the arena: u4 codes [M, K/32, 32], d and m [M, K/32, 1]."""
+        codes, d, m = self._expert_views(part, e, M, K)
+        nb = K // QK
+        return [ov.Tensor(codes.reshape(-1), [M, nb, QK], ov.Type.u4),
+                ov.Tensor(d.reshape(M, nb, 1), shared_memory=True),
+                ov.Tensor(m.reshape(M, nb, 1), shared_memory=True)]
+
+    def _expert(self, part: str, e: int, M: int, K: int) -> np.ndarray:
+        """Expert e's matrix of a part, dequantized: f32 [M, K] (the CPU's share, each call)."""
+        return dequant_q4_1(*self._expert_views(part, e, M, K))
 
     def _f32(self, off: int, rows: int, cols: int) -> np.ndarray:
         return self.arena[off: off + rows * cols * 4].view(F32).reshape(rows, cols)
@@ -165,7 +174,7 @@ class GroupedExperts:
         experts = sel[tok, slot]
         for e in np.unique(experts):
             i = np.flatnonzero(experts == e)
-            W = {p: self.cpu.matrix(self.refs[p]["w"], self.E * M, K, np.arange(e * M, (e + 1) * M))
+            W = {p: self._expert(p, e, M, K)
                  for p, M, K in (("gate", self.F, self.D), ("up", self.F, self.D), ("down", self.D, self.F))}
             xe = x[tok[i]]
             h = xe @ W["gate"].T
