@@ -248,6 +248,15 @@ class Speculator:
                 batch[i].spec.n = HEADS
                 rates[i] = batch[i].spec.rate()
         ks = choose(cost, rates, [len(f) for f in found], self.max_rows, MARGIN)
+        # a drafter asked for by name (lookup, heads) drafts whenever it has a draft, as rows allow:
+        # the measured step costs decide only for auto (and a step's costs measured on a busy
+        # machine would otherwise decide what a test sees)
+        named = [(self.mode if s.speculate is None else s.speculate) in ("lookup", "heads") for s in batch]
+        spare = min(self.max_rows, len(cost) - 1) - len(batch) - sum(k for k, n in zip(ks, named) if not n)
+        for i, n in enumerate(named):
+            if n:
+                ks[i] = max(0, min(len(found[i]), spare))
+                spare -= ks[i]
         return [f[:k] for f, k in zip(found, ks)]
 
     def _heads_pay(self, cost: list, rate: float, room: int, rows: int) -> bool:
