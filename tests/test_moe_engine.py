@@ -63,7 +63,7 @@ def test_an_moe_file_loads_with_its_experts_and_a_wrong_one_is_refused(moe, tmp_
 def test_every_processor_runs_moe_layers_with_the_oracles_routing(moe, ray_session):
     from socllm.actors.engine import Engine
     path, oracle = moe
-    eng = Engine(model=path, context=64, threads=2)
+    eng = Engine(model=path, context=64, threads=2, moe_graphs="grouped")
     try:
         assert eng.available == {"cpu", "gpu", "npu"}
         ids = eng.encode_prompt("Hello, world! 123")
@@ -116,7 +116,7 @@ def test_the_service_runner_batches_moe_rows_across_sequences(moe, ray_session, 
     from socllm.actors.runner import Runner
     path, oracle = moe
     eng = Engine(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=4, kv_mb=1,
-                 kv_dtype="f16", double_rows=8)
+                 kv_dtype="f16", double_rows=8, moe_graphs="grouped")
     rng = [np.random.default_rng(s) for s in range(3)]
     prompts = [[int(t) for t in r.integers(1, 250, n)] for r, n in zip(rng, (9, 3, 14))]
     forced = [oracle.greedy(p, 10) for p in prompts]
