@@ -153,6 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     add_plan(sub)
     from socllm.actors.front.calibrate import add_parser as add_calibrate
     add_calibrate(sub)
+    from socllm.actors.front.moefy import add_parser as add_moefy
+    add_moefy(sub)
     return p
 
 
@@ -281,6 +283,9 @@ def main(argv=None) -> int:
         if a.cmd == "calibrate":
             from socllm.actors.front.calibrate import run as calibrate
             return calibrate(a)
+        if a.cmd == "moefy":
+            from socllm.actors.front.moefy import run as moefy
+            return moefy(a)
         if a.cmd == "simulate":
             from socllm.actors.front.simulate import run
             return run(a)
