@@ -29,6 +29,7 @@ KNOWN = {
     ("actors/front/cli.py", "socllm.scripts.bench"),       # `socllm bench`: a script behind the CLI
     ("actors/front/plan.py", "socllm.scripts.profile_ops"),  # its first run measures a profile
     ("actors/front/simulate.py", "socllm.scripts"),        # its workload's text: with the simulator
+    ("actors/front/moefy.py", "socllm.scripts.perplexity"),  # `moefy --ppl`: a measurement, as bench
 }
 
 

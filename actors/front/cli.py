@@ -1,4 +1,5 @@
-"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models, plan, simulate.
+"""`socllm` command line: generate, serve, status, stop, info, bench, inspect, models, plan, simulate,
+calibrate, moefy.
 
 Bad input (a missing model, an empty prompt, a bad option value) gets one line on stderr and
 exit status 2, before any actor or segment exists, or after all of them are torn down.
