@@ -231,34 +231,34 @@ def device_profile(cache_dir: str | None, D: int, F: int) -> dict:
         with open(path) as f:
             return json.load(f)
     rng = np.random.default_rng(0)
-    nb = D // QK, F // QK
     planar = {p: {"qs": rng.integers(0, 256, (M, K // 2), dtype=np.uint8),
                   "d": (rng.random((M, K // QK)) * 1e-2).astype(np.float16),
                   "m": (rng.random((M, K // QK)) * -1e-2).astype(np.float16)}
               for p, M, K in (("gate", F, D), ("up", F, D), ("down", D, F))}
     core = ov.Core()
     from socllm.actors.npu.segment import _compile_props, pick_device
-    npu, cpu = {}, {}
+    weights = []                                  # the expert's tensors, as _group_model takes them
+    for w in planar.values():
+        M, nbk = w["d"].shape
+        weights += [ov.Tensor(w["qs"].reshape(-1), [M, nbk, QK], ov.Type.u4),
+                    ov.Tensor(w["d"].reshape(M, nbk, 1)), ov.Tensor(w["m"].reshape(M, nbk, 1))]
+    W = {}
+
+    def dequantize():                             # what the CPU does each call
+        W.update({p: dequant_q4_1(w["qs"], w["d"], w["m"]) for p, w in planar.items()})
+    cpu = {"dequant": _best(dequantize)}
+    npu = {}
     for C in (16, 64):
         req = core.compile_model(_group_model(1, C, D, F, "silu"), pick_device(core),
                                  _compile_props(core, "f32", {"INFERENCE_NUM_THREADS": 2})).create_infer_request()
         x = rng.standard_normal((C, D)).astype(F32)
-        tensors = [ov.Tensor(x)]
-        for p in ("gate", "up", "down"):
-            w = planar[p]
-            M, nbk = w["d"].shape
-            tensors += [ov.Tensor(w["qs"].reshape(-1), [M, nbk, QK], ov.Type.u4),
-                        ov.Tensor(w["d"].reshape(M, nbk, 1)), ov.Tensor(w["m"].reshape(M, nbk, 1))]
-        for i, t in enumerate(tensors):
+        for i, t in enumerate([ov.Tensor(x)] + weights):
             req.set_input_tensor(i, t)
         npu[C] = _best(req.infer)
-        from socllm.models.quant import dequant_q4_1
-        W = {}
-        cpu["dequant"] = _best(lambda: W.update({p: dequant_q4_1(w["qs"], w["d"], w["m"])
-                                                 for p, w in planar.items()}))
-        h = lambda: ((x @ W["gate"].T) * (x @ W["up"].T)) @ W["down"].T   # noqa: E731
-        cpu[C] = _best(h)
-    row = lambda t: max(1e-6, (t[64] - t[16]) / 48)                         # noqa: E731
+        cpu[C] = _best(lambda x=x: ((x @ W["gate"].T) * (x @ W["up"].T)) @ W["down"].T)
+
+    def row(t):                                   # ms a row: the slope from 16 to 64 rows
+        return max(1e-6, (t[64] - t[16]) / 48)
     profile = {**EXAMPLE_PROFILE,
                "npu": {"launch_ms": max(0.0, npu[16] - 16 * row(npu)), "ms_per_row": row(npu)},
                "fallback": {"launch_ms": max(0.0, cpu[16] - 16 * row(cpu)), "ms_per_row": row(cpu),
