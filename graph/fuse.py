@@ -9,6 +9,8 @@ is 5 launches instead of 15, and it never changes what the step computes:
   linear + add(residual, linear)           linear_act(add=1)
   any other linear                         prep + linear_act
   rmsnorm -> lm_head                       norm_prep(natural) + lm_head_act
+  moe_linear gate, up + silu_mul           moe_gate_up (over the MoE scratch's prepared row)
+  moe_linear down + add(residual, it)      moe_down (moe_linear_act with the residual)
   attention -> linears reading it          attention_split + merge_prep (split-K over keys)
 
 then a launch that only finishes a row (norm_prep, prep, merge_prep) joins the launch before it
@@ -128,6 +130,40 @@ def _linear(t, rest, readers):
     return Fused("linear_act", a, [], t.signals, (t.seq,), t.layer)
 
 
+def _moe_gate_up(run: list, readers):
+    """moe_linear gate, moe_linear up (same rows, route, sizes and weight format) and the gated
+    product reading only them -> moe_gate_up (cl/moe.cl)."""
+    if len(run) < 3 or [t.op for t in run[:2]] != ["moe_linear"] * 2 or run[2].op not in ("silu_mul", "gelu_mul"):
+        return None
+    a, b, mul = run[:3]
+    by_out = {a.args["out"]: a, b.args["out"]: b}
+    g, u = by_out.get(mul.args["g"]), by_out.get(mul.args["u"])
+    same = ("x", "route", "K", "M", "E", "k", "per_slot", "combine")
+    if g is None or u is None or g is u or any(g.args[n] != u.args[n] for n in same) or g.args["per_slot"] \
+            or g.args["combine"] or g.args["w"][0] == "wt" or not _one_format([g, u]) \
+            or not _joinable(run[:3]) or not (_only_read_by(readers, g, mul) and _only_read_by(readers, u, mul)):
+        return None
+    return Fused("moe_gate_up", {"x": g.args["x"], "route": g.args["route"], "wg": g.args["w"],
+                                 "wu": u.args["w"], "out": mul.args["out"], "K": g.args["K"],
+                                 "M": g.args["M"], "k": g.args["k"], "gelu": int(mul.op == "gelu_mul"),
+                                 "tasks": [(t.op, t.args) for t in run[:3]]},
+                 a.waits, mul.signals, tuple(t.seq for t in run[:3]), a.layer)
+
+
+def _moe_down(run: list, readers):
+    """moe_linear down (combine) and the residual add reading only it -> moe_linear with res."""
+    t, nxt = run[0], run[1] if len(run) > 1 else None
+    if nxt is None or nxt.op != "add" or not t.args["combine"] or t.args["w"][0] == "wt" \
+            or not _only_read_by(readers, t, nxt) or not _joinable([t, nxt]):
+        return None
+    other = nxt.args["b"] if nxt.args["a"] == t.args["out"] else nxt.args["a"]
+    if other == t.args["out"]:
+        return None
+    return Fused("moe_down", {**t.args, "out": nxt.args["out"], "res": other,
+                              "tasks": [(u.op, u.args) for u in (t, nxt)]},
+                 t.waits, nxt.signals, (t.seq, nxt.seq), t.layer)
+
+
 def fuse_decode(prog: StepProgram, proc: str) -> list:
     """proc's decode tasks -> a list of Task (run as they are) and Fused (decode.cl kernels)."""
     return _epilogues(_fuse(prog, proc))
@@ -217,7 +253,9 @@ def _fuse(prog: StepProgram, proc: str) -> list:
             out.append(f)
             i += len(f.seqs)
             continue
-        out.append(t)
+        f = _moe_gate_up(tasks[i:i + 3], readers) if t.op == "moe_linear" else None
+        f = f or (_moe_down(tasks[i:i + 2], readers) if t.op == "moe_linear" else None)
+        out.append(f or t)
         prepared = None
-        i += 1
+        i += len(f.seqs) if f else 1
     return out

@@ -37,6 +37,21 @@ def test_a_decode_layer_is_five_launches(model_config):
     assert final.args["natural"] and final.args["store"]
 
 
+def test_an_moe_decode_layer_fuses_its_experts_gate_up_and_down(model_config):
+    """An MoE layer's one-row decode: the k experts' gate and up and the gated product are one
+    launch (moe_gate_up), their down projections' weighted sum and the residual add another
+    (moe_down); the router and the route stay ops of their own."""
+    import dataclasses
+    cfg = dataclasses.replace(model_config, n_experts=8, n_experts_used=2, ffn_dim=64)
+    _, prog = _program(cfg, "gpu", "decode", LAYERS)
+    units = fuse_decode(prog, "gpu")
+    ops = Counter(u.op for u in units)
+    assert ops["moe_gate_up"] == LAYERS and ops["moe_down"] == LAYERS and ops["moe_route"] == LAYERS
+    assert "silu_mul" not in ops and "moe_linear" not in ops
+    replaced = sorted(s for u in units for s in (u.seqs if isinstance(u, Fused) else (u.seq,)))
+    assert replaced == sorted(t.seq for t in prog.tasks["gpu"])      # every task exactly once
+
+
 @pytest.mark.parametrize("plan,phase,cut", [("hetero", "prefill", None),
                                            ("tensor", "decode", {"ffn_up": 768}),
                                            ("tensor", "prefill", {"attn_output": 192})])

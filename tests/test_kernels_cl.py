@@ -798,3 +798,43 @@ def test_rope_variants_match_numpy(dev, lay, rng, neox, freqs):
     check(dev, lay, "rope", {"x": ("a", x), "out": ("a", out), "heads": H, "head_dim": HD,
                              "theta": 10000.0, **extra}, N, pos0, [(out, N * H * HD * 4)], atol=40 * 1.2e-7)
 
+
+
+# -- mixture of experts ------------------------------------------------------------------------
+@pytest.mark.parametrize("bits,rtol", [(32, RTOL), (16, 1e-3), (8, 5e-2)])
+@pytest.mark.parametrize("N,per_slot,res", [(1, 0, False), (3, 0, False), (1, 1, True), (3, 1, False)])
+def test_moe_linear_over_prepared_rows_matches_numpy(dev, lay, rng, bits, rtol, N, per_slot, res):
+    """moe_linear with a scratch (a decode step's few rows): its rows prepared (f32, int16, int8)
+    and multiplied as the dense GEMVs are, each row's k experts taken from its route, summed by
+    their weights in rank order (down, + a residual); only the output and the scratch change."""
+    arena, clk = dev
+    E, k, K, M = 8, 3, (64 if per_slot else 256), (256 if per_slot else 64)
+    route = np.zeros((N, 2 * k + 1), np.float32)
+    for n in range(N):
+        route[n, :k] = rng.permutation(E)[:k]
+        route[n, k:2 * k] = rng.dirichlet(np.ones(k))
+    x = rows(lay, rng, N, K * (k if per_slot else 1))
+    r, w = lay.put(route), lay.w4(E * M, K, rng)
+    out_n = N * (M if per_slot else k * M)
+    out, scratch = lay.zeros(out_n), lay.zeros(64 << 10, np.uint8)
+    args = {"x": ("a", x), "route": ("a", r), "w": w, "out": ("a", out), "K": K, "M": M, "E": E,
+            "k": k, "per_slot": per_slot, "combine": per_slot}
+    h = rows(lay, rng, N, M) if res else 0
+    want = arena[:lay.top + GUARD].copy()
+    NumpyKernels(want).run("moe_linear", args, N, 0)
+    if res:                 # out = h + the weighted sum (kernels.cl add's operands, in its order)
+        args["res"] = ("a", h)
+        ref = want[out: out + N * M * 4].view(np.float32)
+        ref[:] = want[h: h + N * M * 4].view(np.float32) + ref
+    clk.moe_scratch, clk.moe_bits = (scratch, 64 << 10), bits
+    try:
+        clk.run("moe_linear", args, N, 0)
+        clk.finish()
+    finally:
+        clk.moe_scratch, clk.moe_bits, clk._prepared = None, 32, None
+    got = arena[:lay.top + GUARD]
+    g, ref = (a[out: out + out_n * 4].view(np.float32) for a in (got, want))
+    np.testing.assert_allclose(g, ref, rtol=rtol, atol=rtol * float(np.abs(ref).max()))
+    keep = np.ones(len(got), bool)
+    keep[out: out + out_n * 4] = keep[scratch: scratch + (64 << 10)] = False
+    assert np.array_equal(got[keep], want[:len(got)][keep]), "bytes outside the output and scratch changed"

@@ -58,6 +58,7 @@ class GPUBackend:
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.rows_act_off = lay.io["act_rows"]
         self.rows_act_bytes = lay.io["act"] - lay.io["act_rows"]          # the next io region
+        self.kernels.moe_scratch = (self.rows_act_off, self.rows_act_bytes)
         # a serving step's rope table (paged.cl rope_rows_table)
         self.kernels.rope_rows = (lay.io["rope_rows"], lay.io["att"] - lay.io["rope_rows"])
         self.att_off, self.att_bytes = lay.io["att"], lay.ctl - lay.io["att"]   # io's last area
@@ -110,13 +111,17 @@ class GPUBackend:
         fused = FusedCL(self.kernels, self.act_off, self.rope_off, precision, self.att_off,
                         self.att_bytes, pos_word=True)
         units, k = [], self.kernels
-        for f in fuse_decode(prog, self.name):
-            if isinstance(f, Fused):
-                run = k.bind(lambda p, f=f: fused.run(f, 1, p))
-            else:
-                run = k.bind(lambda p, f=f: k.run(f.op, f.args, 1, p))
-            seqs = f.seqs if isinstance(f, Fused) else (f.seq,)
-            units.append(Unit(f.waits, _one_row(run), f.signals, seqs))
+        k.moe_bits = ACT_BITS.get(precision, 32)       # MoE linears' rows as the fused GEMVs'
+        try:
+            for f in fuse_decode(prog, self.name):
+                if isinstance(f, Fused):
+                    run = k.bind(lambda p, f=f: fused.run(f, 1, p))
+                else:
+                    run = k.bind(lambda p, f=f: k.run(f.op, f.args, 1, p))
+                seqs = f.seqs if isinstance(f, Fused) else (f.seq,)
+                units.append(Unit(f.waits, _one_row(run), f.signals, seqs))
+        finally:
+            k.moe_bits = 32
         return units
 
     def begin_step(self, precision: str, pos0: int):

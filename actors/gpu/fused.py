@@ -121,6 +121,28 @@ class FusedCL:
         self._go("gate_up_silu", *self._rows(M), self.act, *weight_build(a["wg"])[0],
                  *weight_build(a["wu"])[0], a["out"][1], a["K"], M, w=a["wg"])
 
+    def _moe_gate_up(self, a, pos0):
+        """x [K] -> out [k, M] = act(gate) * up of the row's k experts (cl/moe.cl moe_gate_up),
+        its row prepared in the MoE scratch (CLKernels._moe_rows); op by op where there is none"""
+        k, (g, wopts), (u, _) = self.k, weight_build(a["wg"]), weight_build(a["wu"])
+        prepared = k._moe_rows(a["x"][1], a["K"], 1, wopts, a["wg"][0])
+        if prepared is None:
+            for op, args in a["tasks"]:
+                k.run(op, args, 1, pos0)
+            return
+        ks, off, row_bytes = prepared
+        (gsize, lsize), kk = self._rows(a["M"]), a["k"]
+        k._go("moe_gate_up", (*gsize, kk), (*lsize, 1), off, a["route"][1], *g, *u, a["out"][1],
+              a["K"], a["M"], kk, a["gelu"], row_bytes, ks=ks)
+
+    def _moe_down(self, a, pos0):
+        """moe_linear's weighted sum of the k experts' down projections, plus the residual"""
+        if self.k._moe_rows(a["x"][1], a["K"], a["k"], weight_build(a["w"])[1], a["w"][0]) is None:
+            for op, args in a["tasks"]:
+                self.k.run(op, args, 1, pos0)
+            return
+        self.k.run("moe_linear", a, 1, pos0)
+
     def _lm_head_act(self, a, pos0):
         """act [D] (natural order), table Q8_0 [V, D] -> logits [V]"""
         D, V, (_, qs, d) = a["D"], a["V"], a["table"]

@@ -95,6 +95,8 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     # moe.cl
     "moe_route": [u64] * 3 + [i32] * 5,
     "moe_linear": [u64] * 6 + [i32] * 5,
+    "moe_linear_act": [u64] * 6 + [i32] * 6 + [u64],
+    "moe_gate_up": [u64] * 9 + [i32] * 5,
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -240,6 +242,11 @@ class CLKernels:
         self.rope_rows = None         # (offset, bytes): a step's table of its rows' cos and sin
         self._rope_table = None       # the positions that table holds (while recording a replay)
         self._one_step = False        # replay() walks one step's tasks: they share a rope table
+        # (offset, bytes) of the scratch moe_linear prepares its rows in (the pool's act_rows,
+        # shared with rows_act: set by the GPU backend), and their format outside a replay that
+        # gives one (a one-row decode unit: its precision's; gpu/backend.py _fused_units)
+        self.moe_scratch: tuple | None = None
+        self.moe_bits = 32
 
     def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None,
                  extra: str = "") -> dict:
@@ -642,12 +649,40 @@ class CLKernels:
 
     def _moe_linear(self, a, N, pos0):
         """x [N, K] or [N, k*K], route [N, 2k+1], W [E*M, K] -> out [N, k*M] or, combine, [N, M]
-        (NumpyKernels.moe_linear): every row's k experts' rows, in the weight's own format"""
+        (NumpyKernels.moe_linear): every row's k experts' rows, in the weight's own format. Rows
+        that fit the scratch are prepared first (prep_rows: f32, or int16 / int8 at q16 / q8) and
+        multiplied as the dense GEMVs are (moe_linear_act; a decode step of the MoEfied SmolLM2 at
+        f32, 2 Zen 5 cores: its MoE linears 6.8 -> 4.8 ms, with graph/fuse.py's moe_gate_up);
+        else, and for float weights, moe_linear."""
         (qs, d, m), wopts = weight_build(a["w"])
         check_aligned("moe_linear", a["x"][1])
-        self._go("moe_linear", (a["M"], N), None, a["x"][1], a["route"][1], qs, d, m, a["out"][1],
-                 a["K"], a["M"], a["k"], int(a["per_slot"]), int(a["combine"]),
-                 ks=self._kernels(64, 32, None, wopts))
+        K, M, k, per_slot, combine = a["K"], a["M"], a["k"], int(a["per_slot"]), int(a["combine"])
+        prepared = self._moe_rows(a["x"][1], K, N * (k if per_slot else 1), wopts, a["w"][0])
+        if prepared is not None:
+            ks, off, row_bytes = prepared
+            self._go("moe_linear_act", (self.lin_t, round_up(-(-M // 2), self.lin_r), N if combine else N * k),
+                     (self.lin_t, self.lin_r, 1), off, a["route"][1], qs, d, m, a["out"][1], K, M, k,
+                     per_slot, combine, row_bytes, a["res"][1] if a.get("res") else 0, ks=ks)
+            return
+        self._go("moe_linear", (M, N), None, a["x"][1], a["route"][1], qs, d, m, a["out"][1],
+                 K, M, k, per_slot, combine, ks=self._kernels(64, 32, None, wopts))
+
+    def _moe_rows(self, x, K, rows, wopts, kind):
+        """(kernels, scratch offset, row bytes) once x [rows, K] is prepared in the scratch (as
+        _prep_rows: a linear before that read the same rows leaves them), or None where they do
+        not fit, there is no scratch, or the weights are floats."""
+        if self.moe_scratch is None or kind == "wt" or K % QK:
+            return None
+        bits = self.rows_act[2] if self.rows_act is not None else self.moe_bits
+        off, nbytes = self.moe_scratch
+        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        ks = self._kernels(64, bits, None, wopts)
+        if rows * row_bytes > nbytes or "moe_linear_act" not in ks:
+            return None
+        if self._prepared != (x, rows):
+            self._go("prep_rows", (round_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, rows, ks=ks)
+            self._prepared = (x, rows)
+        return ks, off, row_bytes
 
     def _lm_head(self, a, N, pos0):
         """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V] (a table in a block format: the

@@ -74,3 +74,105 @@ __kernel void moe_linear(__global uchar* arena, ulong x_o, ulong route_o, ulong 
     }
     if (combine) AT(float, out_o)[(size_t)n * M + r] = total;
 }
+
+#ifndef W_FLT
+// moe_linear_act: moe_linear over rows prepared by prep_rows (decode.cl's format: ACT_BITS), row_bytes
+// apart from s_o: row n, or per_slot row n * k + j (slot j's own input). Each weight block is
+// multiplied as the dense GEMVs do (dot2: d * sum(q x) + m * sum(x) per block; int16 / int8
+// products at q16 / q8), two rows of an expert a work-item. out as moe_linear's; combine sums the
+// slots in rank order. A decode step's few rows (CLKernels._moe_linear).
+// global (LIN_T, ceil(M / 2) rounded up to LIN_R, N * k, or N when combine), local (LIN_T, LIN_R, 1)
+#if LIN_T > 1
+#define MOE_DOT_W(qs, d, m, e, act) dot2_t(arena, qs, d, m, (e) * M + ra_, (e) * M + r1, K, act, t, \
+                                           part_[get_local_id(1)])
+#else
+#define MOE_DOT_W(qs, d, m, e, act) (mine ? dot2(arena, qs, d, m, (e) * M + r0, (e) * M + r1, K, act) \
+                                          : (float2)0.0f)
+#endif
+#define MOE_DOT(e, act) MOE_DOT_W(qs_o, d_o, m_o, e, act)
+// res_o != 0 (combine): out = res + the sum (the residual add after the FFN, as kernels.cl add)
+__kernel void moe_linear_act(__global uchar* arena, ulong s_o, ulong route_o, ulong qs_o, ulong d_o,
+                             ulong m_o, ulong out_o, int K, int M, int k, int per_slot, int combine,
+                             int row_bytes, ulong res_o)
+{
+    ROW_PAIR(M);
+    const int g = get_global_id(2), n = combine ? g : g / k;
+    const __global float* rt = AT(const float, route_o) + (size_t)n * (2 * k + 1);
+    __global float* out = AT(float, out_o);
+    if (!combine) {
+        const int j = g - n * k;
+        const float2 y = MOE_DOT((int)rt[j], s_o + (ulong)(per_slot ? g : n) * row_bytes);
+        if (!mine) return;
+        out[(size_t)g * M + r0] = y.x;
+        if (r0 + 1 < M) out[(size_t)g * M + r0 + 1] = y.y;
+        return;
+    }
+#if W_Q4_1 && LIN_T == 1
+    // Q4_1 on a CPU: the slots' blocks summed into one float8 per row, each block's scale times
+    // the slot's weight, reduced once at the end (a row of a slot is only K / 32 blocks: per-slot
+    // reductions and pointer set-up cost as much as the products; 2x faster at K = 96)
+    if (r0 >= M) return;
+    float8 aa = 0.0f, ab = 0.0f;
+    float sa = 0.0f, sb = 0.0f;
+    const int nb = K / QK;
+    for (int j = 0; j < k; j++) {
+        const int e = (int)rt[j];
+        const float w = rt[k + j];
+        const ulong act = s_o + (ulong)(per_slot ? n * k + j : n) * row_bytes;
+        const size_t ra = ((size_t)e * M + r0) * nb, rb = ((size_t)e * M + r1) * nb;
+        const __global uchar16* qa = AT(const uchar16, qs_o) + ra;
+        const __global uchar16* qb = AT(const uchar16, qs_o) + rb;
+        const __global ushort* da = AT(const ushort, d_o);
+        const __global ushort* ma = AT(const ushort, m_o);
+        const __global uchar* xv = AT(const uchar, act);
+        const __global float* dx = AT(const float, act + (ulong)ACT_BYTES * K);
+        const __global float* sx = dx + nb;
+        for (int b = 0; b < nb; b++) {
+            const float wdx = w * dx[b], wsx = w * sx[b];
+            aa += block_dot(qa[b], xv, b) * (HALF(da, ra + b) * wdx);
+            ab += block_dot(qb[b], xv, b) * (HALF(da, rb + b) * wdx);
+            sa += HALF(ma, ra + b) * wsx;
+            sb += HALF(ma, rb + b) * wsx;
+        }
+    }
+    const float2 total = (float2)(hsum8(aa) + sa, hsum8(ab) + sb);
+#else
+    float2 total = 0.0f;
+    for (int j = 0; j < k; j++) {
+        const float2 y = MOE_DOT((int)rt[j], s_o + (ulong)(per_slot ? n * k + j : n) * row_bytes);
+        total = j ? total + rt[k + j] * y : rt[k + j] * y;
+    }
+#endif
+    if (!mine) return;
+    const __global float* res = AT(const float, res_o) + (size_t)n * M;
+    out[(size_t)n * M + r0] = res_o ? res[r0] + total.x : total.x;
+    if (r0 + 1 < M) out[(size_t)n * M + r0 + 1] = res_o ? res[r0 + 1] + total.y : total.y;
+}
+
+// moe_gate_up: moe_linear_act of W_gate and W_up over the same prepared rows (row n of N), and the
+// gated product (kernels.cl silu_mul, or gelu_mul when gelu): out [N, k, M] = act(W_gate_e x) *
+// (W_up_e x), e = slot j's expert. The one-row decode's three launches as one (graph/fuse.py).
+// global (LIN_T, ceil(M / 2) rounded up to LIN_R, N * k), local (LIN_T, LIN_R, 1)
+inline float gated(float g, float u, int gelu)
+{
+    if (!gelu) return g / (1.0f + exp_f32(-g)) * u;
+    const float t = tanh(0.7978845608f * (g + 0.044715f * g * g * g));
+    return 0.5f * g * (1.0f + t) * u;
+}
+__kernel void moe_gate_up(__global uchar* arena, ulong s_o, ulong route_o, ulong g_qs, ulong g_d,
+                          ulong g_m, ulong u_qs, ulong u_d, ulong u_m, ulong out_o, int K, int M,
+                          int k, int gelu, int row_bytes)
+{
+    ROW_PAIR(M);
+    const int g = get_global_id(2), n = g / k, j = g - n * k;
+    const int e = (int)(AT(const float, route_o)[(size_t)n * (2 * k + 1) + j]);
+    const ulong act = s_o + (ulong)n * row_bytes;
+    const float2 gv = MOE_DOT_W(g_qs, g_d, g_m, e, act);
+    const float2 uv = MOE_DOT_W(u_qs, u_d, u_m, e, act);
+    if (!mine) return;
+    __global float* out = AT(float, out_o) + (size_t)g * M;
+    out[r0] = gated(gv.x, uv.x, gelu);
+    if (r0 + 1 < M) out[r0 + 1] = gated(gv.y, uv.y, gelu);
+}
+#endif
+
