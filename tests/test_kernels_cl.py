@@ -802,11 +802,14 @@ def test_rope_variants_match_numpy(dev, lay, rng, neox, freqs):
 
 # -- mixture of experts ------------------------------------------------------------------------
 @pytest.mark.parametrize("bits,rtol", [(32, RTOL), (16, 1e-3), (8, 5e-2)])
-@pytest.mark.parametrize("N,per_slot,res", [(1, 0, False), (3, 0, False), (1, 1, True), (3, 1, False)])
-def test_moe_linear_over_prepared_rows_matches_numpy(dev, lay, rng, bits, rtol, N, per_slot, res):
+@pytest.mark.parametrize("N,per_slot,res,fmt", [(1, 0, False, "Q4_1"), (3, 0, False, "Q4_1"),
+                                                (1, 1, True, "Q4_1"), (3, 1, False, "Q4_1"),
+                                                (3, 0, False, "Q8_0"), (3, 1, True, "Q8_0")])
+def test_moe_linear_over_prepared_rows_matches_numpy(dev, lay, rng, bits, rtol, N, per_slot, res, fmt):
     """moe_linear with a scratch (a decode step's few rows): its rows prepared (f32, int16, int8)
     and multiplied as the dense GEMVs are, each row's k experts taken from its route, summed by
-    their weights in rank order (down, + a residual); only the output and the scratch change."""
+    their weights in rank order (down, + a residual; Q4_1 on a CPU: moe_down_q4, other formats
+    moe_linear_act); only the output and the scratch change."""
     arena, clk = dev
     E, k, K, M = 8, 3, (64 if per_slot else 256), (256 if per_slot else 64)
     route = np.zeros((N, 2 * k + 1), np.float32)
@@ -814,7 +817,8 @@ def test_moe_linear_over_prepared_rows_matches_numpy(dev, lay, rng, bits, rtol, 
         route[n, :k] = rng.permutation(E)[:k]
         route[n, k:2 * k] = rng.dirichlet(np.ones(k))
     x = rows(lay, rng, N, K * (k if per_slot else 1))
-    r, w = lay.put(route), lay.w4(E * M, K, rng)
+    r = lay.put(route)
+    w = lay.w4(E * M, K, rng) if fmt == "Q4_1" else lay.wq(fmt, E * M, K, rng)
     out_n = N * (M if per_slot else k * M)
     out, scratch = lay.zeros(out_n), lay.zeros(64 << 10, np.uint8)
     args = {"x": ("a", x), "route": ("a", r), "w": w, "out": ("a", out), "K": K, "M": M, "E": E,

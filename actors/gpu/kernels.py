@@ -97,6 +97,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "moe_linear": [u64] * 6 + [i32] * 5,
     "moe_linear_act": [u64] * 6 + [i32] * 6 + [u64],
     "moe_gate_up": [u64] * 9 + [i32] * 5,
+    "moe_down_q4": [u64] * 6 + [i32] * 4 + [u64],
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -660,6 +661,11 @@ class CLKernels:
         prepared = self._moe_rows(a["x"][1], K, N * (k if per_slot else 1), wopts, a["w"][0])
         if prepared is not None:
             ks, off, row_bytes = prepared
+            if combine and per_slot and "moe_down_q4" in ks:       # Q4_1 on a CPU
+                self._go("moe_down_q4", (round_up(-(-M // 2), self.lin_r), N), (self.lin_r, 1), off,
+                         a["route"][1], qs, d, m, a["out"][1], K, M, k, row_bytes,
+                         a["res"][1] if a.get("res") else 0, ks=ks)
+                return
             self._go("moe_linear_act", (self.lin_t, round_up(-(-M // 2), self.lin_r), N if combine else N * k),
                      (self.lin_t, self.lin_r, 1), off, a["route"][1], qs, d, m, a["out"][1], K, M, k,
                      per_slot, combine, row_bytes, a["res"][1] if a.get("res") else 0, ks=ks)
