@@ -30,6 +30,10 @@ class Oracle:
         # (the ffn_norm output), and "ffn_act" [T, ffn] (a dense layer's gate*up) or "moe_logits"
         # [T, E] and "moe_sel" [T, k] (an MoE layer's router logits and chosen experts)
         self.tap = None
+        # moe_assemble(layer, y [T, k, dim], w [T, k], sel [T, k], sal [T]) -> [T, dim]: an MoE
+        # layer's output from every pair's exact expert output under a policy (NPUMoE's pruning:
+        # scripts/moe_ppl.py; policies/moe.py assemble); None: exact routing's weighted sum
+        self.moe_assemble = None
         w = {name: _dequant(t) for name, t in weights.items()}  # matrices [out, in], vectors [n]
         self.embd = w["token_embd.weight"]                                  # [vocab, dim]
         self.lm_head = self.embd if cfg.tied_embeddings else w["output.weight"]  # [vocab, dim]
@@ -75,13 +79,15 @@ class Oracle:
         for i, lw in enumerate(self.layers):
             cos, sin = angles[c.layer_theta(i)]              # [T, head_dim/2] each
             a = self._attention(i, lw, _rmsnorm(x, lw["attn_norm.weight"], c.eps), pos0, cos, sin, kv)
+            # NPUMoE's saliency: the L2 norm of a row's attention output (graph/build.py _moe)
+            sal = np.linalg.norm(a, axis=1) if self.moe_assemble else None     # [T]
             if c.post_norms:                                 # Gemma: the sublayer's output normed
                 a = _rmsnorm(a, lw["post_attention_norm.weight"], c.eps)
             x = x + a
             h = _rmsnorm(x, lw["ffn_norm.weight"], c.eps)
             self._tap(i, "attn_out", a)
             self._tap(i, "ffn_in", h)
-            m = self._moe(i, lw, h, gate) if c.n_experts else self._mlp(i, lw, h, gate)
+            m = self._moe(i, lw, h, gate, sal) if c.n_experts else self._mlp(i, lw, h, gate)
             if c.post_norms:
                 m = _rmsnorm(m, lw["post_ffw_norm.weight"], c.eps)
             x = x + m
@@ -96,7 +102,7 @@ class Oracle:
         self._tap(i, "ffn_act", act)
         return act @ lw["ffn_down.weight"].T
 
-    def _moe(self, i, lw, h, gate):
+    def _moe(self, i, lw, h, gate, sal=None):
         """A mixture-of-experts FFN with exact top-k routing, as llama.cpp's build_moe_ffn: softmax
         over all E router logits, the k largest (ties: the lower id), their weights renormalized
         (families with norm_topk), y = sum over the k in rank order of w_j * FFN_{e_j}(h)."""
@@ -113,6 +119,8 @@ class Oracle:
         for e in np.unique(sel):
             t, j = np.nonzero(sel == e)
             y[t, j] = (gate(h[t] @ G[e].T) * (h[t] @ U[e].T)) @ Dn[e].T
+        if self.moe_assemble is not None:
+            return self.moe_assemble(i, y, w, sel, sal)
         out = w[:, 0, None] * y[:, 0]
         for j in range(1, sel.shape[1]):                                    # in rank order
             out = out + w[:, j, None] * y[:, j]

@@ -135,3 +135,48 @@ def test_the_service_runner_batches_moe_rows_across_sequences(moe, ray_session, 
                 assert err <= tol, (proc, precision, s, err)
     finally:
         eng.close()
+
+
+def test_the_npus_pruned_expert_graphs_compute_the_policys_layer(moe, ray_session, tmp_path):
+    """overflow "prune" (NPUMoE §4.1): a prefill chunk's pairs beyond a resident expert's
+    capacity are dropped, the least salient first. The NPU's grouped graphs give the logits of
+    the oracle whose MoE layers dispatch as policies/moe.py says (Oracle.moe_assemble, what
+    scripts/moe_ppl.py measures perplexity with), and those differ from exact routing's."""
+    import json
+    from socllm.actors.engine import Engine
+    from socllm.actors.runner import Runner
+    from socllm.models.gguf_file import _sha256
+    from socllm.policies import moe as policy
+    from socllm.scripts.moe_ppl import pruning
+    path, oracle = moe
+    T, cfg = 32, oracle.cfg
+    # every expert at capacity 16 (T * k / E = 8 pairs on average): the busiest overflow
+    calib = {"chunk": T, "top_k": 2, "n_experts": 8, "dim": cfg.dim, "ffn_dim": cfg.ffn_dim,
+             "gguf_sha256": _sha256(path),
+             "layers": [{"layer": i, "mean": [8.0] * 8, "p95": [8.0] * 8, "rho": 1.0} for i in range(2)]}
+    profile = {**policy.EXAMPLE_PROFILE, "npu": {"launch_ms": 0.01, "ms_per_row": 0.001}}
+    (tmp_path / "moe").mkdir()
+    (tmp_path / "moe" / f"{calib['gguf_sha256']}-T{T}-test.json").write_text(json.dumps(calib))
+    (tmp_path / "moe" / f"profile-d{cfg.dim}-f{cfg.ffn_dim}.json").write_text(json.dumps(profile))
+    plan = policy.plan(calib, profile, "prune", 8)
+    assert all(lp.layout()[1].all() for lp in plan.layers)            # every expert resident
+    ids = [int(t) for t in np.random.default_rng(7).integers(1, 250, T)]
+    eng = Engine(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=2, kv_mb=1,
+                 moe_graphs="grouped", moe_overflow="prune", cache_dir=str(tmp_path))
+    try:
+        runner = Runner(eng, "npu", "f32", npu_chunk=T)
+        got = runner.step([(t, i, 0) for i, t in enumerate(ids)], {0: list(range(T // eng.layout.block_rows))},
+                          all_rows=False)[0].copy()
+        npu = next(i for i in eng.info() if i["processor"] == "npu")["moe"]
+    finally:
+        eng.close()
+    tally = {"pairs": 0, "dropped": 0}
+    oracle.moe_assemble = pruning(plan, "prune", tally)
+    try:
+        want = oracle.logits_for(ids)[-1]
+    finally:
+        oracle.moe_assemble = None
+    exact = oracle.logits_for(ids)[-1]
+    assert npu["pruned"] == tally["dropped"] > 0
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= LOGITS_TOL
+    assert float(np.abs(exact - want).max() / np.abs(want).max()) > 100 * LOGITS_TOL
