@@ -1,5 +1,5 @@
-"""A Llama-family model (models/llama.py: Llama, Qwen2/3, Gemma 3) -> one step's graph (N new
-tokens after P cached ones).
+"""A Llama-family model (models/llama.py: Llama, Qwen2/3, Gemma 3, the MoEs) -> one step's graph
+(N new tokens after P cached ones).
 
 The same graph serves prefill (N > 1) and decode (N = 1): shapes are symbolic in N. K and V
 projections write straight into the layer's KV cache (rope'd K, plain V), in place, so nothing is
@@ -46,9 +46,10 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
                                 ("attn_v", (kv_cols, D), "q4_1"), ("attn_output", (D, H * hd), "q4_1"),
                                 *_ffn_weights(cfg)]:
             g.tensor(weight_name(i, part), shape, dt, "weight")
-        if cfg.qk_norm:
-            g.tensor(f"blk.{i}.attn_q_norm.weight", (hd,), "f32", "weight")
-            g.tensor(f"blk.{i}.attn_k_norm.weight", (hd,), "f32", "weight")
+        if cfg.qk_norm:          # per head [hd], or over the whole projection (OLMoE)
+            whole = cfg.qk_norm == "all"
+            g.tensor(f"blk.{i}.attn_q_norm.weight", (H * hd if whole else hd,), "f32", "weight")
+            g.tensor(f"blk.{i}.attn_k_norm.weight", (kv_cols if whole else hd,), "f32", "weight")
         if cfg.post_norms:
             g.tensor(f"blk.{i}.post_attention_norm.weight", (D,), "f32", "weight")
             g.tensor(f"blk.{i}.post_ffw_norm.weight", (D,), "f32", "weight")
@@ -84,10 +85,12 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         lin(i, "attn_q", p + "xn", p + "q", D, H * hd)
         lin(i, "attn_k", p + "xn", p + "k", D, kv_cols)
         q, k = p + "q", p + "k"
-        if cfg.qk_norm:   # Qwen3, Gemma 3: every head's row normalized before rope
+        if cfg.qk_norm:   # before rope: every head's row normalized (Qwen3, Gemma 3), or the
+            # whole projection at once (OLMoE)
             for x_, n_, heads in ((q, "attn_q_norm", H), (k, "attn_k_norm", KVH)):
+                width = {"D": heads * hd} if cfg.qk_norm == "all" else {"D": hd, "heads": heads}
                 g.add("rmsnorm", {"x": x_, "w": weight_name(i, n_)}, {"out": x_ + "n"}, i,
-                      D=hd, eps=cfg.eps, heads=heads)
+                      eps=cfg.eps, **width)
             q, k = q + "n", k + "n"
         kv_rows = {"rows": "rows"} if paged else {}
         g.add("linear", {"x": p + "xn", "w": weight_name(i, "attn_v"), **bias(i, "attn_v"), **kv_rows},

@@ -12,12 +12,17 @@ from .llama import matrix_types, read_config, tensor_problems
 # families the processors' kernels run, and those only the numpy oracle reads so far
 FAMILIES = {
     "llama": {"runs": True, "what": "Llama layout (SmolLM2, TinyLlama, Llama 2, Llama 3.x): RMSNorm, "
-              "GQA attention with RoPE (Llama 3.1's rope_freqs too), SwiGLU MLP; tied or untied output"},
+              "GQA attention with RoPE (Llama 3.1's rope_freqs too), SwiGLU MLP or Mixtral-style "
+              "experts (top-k, renormalized); tied or untied output"},
     "qwen2": {"runs": True, "what": "Qwen2 / Qwen2.5: the Llama layout with Q/K/V biases and NEOX rope"},
     "qwen3": {"runs": True, "what": "Qwen3: the Llama layout with per-head Q/K RMSNorm and NEOX rope"},
     "gemma3": {"runs": True, "what": "Gemma 3: per-head Q/K RMSNorm, NEOX rope, norms after each "
                "sublayer too, scaled embeddings, GeGLU (tanh-GELU), sliding-window layers with their "
                "own rope base between global ones, a SentencePiece-style tokenizer"},
+    "qwen3moe": {"runs": True, "what": "Qwen3-MoE: Qwen3's attention, top-k of E SwiGLU experts of "
+                 "expert_feed_forward_length, renormalized softmax weights"},
+    "olmoe": {"runs": True, "what": "OLMoE: Q/K RMSNorm over the whole projections, NEOX rope, top-k "
+              "of E SwiGLU experts, softmax weights not renormalized"},
 }
 
 

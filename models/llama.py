@@ -5,6 +5,10 @@ a gated MLP. They differ in data only — Qwen2 adds Q/K/V biases and uses NEOX 
 Q and K per head, Llama 3.1 divides rope frequencies, Gemma 3 adds all of Qwen3's and scales its
 embeddings, normalizes each sublayer's output before the residual add, gates with tanh-GELU and
 interleaves sliding-window layers (their own rope base) with global ones — so all load here.
+The mixtures of experts are the same network with the MLP swapped for top-k of E SwiGLU experts:
+Mixtral-style `llama`, Qwen3-MoE (Qwen3's attention; experts of expert_feed_forward_length) and
+OLMoE (NEOX rope, Q and K normalized over the whole projection, routing weights not renormalized),
+as llama.cpp builds them (src/models/qwen3moe.cpp, olmoe.cpp; src/llama-graph.cpp build_moe_ffn).
 
 Weights keep GGUF's tensor names. A matrix W [out, in] (y = x @ W.T) stays in its file's format, in
 the planar layout of models/quant.py; only norms and biases are float32.
@@ -19,7 +23,8 @@ from gguf import GGUFReader
 from .gguf_file import ModelError
 from .quant import FLOAT_TYPES, MATRIX_TYPES, QK, float_matrix, planar, repack_q8_0
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe")
+MOE_ARCHS = ("qwen3moe", "olmoe")      # no dense form: llama.cpp refuses them without experts
 BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -40,7 +45,9 @@ class ModelConfig:
     tied_embeddings: bool  # no output.weight: the lm_head is token_embd
     qkv_bias: bool         # attn_q/k/v carry a bias (Qwen2)
     rope_freqs: bool = False   # rope_freqs.weight divides each pair's frequency (Llama 3.1)
-    qk_norm: bool = False      # per-head RMSNorm of Q and K before rope (Qwen3, Gemma 3)
+    # RMSNorm of Q and K before rope: "head" each head's row (Qwen3, Gemma 3; weights [head_dim]),
+    # "all" the whole projection (OLMoE; weights [q_dim] and [kv_dim]), "" none
+    qk_norm: str = ""
     # Gemma 3
     post_norms: bool = False   # RMSNorm of the attention's and the MLP's outputs before each add
     act: str = "silu"          # the MLP's gate: "silu" (SwiGLU) or "gelu" (tanh-GELU: GeGLU)
@@ -48,11 +55,12 @@ class ModelConfig:
     window: int = 0            # sliding-window layers see their last `window` keys; 0: none
     swa_layers: tuple = ()     # the sliding-window layers
     rope_theta_swa: float = 0.0   # their rope base
-    # Mixture of experts (Mixtral-style `llama`; NPUMoE): n_experts FFNs of ffn_dim each, a router
-    # ffn_gate_inp [E, dim]; each token takes n_experts_used of them (0: a dense model)
+    # Mixture of experts (Mixtral-style `llama`, Qwen3-MoE, OLMoE; NPUMoE): n_experts FFNs of
+    # ffn_dim each, a router ffn_gate_inp [E, dim]; each token takes n_experts_used of them (0: a
+    # dense model)
     n_experts: int = 0
     n_experts_used: int = 0
-    moe_norm: bool = True      # the chosen experts' softmax weights renormalized to sum 1
+    moe_norm: bool = True      # the chosen experts' softmax weights renormalized to sum 1 (OLMoE: not)
 
     def layer_window(self, i: int) -> int:
         """Keys layer i sees behind a query, itself included (0: all of them)."""
@@ -83,6 +91,10 @@ class ModelConfig:
         if self.swa_layers and (self.window <= 0 or self.rope_theta_swa <= 0):
             raise ModelError(f"model config: sliding-window layers need a window and a rope base "
                              f"(got {self.window}, {self.rope_theta_swa})")
+        if self.qk_norm not in ("", "head", "all"):
+            raise ModelError(f"model config: unknown Q/K norm {self.qk_norm!r}")
+        if self.arch in MOE_ARCHS and not self.n_experts:
+            raise ModelError(f"model config: {self.arch} needs {self.arch}.expert_count")
         if self.n_experts and not 0 < self.n_experts_used <= self.n_experts:
             raise ModelError(f"model config: {self.n_experts_used} experts used of "
                              f"{self.n_experts} (need 1 .. {self.n_experts})")
@@ -99,8 +111,9 @@ class ModelConfig:
 
     @property
     def neox_rope(self) -> bool:
-        """Qwen rotates pairs (i, i+half); GGUF's llama Q/K are permuted for pairs (2i, 2i+1)."""
-        return self.arch in ("qwen2", "qwen3", "gemma3")
+        """Qwen rotates pairs (i, i+half); GGUF's llama Q/K are permuted for pairs (2i, 2i+1).
+        llama.cpp's llama_model_rope_type: NEOX for qwen2, qwen3, qwen3moe, gemma3, olmoe."""
+        return self.arch in ("qwen2", "qwen3", "gemma3", "qwen3moe", "olmoe")
 
 
 def load_config(reader: GGUFReader) -> ModelConfig:
@@ -120,11 +133,12 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     dim = int(_field(reader, f"{arch}.embedding_length"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = _field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else 0)
+    n_experts_used = int(_field(reader, f"{arch}.expert_used_count", 0))
     cfg = ModelConfig(
         arch=arch,
         n_layers=int(_field(reader, f"{arch}.block_count")),
         dim=dim,
-        ffn_dim=int(_field(reader, f"{arch}.feed_forward_length")),
+        ffn_dim=_ffn_dim(reader, arch, n_experts_used),
         n_heads=n_heads,
         n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
         head_dim=int(_field(reader, f"{arch}.attention.key_length", dim // n_heads)),
@@ -135,12 +149,25 @@ def read_config(reader: GGUFReader) -> ModelConfig:
         tied_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         rope_freqs="rope_freqs.weight" in names,
-        qk_norm=arch in ("qwen3", "gemma3"),
+        qk_norm={"qwen3": "head", "gemma3": "head", "qwen3moe": "head", "olmoe": "all"}.get(arch, ""),
         n_experts=int(_field(reader, f"{arch}.expert_count", 0)),
-        n_experts_used=int(_field(reader, f"{arch}.expert_used_count", 0)),
+        n_experts_used=n_experts_used,
+        # llama.cpp's build_moe_ffn norm_w: true for llama and qwen3moe, false for olmoe (hard-coded
+        # per family in src/models/*.cpp; an {arch}.expert_weights_norm key is not read for them)
+        moe_norm=arch != "olmoe",
         **(_gemma3(reader, arch) if arch == "gemma3" else {}),
     )
     return cfg
+
+
+def _ffn_dim(reader: GGUFReader, arch: str, k: int) -> int:
+    """The FFN width: Qwen3-MoE's experts are expert_feed_forward_length wide, or, without that
+    key, feed_forward_length / k (llama.cpp's llama_model_qwen3moe n_ff_exp); the others'
+    (Mixtral-style llama and OLMoE experts too) feed_forward_length."""
+    if arch == "qwen3moe":
+        width = int(_field(reader, f"{arch}.expert_feed_forward_length", 0))
+        return width or int(_field(reader, f"{arch}.feed_forward_length")) // max(k, 1)
+    return int(_field(reader, f"{arch}.feed_forward_length"))
 
 
 SWA_PATTERN = 6     # llama.cpp's default for Gemma 3: five sliding-window layers, then a global one
@@ -223,8 +250,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[str, ...], tuple
     if c.rope_freqs:
         table["rope_freqs.weight"] = (VECTOR, (c.head_dim // 2,))
     if c.qk_norm:
-        block.update({"attn_q_norm.weight": (VECTOR, (c.head_dim,)),
-                      "attn_k_norm.weight": (VECTOR, (c.head_dim,))})
+        whole = c.qk_norm == "all"
+        block.update({"attn_q_norm.weight": (VECTOR, (c.q_dim if whole else c.head_dim,)),
+                      "attn_k_norm.weight": (VECTOR, (c.kv_dim if whole else c.head_dim,))})
     if c.post_norms:
         block.update({"post_attention_norm.weight": (VECTOR, (c.dim,)),
                       "post_ffw_norm.weight": (VECTOR, (c.dim,))})

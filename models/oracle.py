@@ -105,7 +105,8 @@ class Oracle:
     def _moe(self, i, lw, h, gate, sal=None):
         """A mixture-of-experts FFN with exact top-k routing, as llama.cpp's build_moe_ffn: softmax
         over all E router logits, the k largest (ties: the lower id), their weights renormalized
-        (families with norm_topk), y = sum over the k in rank order of w_j * FFN_{e_j}(h)."""
+        (moe_norm: llama, Qwen3-MoE; not OLMoE), y = sum over the k in rank order of
+        w_j * FFN_{e_j}(h)."""
         c = self.cfg
         z = h @ lw["ffn_gate_inp.weight"].T                                 # [T, E]
         sel, w = route(z, c.n_experts_used, c.moe_norm)                     # [T, k] each
@@ -131,8 +132,10 @@ class Oracle:
         q, k, v = (h @ lw[f"attn_{n}.weight"].T for n in "qkv")  # [T, q_dim], [T, kv_dim] x2
         if c.qkv_bias:
             q, k, v = q + lw["attn_q.bias"], k + lw["attn_k.bias"], v + lw["attn_v.bias"]
+        if c.qk_norm == "all":                          # OLMoE: RMSNorm of the whole projection
+            q, k = _rmsnorm(q, lw["attn_q_norm.weight"], c.eps), _rmsnorm(k, lw["attn_k_norm.weight"], c.eps)
         q, k = q.reshape(T, c.n_heads, c.head_dim), k.reshape(T, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:                                   # Qwen3: RMSNorm of every head's row
+        if c.qk_norm == "head":                         # Qwen3: RMSNorm of every head's row
             q, k = _rmsnorm(q, lw["attn_q_norm.weight"], c.eps), _rmsnorm(k, lw["attn_k_norm.weight"], c.eps)
         q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         end = pos0 + T

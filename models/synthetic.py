@@ -51,7 +51,11 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     weights (fast at a real model's size: scripts/gpu_decode.py's runs); vocab beyond 257: filler
     tokens.
     experts: a mixture of experts (Mixtral-style tensors): `experts` FFNs of width ffn each, an F32
-    router, top_k of them used a token.
+    router, top_k of them used a token. qwen3moe and olmoe are MoEs (experts: 8 unless given), as
+    llama.cpp loads them (src/models/qwen3moe.cpp, olmoe.cpp): qwen3moe's expert width in
+    expert_feed_forward_length (its feed_forward_length, 3 * ffn here, is not it), per-head Q/K
+    norms; olmoe's Q/K norms over the whole projections, as many kv heads as heads (its K norm is
+    n_embd wide), and an untied output matrix (llama.cpp requires one).
     gemma3: sliding-window layers of `window` keys, every swa_pattern-th layer global, rope base
     1e6 (global layers) and llama.cpp's default 1e4 (sliding ones). meta: more metadata, {key
     after "ARCH.": a str or a float}."""
@@ -59,15 +63,19 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     types = {k: getattr(v, "name", v) for k, v in (types or {}).items()}
     hd = head_dim
     heads = heads or dim // hd
-    kv_heads = kv_heads or max(1, heads // 2)
+    kv_heads = kv_heads or (heads if arch == "olmoe" else max(1, heads // 2))
+    experts = experts or (8 if arch in ("qwen3moe", "olmoe") else 0)
     q_dim, kv_dim = heads * hd, kv_heads * hd
     w = GGUFWriter(str(path), arch)
     w.add_block_count(layers), w.add_context_length(context), w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn), w.add_head_count(heads), w.add_head_count_kv(kv_heads)
+    w.add_feed_forward_length(3 * ffn if arch == "qwen3moe" else ffn)
+    w.add_head_count(heads), w.add_head_count_kv(kv_heads)
     w.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)
     w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab), w.add_key_length(hd), w.add_value_length(hd)
     if experts:
         w.add_expert_count(experts), w.add_expert_used_count(top_k)
+        if arch == "qwen3moe":
+            w.add_expert_feed_forward_length(ffn)
     if arch == "gemma3":
         w.add_sliding_window(window), w.add_sliding_window_pattern(swa_pattern)
     for key, value in (meta or {}).items():
@@ -78,6 +86,7 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
     w.add_token_merges(["Ġ Ġ"]), w.add_eos_token_id(0), w.add_bos_token_id(0)
     rng = np.random.default_rng(0)
     shapes = {"token_embd.weight": (vocab, dim), "output_norm.weight": (dim,),
+              **({"output.weight": (vocab, dim)} if arch == "olmoe" else {}),
               **{name: (hd // 2,) if name == "rope_freqs.weight" else (hd,) if "norm" in name else (8,)
                  for name in extra}}
     for i in range(layers):
@@ -95,8 +104,10 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
                            b + "ffn_down.weight": (dim, ffn)})
         if arch == "gemma3":                                # sublayer outputs normed
             shapes.update({b + "post_attention_norm.weight": (dim,), b + "post_ffw_norm.weight": (dim,)})
-        if arch in ("qwen3", "gemma3"):                     # per-head Q/K norms
+        if arch in ("qwen3", "gemma3", "qwen3moe"):         # per-head Q/K norms
             shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+        if arch == "olmoe":                                 # Q/K norms over the whole projection
+            shapes.update({b + "attn_q_norm.weight": (q_dim,), b + "attn_k_norm.weight": (kv_dim,)})
         if arch == "qwen2":
             shapes.update({b + "attn_q.bias": (q_dim,), b + "attn_k.bias": (kv_dim,),
                            b + "attn_v.bias": (kv_dim,)})
@@ -108,7 +119,7 @@ def write_tiny(path, arch="llama", matrix="Q4_1", types=None, extra=(), dim=32, 
         if len(shape) == 1:
             w.add_tensor(name, x + 1 if "norm" in name else x)
             continue
-        qtype = types.get(name, table if name == "token_embd.weight" else matrix)
+        qtype = types.get(name, table if name in ("token_embd.weight", "output.weight") else matrix)
         if name.endswith("ffn_gate_inp.weight"):      # a router: F32, as llama.cpp keeps it
             qtype, x = types.get(name, "F32"), x * 10
         if len(shape) == 3:                            # experts [E, out, in]: quantized by rows

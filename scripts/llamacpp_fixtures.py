@@ -28,7 +28,8 @@ from socllm.models.synthetic import write_tiny
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]      # "Hello, world"
 GREEDY = 16
-# (name, write_tiny arguments): every family, and Llama in every weight format
+# (name, write_tiny arguments): every family (the mixtures of experts too), and Llama in every
+# weight format
 CASES = {
     "llama-F32": dict(arch="llama", matrix="F32", table="F32"),
     "qwen2-F32": dict(arch="qwen2", matrix="F32", table="F32"),
@@ -36,6 +37,11 @@ CASES = {
     "qwen3-F32": dict(arch="qwen3", matrix="F32", table="F32"),
     # two sliding-window layers of 4 keys, then a global one; 4 query heads of 32 (q: 128 wide)
     "gemma3-F32": dict(arch="gemma3", matrix="F32", table="F32", layers=3, heads=4),
+    # mixtures of experts: 8 experts of 128, 2 a token; Mixtral-style llama, Qwen3-MoE (4 query
+    # heads of 32: q 128 wide, not dim; its feed_forward_length is not the experts' width), OLMoE
+    "llama-moe-F32": dict(arch="llama", matrix="F32", table="F32", experts=8, top_k=2, ffn=128),
+    "qwen3moe-F32": dict(arch="qwen3moe", matrix="F32", table="F32", top_k=2, ffn=128, heads=4),
+    "olmoe-F32": dict(arch="olmoe", matrix="F32", table="F32", top_k=2, ffn=128),
     **{f"llama-{f}": dict(arch="llama", matrix=f) for f in
        ("F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")},
     "llama-Q4_K-Q6_K-table": dict(arch="llama", matrix="Q4_K", table="Q6_K"),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
-from testlib import prefill_then_decode
+from testlib import every_plan_gives_the_oracles_tokens_and_logits, prefill_then_decode
 from tiny_gguf import blocks, random_blocks, write_tiny
 
 from socllm.models.gguf_file import open_gguf
@@ -154,15 +154,8 @@ def test_a_q4_0_model_runs_on_every_processor(tmp_path, ray_session):
     oracle = Oracle(cfg, load_weights(reader, cfg))
     eng = Engine(model=path, context=64, threads=2)
     try:
-        assert eng.available == {"cpu", "gpu", "npu"} and eng.skipped == {}
-        ids = eng.encode_prompt("Hello, world! 123")
-        want = oracle.greedy(ids, 8)
-        ref = oracle.logits_for(ids + want)
-        for plan in ("cpu", "gpu", "npu"):
-            got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=8, ignore_eos=True)
-            assert got["tokens"] == want, plan
-            logits = eng.logits_after(ids + want, plan, "f32")      # the tokens repeat: logits too
-            assert np.abs(logits - ref).max() <= LOGITS_TOL * np.abs(ref).max(), plan
+        assert eng.skipped == {}
+        every_plan_gives_the_oracles_tokens_and_logits(eng, oracle, LOGITS_TOL)
     finally:
         eng.close()
 

@@ -61,7 +61,8 @@ def test_a_file_says_which_processors_read_its_weights(tmp_path, monkeypatch):
 
 def test_an_unknown_architecture_and_a_file_that_is_not_gguf(tmp_path):
     d = inspect(_tiny(tmp_path / "g.gguf", arch="phi3"))
-    assert d["problems"] == ["architecture 'phi3' is not supported (socllm runs: llama, qwen2, qwen3, gemma3)"]
+    assert d["problems"] == ["architecture 'phi3' is not supported (socllm runs: llama, qwen2, qwen3, "
+                            "gemma3, qwen3moe, olmoe)"]
     bad = tmp_path / "bad.gguf"
     bad.write_text("hello")
     r = _cli("inspect", str(bad))
@@ -76,6 +77,7 @@ def test_models_lists_families_and_types_per_processor():
     d = json.loads(r.stdout)
     assert d["families"]["llama"]["runs"] and d["families"]["qwen2"]["runs"]
     assert d["families"]["gemma3"]["runs"] and "sliding-window" in d["families"]["gemma3"]["what"]
+    assert d["families"]["qwen3moe"]["runs"] and d["families"]["olmoe"]["runs"]
     matrices = d["tensor_types"]["attention and MLP matrices"]
     assert "Q4_1" in matrices["gpu"] and "Q6_K" in matrices["cpu"]
 

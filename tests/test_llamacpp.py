@@ -1,7 +1,8 @@
 """socllm against llama.cpp, a reference outside socllm, through fixtures that
 scripts/llamacpp_fixtures.py wrote with llama-cpp-python: logits and greedy tokens of the
-synthetic models of every family and weight format, and token ids of SmolLM2's vocabulary under
-every pre-tokenizer socllm reads."""
+synthetic models of every family (the mixtures of experts: Mixtral-style llama, qwen3moe, olmoe)
+and weight format, and token ids of SmolLM2's vocabulary under every pre-tokenizer socllm
+reads."""
 from __future__ import annotations
 
 import json
@@ -54,7 +55,8 @@ QUANT_TOL = {"llama-F16": 0.02, "llama-BF16": 0.02, "llama-Q6_K": 0.12, "qwen3-Q
 # tokens, and their references must hold at least VARIED distinct tokens; the rest are compared
 # by their logits only.
 VARIED = 8
-GREEDY = ["llama-F32", "qwen2-F32", "llama3-F32", "qwen3-F32", "qwen2-Q8_0"]      # 16 new tokens
+MOE = ["llama-moe-F32", "qwen3moe-F32", "olmoe-F32"]
+GREEDY = ["llama-F32", "qwen2-F32", "llama3-F32", "qwen3-F32", "qwen2-Q8_0", *MOE]   # 16 new tokens
 TOP1 = [n for n in CASES if n not in ("llama-Q4_K", "llama-Q5_K", "llama-Q4_K-Q6_K-table",
                                       "qwen3-Q4_K")]                          # the 12 prompt rows
 
@@ -98,6 +100,18 @@ def test_the_oracle_computes_what_llamacpp_computes(tmp_path, name):
         assert (got.argmax(1) == want.argmax(1)).sum() >= len(PROMPT) - (0 if name in F32 else 1)
     if name in GREEDY:
         assert oracle.greedy(PROMPT, len(greedy)) == greedy
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_the_moe_references_route_tokens_over_many_experts(tmp_path, name):
+    """The MoE fixtures tell a wrong router from the right one: the prompt's tokens take many
+    expert pairs (measured 13-14 pairs over 7-8 of the 8 experts, two layers)."""
+    oracle = _oracle(model_path(name, str(tmp_path)))
+    sels = []
+    oracle.tap = lambda i, what, v: sels.append(v) if what == "moe_sel" else None
+    oracle.logits_for(PROMPT)
+    assert len({tuple(r) for s in sels for r in s}) >= 10
+    assert len({int(e) for s in sels for e in s.ravel()}) >= 6
 
 
 def test_with_llamacpps_table_gelu_the_oracle_agrees_to_1e4(tmp_path, monkeypatch):

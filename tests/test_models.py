@@ -156,6 +156,21 @@ def test_tiny_model_of_each_architecture_loads_and_runs(tmp_path, arch):
 
 
 
+def test_qwen3moe_experts_are_their_own_width_and_the_moe_families_need_experts(tmp_path):
+    """As llama.cpp reads them (src/models/qwen3moe.cpp): Qwen3-MoE's experts are
+    expert_feed_forward_length wide (its feed_forward_length is the dense width), or, without
+    that key, feed_forward_length / k; a qwen3moe or olmoe file without experts is refused."""
+    from socllm.models.llama import read_config
+    reader = open_gguf(write_tiny(tmp_path / "q.gguf", arch="qwen3moe", ffn=64, top_k=2))
+    assert read_config(reader).ffn_dim == 64              # feed_forward_length: 192
+    del reader.fields["qwen3moe.expert_feed_forward_length"]
+    assert read_config(reader).ffn_dim == 96
+    reader = open_gguf(write_tiny(tmp_path / "o.gguf", arch="olmoe"))
+    del reader.fields["olmoe.expert_count"]
+    with pytest.raises(ModelError, match="olmoe needs olmoe.expert_count"):
+        read_config(reader)
+
+
 def test_an_untied_output_weight_is_the_lm_head(model_config):
     """A GGUF with its own output.weight (most Llama 3 and Qwen files) must not be read through
     token_embd (the REVIEW's first bug): the graph's lm-head reads output.weight."""

@@ -1,5 +1,6 @@
 """Mixture-of-experts models in the one engine (issue 29, part 2): exact top-k routing on every
-processor, against the numpy oracle's, in one-shot plans and in the service's paged steps.
+processor, against the numpy oracle's, in one-shot plans and in the service's paged steps; the
+Mixtral-style llama layout, and users' qwen3moe and olmoe files (issue 29, part 1).
 
 The tiny MoE (models/synthetic.py, experts=8, top 2, two layers) routes its tokens over dozens of
 expert pairs (asserted), so an engine that ignored the router, or took the wrong expert's rows,
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from testlib import prefill_then_decode
+from testlib import every_plan_gives_the_oracles_tokens_and_logits, prefill_then_decode
 from tiny_gguf import write_tiny
 
 from socllm.models.gguf_file import ModelError, open_gguf
@@ -65,20 +66,30 @@ def test_every_processor_runs_moe_layers_with_the_oracles_routing(moe, ray_sessi
     path, oracle = moe
     eng = Engine(model=path, context=64, threads=2, moe_graphs="grouped")
     try:
-        assert eng.available == {"cpu", "gpu", "npu"}
-        ids = eng.encode_prompt("Hello, world! 123")
-        want = oracle.greedy(ids, 8)
-        ref = oracle.logits_for(ids + want)
-        for plan in ("cpu", "gpu", "npu"):
-            got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=8, ignore_eos=True)
-            assert got["tokens"] == want, plan
-            logits = eng.logits_after(ids + want, plan, "f32")
-            err = float(np.abs(logits - ref).max() / np.abs(ref).max())
-            assert err <= LOGITS_TOL, f"{plan}: logits {err:.2e} of their scale from the oracle's"
+        every_plan_gives_the_oracles_tokens_and_logits(eng, oracle, LOGITS_TOL)
         npu = next(i for i in eng.info() if i["processor"] == "npu")["moe"]
         # the npu plan's prefill ran the MoE layers in grouped expert graphs (npu/experts.py),
         # with spilled overflow: exact; the decode steps in the one-graph form
         assert npu["grouped_layers"] >= 2 and npu["npu_rows"] > 0 and npu["pruned"] == 0
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("arch,qk_norm,moe_norm", [("qwen3moe", "head", True), ("olmoe", "all", False)])
+def test_qwen3moe_and_olmoe_files_run_on_every_processor(tmp_path, ray_session, arch, qk_norm, moe_norm):
+    """The other MoE families llama.cpp runs (its own logits for them: tests/test_llamacpp.py):
+    Qwen3-MoE's per-head Q/K norms and experts of expert_feed_forward_length, OLMoE's Q/K norms
+    over the whole projections and routing weights left unrenormalized, on every processor."""
+    from socllm.actors.engine import Engine
+    path = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, dim=64, ffn=64, head_dim=32,
+                      matrix="Q4_1", layers=2, top_k=2, vocab=300)
+    reader = open_gguf(path)
+    cfg = load_config(reader)
+    assert (cfg.n_experts, cfg.ffn_dim, cfg.qk_norm, cfg.moe_norm) == (8, 64, qk_norm, moe_norm)
+    eng = Engine(model=path, context=64, threads=2)
+    try:
+        every_plan_gives_the_oracles_tokens_and_logits(eng, Oracle(cfg, load_weights(reader, cfg)),
+                                                       LOGITS_TOL)
     finally:
         eng.close()
 

@@ -43,6 +43,21 @@ def program(model_config, plan, phase, n_layers=2, cut=None):
     return g, lower(g, slots, refs, words, done, place, phase, 32)
 
 
+def every_plan_gives_the_oracles_tokens_and_logits(eng, oracle, tol: float):
+    """An engine on every processor: each one-processor plan's 8 greedy tokens are the oracle's,
+    and so, to tol of their scale, are its teacher-forced logits over them."""
+    assert eng.available == {"cpu", "gpu", "npu"}
+    ids = eng.encode_prompt("Hello, world! 123")
+    want = oracle.greedy(ids, 8)
+    ref = oracle.logits_for(ids + want)                     # [len(ids) + 8, vocab]
+    for plan in ("cpu", "gpu", "npu"):
+        got = eng.generate_ids(ids, plan=plan, precision="f32", max_tokens=8, ignore_eos=True)
+        assert got["tokens"] == want, plan
+        logits = eng.logits_after(ids + want, plan, "f32")
+        err = float(np.abs(logits - ref).max() / np.abs(ref).max())
+        assert err <= tol, f"{plan}: logits {err:.2e} of their scale from the oracle's"
+
+
 def prefill_then_decode(runner, prompts: list, forced: list, steps: int):
     """Each prompt prefilled in chunks of 5 rows (its K/V written through its own block table,
     blocks not in order), then all decoded as one batch for `steps` steps, teacher-forced with
