@@ -7,7 +7,8 @@ Engine.generate_ids (the service's paged programs), greedy; engines and peers al
 repetition, each repetition on new prompt ids.
 
     python -m socllm.scripts.moe_bench --model F.gguf [--prompt 1024] [--decode 64] [--reps 3]
-                                       [--variants grouped,per_expert,dense,gpu] [--json F]
+                                       [--variants hetero,grouped,per_expert,dense,gpu]
+                                       [--precision q16] [--json F]
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from .bench import Socllm, prompt_ids, stats
 from .peers import PEERS, PeerMissing
 
 # variant -> (serving plan, the NPU's moe_graphs)
-VARIANTS = {"grouped": ("npu", "grouped"), "per_expert": ("npu", "per_expert"),
+VARIANTS = {"hetero": ("hetero", "dense"),      # the service's default: NPU prefill, GPU decode
+            "grouped": ("npu", "grouped"), "per_expert": ("npu", "per_expert"),
             "dense": ("npu", "dense"), "gpu": ("gpu", "grouped"), "cpu": ("cpu", "grouped")}
 
 
@@ -30,8 +32,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--decode", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--variants", default="grouped,per_expert,dense,gpu")
-    p.add_argument("--precision", default="f32")
+    p.add_argument("--variants", default="hetero,grouped,per_expert,dense,gpu")
+    p.add_argument("--precision", default="q16")
     p.add_argument("--overflow", default="spill")
     p.add_argument("--peers", default="llama.cpp")
     p.add_argument("--json")
