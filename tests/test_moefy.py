@@ -109,6 +109,7 @@ def test_with_every_expert_the_neurons_file_is_the_dense_model_with_down_rounded
         assert moe.greedy(ids, 16) == rounded.greedy(ids, 16)
 
 
+@pytest.mark.slow      # a quality measure (~16 s): the build's exactness is checked by default
 def test_fewer_experts_cost_more_the_fewer_they_are_but_keep_it_text(built, oracle, tokenizer):
     """k = 6 of 8 differs from the dense model's greedy text but is not stuck (several distinct
     tokens), and its loss on held-out text is within 2.5 nats a token of the dense model's

@@ -54,3 +54,22 @@ def test_the_table_says_simulated_and_a_soc_without_an_npu_is_refused(runs):
     assert table(runs["snapdragon-8gen3", "phi-3.5-moe"]).startswith("SIMULATED")
     with pytest.raises(ValueError, match="no NPU"):
         ablation(load_soc("jetson-xavier-nx"), SHAPES["phi-3.5-moe"])
+
+
+def test_socllm_simulate_moe_prints_the_ablation_and_refuses_a_bad_chunk():
+    """`socllm simulate --moe`: the ablation of a 1,024-token prompt, marked simulated; a chunk
+    longer than the prompt is one clear line and exit 2."""
+    import json
+    import subprocess
+    import sys
+    cli = [sys.executable, "-m", "socllm.actors.front.cli", "simulate", "--moe"]
+    r = subprocess.run(cli + ["--moe-model", "phi-3.5-moe", "--json"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    (out,) = json.loads(r.stdout)
+    assert out["simulated"] and out["model"] == "phi-3.5-moe" and out["prompt"] == 1024
+    t = [out["variants"][v]["prefill_s"] for v in ABLATIONS]
+    assert t == sorted(t, reverse=True)
+    r = subprocess.run(cli + ["--prompt-len", "128", "--chunk", "256"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "--chunk" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -14,7 +14,7 @@ def add_parser(sub):
                    help="default: snapdragon-8gen3 (HeteroLLM's phone); jetson-xavier-nx with --spec")
     s.add_argument("--model", dest="sim_model", choices=sorted(PUBLISHED), default="llama-8b",
                    help="a model by its published configuration (no weights needed)")
-    s.add_argument("--prompt-len", type=int, default=256)
+    s.add_argument("--prompt-len", type=int, default=None, help="default 256 (--moe: 1,024)")
     s.add_argument("--weights", choices=sorted(WEIGHTS), default=None,
                    help="the weights' storage (default: the SoC's paper's: w4a16 for HeteroLLM's "
                         "phone, w8a16 for Agent.xpu's Core Ultra; q4_1 is socllm's)")
@@ -45,6 +45,12 @@ def add_parser(sub):
     s.add_argument("--draft-heads", type=int, default=0,
                    help="--spec: Medusa heads whose weights a step also reads (0: the backbone "
                         "only, as Figure 9's Medusa ~ its acceptance length implies)")
+    s.add_argument("--moe", action="store_true",
+                   help="mixture of experts (NPUMoE): prefill latency of MoE shapes under its "
+                        "ablation (base, tiers, tiers+grouping, all) on the simulated SoC's NPU")
+    s.add_argument("--moe-model", choices=("phi-3.5-moe", "qwen3-30b-a3b"), default=None,
+                   help="--moe: one shape (default: both)")
+    s.add_argument("--chunk", type=int, default=256, help="--moe: tokens a prefill chunk")
     s.add_argument("--json", action="store_true")
     s.add_argument("--plot", default=None, metavar="F.png", help="prefill time of each strategy")
 
@@ -55,8 +61,12 @@ def run(a) -> int:
     from socllm.policies.sim.soc import load_soc
     from socllm.policies.sim.soc_plans import (DECODE, PREFILL, against_published, cut_rows, decode,
                                            planner_for, prefill)
+    a.prompt_len_given = a.prompt_len is not None
+    a.prompt_len = 256 if a.prompt_len is None else a.prompt_len
     if a.spec:
         return _spec(a)
+    if a.moe:
+        return _moe(a)
     if not 0 < a.prompt_len < 4096:
         raise ValueError(f"--prompt-len must be in [1, 4095], got {a.prompt_len}")
     soc = load_soc(a.soc or "snapdragon-8gen3")
@@ -81,6 +91,22 @@ def run(a) -> int:
         _print(out)
     if a.plot:
         _plot(out, a.plot)
+    return 0
+
+
+def _moe(a) -> int:
+    """NPUMoE's ablation (policies/sim/moe.py) for --prompt-len tokens (1,024 unless given) in
+    chunks of --chunk: every figure simulated, beside the paper's published ratios."""
+    from socllm.policies.sim.moe import SHAPES, ablation, table
+    from socllm.policies.sim.soc import load_soc
+    prompt = a.prompt_len if a.prompt_len_given else 1024
+    if not 0 < prompt <= 65536 or not 0 < a.chunk <= prompt:
+        raise ValueError(f"--moe takes 0 < --chunk <= --prompt-len <= 65536, got {a.chunk} and {prompt}")
+    soc = load_soc(a.soc or "snapdragon-8gen3")
+    shapes = [SHAPES[a.moe_model]] if a.moe_model else list(SHAPES.values())
+    out = [ablation(soc, m, prompt, a.chunk, fast_sync=not a.no_fast_sync, weights=a.weights,
+                    seed=a.seed) for m in shapes]
+    print(json.dumps(out, indent=1) if a.json else "\n".join(table(r) for r in out))
     return 0
 
 
