@@ -225,7 +225,7 @@ def test_last_row_tail_serves_every_bucket_with_one_graph(N):
 def test_constant_weight_graph_matches_numpy(bucket, N, pos0):
     """The compressed-FullyConnected path (weights compiled in): a decode step, and a prompt's
     first chunk as the NPU runs it (npu.py, policies/buckets.whole_graph) — pos0 = 0, causal
-    attention in blocks of ov_build.CAUSAL_BLOCK query rows (4 and 2 blocks here), padding rows
+    attention in blocks of npu/ops.py CAUSAL_BLOCK query rows (4 and 2 blocks here), padding rows
     past N included."""
     L = Layout()
     s = slots(L)

@@ -29,7 +29,8 @@ import openvino.opset13 as ops
 
 from socllm.policies.buckets import kv_bucket
 
-from socllm.actors.npu.graph import BUILDERS, F32, Graph, kv_from_cache
+from socllm.actors.npu.graph import F32, Graph
+from socllm.actors.npu.ops import BUILDERS, kv_from_cache
 
 
 def pick_device(core: ov.Core) -> str:
