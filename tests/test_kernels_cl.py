@@ -809,7 +809,8 @@ def test_moe_linear_over_prepared_rows_matches_numpy(dev, lay, rng, bits, rtol, 
     """moe_linear with a scratch (a decode step's few rows): its rows prepared (f32, int16, int8)
     and multiplied as the dense GEMVs are, each row's k experts taken from its route, summed by
     their weights in rank order (down, + a residual; Q4_1 on a CPU: moe_down_q4, other formats
-    moe_linear_act); only the output and the scratch change."""
+    moe_linear_act; a batch's rows at q16 / q8 by expert in weight tiles: moe_tile); only the
+    output and the scratch change."""
     arena, clk = dev
     E, k, K, M = 8, 3, (64 if per_slot else 256), (256 if per_slot else 64)
     route = np.zeros((N, 2 * k + 1), np.float32)
@@ -831,12 +832,17 @@ def test_moe_linear_over_prepared_rows_matches_numpy(dev, lay, rng, bits, rtol, 
         ref = want[out: out + N * M * 4].view(np.float32)
         ref[:] = want[h: h + N * M * 4].view(np.float32) + ref
     clk.moe_scratch, clk.moe_bits = (scratch, 64 << 10), bits
+    # a decode batch's replay at q16 / q8 (rows_act): Q4_1 experts go by expert in weight tiles
+    tiles = N > 1 and bits < 32 and fmt == "Q4_1"
+    clk.rows_act = (scratch, 64 << 10, bits) if tiles else None
     try:
         clk.run("moe_linear", args, N, 0)
         clk.finish()
     finally:
-        clk.moe_scratch, clk.moe_bits, clk._prepared = None, 32, None
+        clk.moe_scratch, clk.moe_bits, clk._prepared, clk.rows_act = None, 32, None, None
     got = arena[:lay.top + GUARD]
+    if tiles:               # moe_sort's table: each expert's pairs, every pair once
+        assert int(got[scratch: scratch + 4 * E].view(np.int32).sum()) == N * k
     g, ref = (a[out: out + out_n * 4].view(np.float32) for a in (got, want))
     np.testing.assert_allclose(g, ref, rtol=rtol, atol=rtol * float(np.abs(ref).max()))
     keep = np.ones(len(got), bool)

@@ -97,6 +97,10 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "moe_linear": [u64] * 6 + [i32] * 5,
     "moe_linear_act": [u64] * 6 + [i32] * 6 + [u64],
     "moe_gate_up": [u64] * 9 + [i32] * 5,
+    "moe_sort": [u64] * 2 + [i32] * 3,
+    "moe_gather": [u64] * 3 + [i32] * 5,
+    "moe_tile": [u64] * 6 + [i32] * 4,
+    "moe_combine": [u64] * 4 + [i32] * 2,
     "moe_down_q4": [u64] * 6 + [i32] * 4 + [u64],
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
@@ -658,6 +662,8 @@ class CLKernels:
         (qs, d, m), wopts = weight_build(a["w"])
         check_aligned("moe_linear", a["x"][1])
         K, M, k, per_slot, combine = a["K"], a["M"], a["k"], int(a["per_slot"]), int(a["combine"])
+        if N > 1 and self._moe_tiles(a, N):
+            return
         prepared = self._moe_rows(a["x"][1], K, N * (k if per_slot else 1), wopts, a["w"][0])
         if prepared is not None:
             ks, off, row_bytes = prepared
@@ -672,6 +678,38 @@ class CLKernels:
             return
         self._go("moe_linear", (M, N), None, a["x"][1], a["route"][1], qs, d, m, a["out"][1],
                  K, M, k, per_slot, combine, ks=self._kernels(64, 32, None, wopts))
+
+    def _moe_tiles(self, a, N) -> bool:
+        """A decode batch's moe_linear by expert in weight tiles (cl/moe.cl moe_sort, moe_gather,
+        moe_tile; q16 / q8 rows, Q4_1 experts, M a multiple of 8), where the sort's table, the
+        rows and (combine) the slots' outputs fit the scratch. False: not taken."""
+        if self.rows_act is None or self.rows_act[2] not in (8, 16) or a["w"][0] != "w4" \
+                or a["M"] % 8 or a["K"] % QK or self.moe_scratch is None:
+            return False
+        K, M, k, E, bits = a["K"], a["M"], a["k"], a["E"], self.rows_act[2]
+        per_slot, combine = int(a["per_slot"]), int(a["combine"])
+        tn = min(N, TILE16_MAX)
+        R = N * k + E * (tn - 1)                        # the runs' rows, each padded to tn
+        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        off, nbytes = self.moe_scratch
+        rows_at = off + round_up(4 * (2 * E + R), 64)
+        part = rows_at + R * row_bytes                  # combine: the slots' outputs [N, k, M]
+        if part + (4 * N * k * M if combine else 0) > off + nbytes:
+            return False
+        ks = self._kernels(64, bits, None, f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
+        x, route = a["x"][1], a["route"][1]
+        if self._prepared != ("moe", x, route, N):     # gate's rows serve up
+            self._go("moe_sort", (1,), (1,), route, off, N, k, E, ks=ks)
+            self._go("moe_gather", (round_up(K // QK, 8), R), (8, 1), x, off, rows_at, K, row_bytes,
+                     k, E, per_slot, ks=ks)
+            self._prepared = ("moe", x, route, N)
+        _, qs, d, m = a["w"]
+        self._go("moe_tile", (round_up(M // 8, self.lin_r), -(-N // tn), E), (self.lin_r, 1, 1),
+                 rows_at, qs, d, m, part if combine else a["out"][1], off, K, M, E, row_bytes, ks=ks)
+        if combine:
+            self._go("moe_combine", (round_up(M, self.group), N), (self.group, 1), part, route,
+                     a["out"][1], a["res"][1] if a.get("res") else 0, M, k, ks=ks)
+        return True
 
     def _moe_rows(self, x, K, rows, wopts, kind):
         """(kernels, scratch offset, row bytes) once x [rows, K] is prepared in the scratch (as

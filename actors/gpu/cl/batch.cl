@@ -50,6 +50,18 @@ inline void tile_words(const __global uint4* q, int nb, int b, uint8v* w)
 #define TRB row_bytes
 #endif
 
+// row n of a tile's output (8 values from column r0): KV row rows[n] when kv (paged KV), row
+// rows[n] of out when a row map is given (an expert's rows: moe_tile), else row n; rows ld wide
+inline void tile_store(__global uchar* arena, ulong out_o, int ld, ulong rows_o, int kv, int n,
+                       int r0, float8 y)
+{
+    const size_t row = rows_o ? (size_t)AT(const int, rows_o)[n] : (size_t)n;
+    if (kv)
+        KV_PUT8(AT(kv_t, out_o), row * ld + r0, y);
+    else
+        vstore8(y, 0, AT(float, out_o) + row * ld + r0);
+}
+
 #if ACT_BITS == 8
 #ifdef Q8_X86
 // sum_j q_w * q_x of block b for the tile's 8 rows: lo / hi [4] the split tile, x the row's
@@ -84,16 +96,15 @@ inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
 #endif
 #endif
 
-// linear_tile: N prepared int8 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) -> out [N, M]
-// in rows ld wide (row n at rows[n] if rows_o != 0). The scratch holds ceil(N / TILE_N) * TILE_N
-// rows (prep_rows repeats row N-1), so a work-item's rows are one base and constant strides.
-// TILE_K (above): a build for one K.
-// global (M / 8 rounded up to LIN_R, ceil(N / TILE_N)), local (LIN_R, 1)
-__kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+// tile_rows (int8): a work-item's tile, the 8 weight rows from r0 of W Q4_1 [., K] (rows nb blocks
+// from qs_o / d_o / m_o) against prepared rows n0 .. n0 + TILE_N - 1 of the scratch at s_o (row i
+// at s_o + i row_bytes), rows below N stored by tile_store. The scratch holds whole tiles (prep_rows
+// repeats row N-1; moe_gather pads an expert's run), so a work-item's rows are one base and
+// constant strides. TILE_K (above): a build for one K. linear_tile and moe_tile (cl/moe.cl) run it.
+inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                      ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
+                      int r0, int n0)
 {
-    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
-    if (r0 >= M) return;
     const int nb = TK / QK;
     const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
     const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
@@ -148,16 +159,14 @@ __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
     }
 #pragma unroll
     for (int i = 0; i < TILE_N; i++)
-        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
-            KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, acc[i]);
-        else if (n0 + i < N)
-            vstore8(acc[i], 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
+        if (n0 + i < N)
+            tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i]);
 }
 #endif
 
 #if ACT_BITS == 16
-// linear_tile at q16: N prepared int16 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) ->
-// out [N, M], with linear_tile's (int8) geometry, scratch and arguments. The int16 products:
+// tile_rows at q16: prepared int16 rows, with the int8 tile_rows' geometry, scratch and
+// arguments. The int16 products:
 //   W_g   tile_words' dword g of the 8 rows (lane j: bytes 4g .. 4g+3 of row j), widened to 16
 //         int16 (vpmovzxbw): int lane 2j+h holds bytes 4g+2h, 4g+2h+1 of row j, so its low
 //         nibbles (& 0x0F) pair with the activation's evens 4g+2h, 4g+2h+1 and its high ones
@@ -202,11 +211,10 @@ inline v16si DOT_W16(v16si acc, v16si w, v16si x)
 #endif
 #endif
 
-__kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                      ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
+                      int r0, int n0)
 {
-    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
-    if (r0 >= M) return;
     const int nb = TK / QK;
     const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
     const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
@@ -261,11 +269,8 @@ __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
     }
 #pragma unroll
     for (int i = 0; i < TILE_N; i++) {
-        const float8 y = acc[i].even + acc[i].odd;
-        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
-            KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, y);
-        else if (n0 + i < N)
-            vstore8(y, 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
+        if (n0 + i < N)
+            tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i].even + acc[i].odd);
     }
 #else
     float8 acc[TILE_N];
@@ -293,10 +298,21 @@ __kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_
         }
     }
     for (int i = 0; i < TILE_N; i++)
-        if (n0 + i < N && rows_o)   // KV row rows[n] (paged KV)
-            KV_PUT8(AT(kv_t, out_o), (size_t)AT(const int, rows_o)[n0 + i] * ld + r0, acc[i]);
-        else if (n0 + i < N)
-            vstore8(acc[i], 0, AT(float, out_o) + (size_t)(n0 + i) * ld + r0);
+        if (n0 + i < N)
+            tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i]);
 #endif
+}
+#endif
+
+#if ACT_BITS == 8 || ACT_BITS == 16
+// linear_tile: N prepared int8 / int16 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) ->
+// out [N, M] in rows ld wide (row n at KV row rows[n] if rows_o != 0: paged KV), tile_rows above.
+// global (M / 8 rounded up to LIN_R, ceil(N / TILE_N)), local (LIN_R, 1)
+__kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
+{
+    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
+    if (r0 >= M) return;
+    tile_rows(arena, s_o, qs_o, d_o, m_o, out_o, K, N, ld, rows_o, rows_o != 0, row_bytes, r0, n0);
 }
 #endif

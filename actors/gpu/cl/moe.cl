@@ -193,3 +193,78 @@ __kernel void moe_down_q4(__global uchar* arena, ulong s_o, ulong route_o, ulong
     }
 }
 #endif
+
+#if (ACT_BITS == 8 || ACT_BITS == 16) && !defined(W_FLT) && W_Q4_1
+// A decode batch's MoE linears grouped by expert (q16 / q8, Q4_1 experts): the batch's (token,
+// slot) pairs sorted by expert (moe_sort), each pair's input row prepared into its expert's run
+// of scratch rows (moe_gather), then each expert's rows through cl/batch.cl's weight tiles
+// against that expert's weights (moe_tile): an expert's weight tile is loaded once for up to
+// TILE_N of its rows, where moe_linear_act reads it again for every token routed to it.
+//
+// The sort's table at meta_o (ints): count [E], base [E] (an expert's first row: runs padded to
+// TILE_N rows), then dst [R] (a run row's pair: n * k + j; -1 for padding), R = N k + E (TILE_N - 1)
+
+// moe_sort: route [N, 2k+1] -> the table.  global (1)
+__kernel void moe_sort(__global uchar* arena, ulong route_o, ulong meta_o, int N, int k, int E)
+{
+    __global int* count = AT(int, meta_o);
+    __global int* base = count + E;
+    __global int* dst = base + E;
+    const int R = N * k + E * (TILE_N - 1);
+    for (int r = 0; r < R; r++) dst[r] = -1;
+    int row = 0;
+    for (int e = 0; e < E; e++) {
+        int c = 0;
+        for (int n = 0; n < N; n++) {
+            const __global float* rt = AT(const float, route_o) + (size_t)n * (2 * k + 1);
+            for (int j = 0; j < k; j++)
+                if ((int)rt[j] == e) dst[row + c++] = n * k + j;
+        }
+        count[e] = c, base[e] = row;
+        row += (c + TILE_N - 1) / TILE_N * TILE_N;
+    }
+}
+
+// moe_gather: x [N, K] (per_slot: [N, k, K]) -> run row r prepared (prep_rows' format) at
+// s_o + r row_bytes from the input of its pair (padding rows: untouched, never stored).
+// global (K / 32 rounded up, R)
+__kernel void moe_gather(__global uchar* arena, ulong x_o, ulong meta_o, ulong s_o, int K,
+                         int row_bytes, int k, int E, int per_slot)
+{
+    const int b = get_global_id(0), r = get_global_id(1);
+    const int g = AT(const int, meta_o)[2 * E + r];
+    if (b >= K / QK || g < 0) return;
+    const __global float8* x = AT(const float8, x_o) + (size_t)(per_slot ? g : g / k) * (K / 8) + 4 * b;
+    prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)r * row_bytes, K, b, 0);
+}
+
+// moe_tile: each expert's run of rows times its weights W_e [M, K] (rows e M .. of W [E M, K]),
+// cl/batch.cl tile_rows: out row n k + j (rows M wide) for each of the expert's pairs.
+// global (M / 8 rounded up to LIN_R, ceil(N / TILE_N), E), local (LIN_R, 1, 1)
+__kernel void moe_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                       ulong out_o, ulong meta_o, int K, int M, int E, int row_bytes)
+{
+    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N, e = get_global_id(2);
+    const __global int* meta = AT(const int, meta_o);
+    if (r0 >= M || n0 >= meta[e]) return;
+    const ulong rows = (ulong)M * e * (TK / QK);                // blocks before expert e's rows
+    tile_rows(arena, s_o + (ulong)meta[E + e] * TRB, qs_o + 16 * rows, d_o + 2 * rows,
+              m_o + 2 * rows, out_o, K, meta[e], M, meta_o + 4 * (ulong)(2 * E + meta[E + e]), 0,
+              row_bytes, r0, n0);
+}
+#endif
+
+// moe_combine: y [N, k, M] (each slot's output), route [N, 2k+1] -> out [N, M] = (res +) the sum
+// over j in rank order of w[n, j] * y[n, j]: moe_linear's combine, the same float operations.
+// global (M rounded up, N)
+__kernel void moe_combine(__global uchar* arena, ulong y_o, ulong route_o, ulong out_o, ulong res_o,
+                          int M, int k)
+{
+    const int r = get_global_id(0), n = get_global_id(1);
+    if (r >= M) return;
+    const __global float* rt = AT(const float, route_o) + (size_t)n * (2 * k + 1);
+    const __global float* y = AT(const float, y_o) + (size_t)n * k * M + r;
+    float total = rt[k] * y[0];
+    for (int j = 1; j < k; j++) total = total + rt[k + j] * y[(size_t)j * M];
+    AT(float, out_o)[(size_t)n * M + r] = res_o ? AT(const float, res_o)[(size_t)n * M + r] + total : total;
+}
