@@ -182,7 +182,7 @@ def route(z: np.ndarray, k: int, norm: bool = True):
     top k (ties: the lower id, a stable sort; llama.cpp leaves tie order open), renormalized to
     sum 1 when norm (clamped below at 2^-14, as llama.cpp does). The top k are picked by logit,
     which orders them as their probabilities do, but exactly: a flat router (a MoEfied model's,
-    models/moefy.py) has probabilities within an f32 ulp of each other, whose rounding would
+    models/moe_gguf.py) has probabilities within an f32 ulp of each other, whose rounding would
     decide the experts."""
     p = np.exp(z - z.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)

@@ -14,7 +14,8 @@ from gguf.quants import dequantize
 from socllm.actors.front.cli import main
 from socllm.models.gguf_file import open_gguf
 from socllm.models.llama import load_config, load_weights
-from socllm.models.moefy import plan, write_moe
+from socllm.models.moe_gguf import write_moe
+from socllm.models.moefy import plan
 from socllm.models.oracle import Oracle
 from socllm.scripts.perplexity import TEXT, nll_of
 

@@ -1,6 +1,6 @@
 """`socllm moefy`: the dense default model rewritten as a Mixtral-style MoE GGUF that llama.cpp
-loads (models/moefy.py), calibrated on in-repo text, nothing downloaded; --ppl then scores it
-against the dense model on held-out text, in socllm's oracle and in llama.cpp."""
+loads (models/moefy.py, moe_gguf.py), calibrated on in-repo text, nothing downloaded; --ppl then
+scores it against the dense model on held-out text, in socllm's oracle and in llama.cpp."""
 from __future__ import annotations
 
 import argparse
@@ -48,7 +48,8 @@ def add_parser(sub):
 def run(a) -> int:
     from socllm.models.gguf_file import default_model_path, open_gguf
     from socllm.models.llama import read_config
-    from socllm.models.moefy import check_args, plan, stderr_bar, write_moe
+    from socllm.models.moe_gguf import write_moe
+    from socllm.models.moefy import check_args, plan, stderr_bar
     src = a.model or default_model_path()
     if not os.path.isfile(src):
         raise ValueError(f"model file not found: {src}")
