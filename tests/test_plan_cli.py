@@ -87,3 +87,33 @@ def test_a_readme_use_command_runs_from_an_empty_cache(line, use_env):
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (line, r.stderr[-3000:])
     assert r.stdout.strip(), line
+
+
+def test_plan_spec_times_decode_rows_and_reports_the_drafts_that_pay(short_tmp, tmp_path):
+    """`socllm plan --spec` (Ghidorah's ARCA): this machine's decode step time for 1 .. 16 rows of
+    one sequence, then at each acceptance rate the drafts a step policies/drafting.choose takes
+    from that curve, with the expected tokens a step and the speed-up they give (none: 1.00x;
+    some: more than 1, or choose would not have added them). A bad precision is one line, exit 2."""
+    from tiny_gguf import write_tiny
+
+    from socllm.policies.drafting import MAX_DRAFT, choose, expected
+    path = write_tiny(tmp_path / "t.gguf", dim=64, ffn=128, head_dim=32, matrix="Q4_1", layers=2,
+                      vocab=300)
+    env = _fresh_env(short_tmp)
+    cmd = [os.path.join(BIN, "socllm"), "plan", "--spec", "--model", str(path)]
+    r = subprocess.run(cmd + ["--precision", "f32", "--json"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["precision"] == "f32" and "timing decode steps" in r.stderr
+    cost = [0.0] + [out["step_ms"][str(n)] / 1e3 for n in range(1, MAX_DRAFT + 2)]
+    assert all(c > 0 for c in cost[1:])
+    assert set(out["best_by_acceptance"]) == {"0.3", "0.5", "0.7", "0.8", "0.9", "0.95"}
+    for rate, best in out["best_by_acceptance"].items():
+        k = best["drafts"]
+        assert k == choose(cost, [float(rate)], [MAX_DRAFT], MAX_DRAFT + 1)[0], rate
+        assert best["tokens_per_step"] == pytest.approx(expected(float(rate), k), abs=1e-3)
+        assert best["speedup"] == pytest.approx(expected(float(rate), k) * cost[1] / cost[1 + k], rel=1e-2)
+        assert best["speedup"] == 1.0 if k == 0 else best["speedup"] > 0.999
+    r = subprocess.run(cmd + ["--precision", "q3"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

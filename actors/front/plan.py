@@ -53,14 +53,20 @@ def spec(a) -> int:
     serving plan (the GPU's kernels), and what policies/drafting.choose makes of it."""
     import sys
 
-    from socllm.policies.config import DEFAULT_PRECISION
+    from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS
     from socllm.policies.drafting import MAX_DRAFT, choose, expected
     from socllm.actors.engine import Engine
     precision = a.precision or DEFAULT_PRECISION
+    if precision not in SERVE_PRECISIONS:         # before the progress line: one line, exit 2
+        raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(SERVE_PRECISIONS)})")
     rows = MAX_DRAFT + 1
     print(f"socllm: timing decode steps of 1 .. {rows} rows ({precision}), ~20 s", file=sys.stderr,
           flush=True)
-    with Engine(processors_=("gpu",), model=a.plan_model, max_seqs=rows, context=256) as eng:
+    from socllm.models.gguf_file import model_path, open_gguf
+    from socllm.models.llama import read_config
+    # 256 positions, or all a smaller model has (a fixed 256 refused those: context must be in ...)
+    context = min(256, read_config(open_gguf(model_path(a.plan_model))).context_length)
+    with Engine(processors_=("gpu",), model=a.plan_model, max_seqs=rows, context=context) as eng:
         run = eng.runner("gpu", precision)
         run.warm(rows, chunks=())
         prof = run.profile_batches(rows, reps=5)
