@@ -1,5 +1,6 @@
-"""The planner actor: policies/planner.PlannerCore (model graph -> slots -> step programs, cached,
-one per plan/phase/bucket) served from its own process."""
+"""The planner actor: policies/planner.PlannerCore (the plans as passes, compiled by
+graph/planner.py into step programs, cached, one per plan/phase/bucket) served from its own
+process."""
 from __future__ import annotations
 
 import ray

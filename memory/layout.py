@@ -56,6 +56,7 @@ class PoolLayout:
     words: int = 0
     n_words: int = 0
     locations: dict = field(default_factory=dict)  # location key -> ready word index
+    done_words: dict = field(default_factory=dict)  # processor -> done(processor), as data
     # the double activation buffer (Agent.xpu §4.4 ①): slot id -> offset of a second set of slots
     # and io name -> offset of a second ids / pos / rows / seq / rope_rows, for double_rows rows;
     # a prefill chunk there keeps its activations while other steps run (empty: none)
@@ -152,6 +153,7 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     lay.ctl = take(len(CTL_FIELDS) * 8)
     locs = [f"slot.{i}" for i in range(len(slot_bytes))] + list(lay.kv) + ["ids", "logits"]
     lay.locations = {k: W_FIRST_LOC + i for i, k in enumerate(locs)}
+    lay.done_words = {p: lay.done(p) for p in PROCESSORS}
     lay.n_words = W_FIRST_LOC + len(locs)
     lay.words = take(lay.n_words * 4)
     lay.size = align(off, ALIGN)

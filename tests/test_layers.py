@@ -22,7 +22,6 @@ KNOWN = {
     ("models/inspect.py", "socllm.policies.placement"),    # formats a backend reads: to models/quant
     ("graph/program.py", "socllm.models.quant"),           # the format table below both
     ("memory/layout.py", "socllm.models.quant"),           # models should hand memory bytes and a ref
-    ("policies/planner.py", "socllm.memory.layout"),       # compilation: into graph/
     ("policies/sim/soc_plans.py", "socllm.memory.layout"),     # the simulator: a sub-package
     ("policies/sim/soc_serving.py", "socllm.memory.blocks"),   # blocks are natural here: DESIGN to allow
     ("policies/placement.py", "socllm.models.quant"),      # formats each backend reads: to models/
