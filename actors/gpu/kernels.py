@@ -27,13 +27,15 @@ from pathlib import Path
 
 import numpy as np
 from socllm.actors.gpu.device import cl, name_the_cpu
+from socllm.actors.gpu.moe import MOE_SCALARS, MoELaunches
+# a program's tensor refs as kernel arguments (re-exported: gpu/fused.py, gpu/e0m4.py import them here)
+from socllm.actors.gpu.refs import check_aligned, out_offset, round_up, weight_build  # noqa: F401
 
-from socllm.models.quant import FORMATS, QK
+from socllm.models.quant import QK
 
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
 DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl", "moe.cl")]
-VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 # A decode batch's linears over prepared rows (q16, q8): Q4_1 / Q4_0 weights ("w4") with M a
 # multiple of 8 and no bias run in weight tiles (linear_tile, cl/batch.cl), int8 at q8 and int16
 # at q16, for any N > 1 (q16: while its rows, padded to whole tiles, fit the scratch). The 210
@@ -92,16 +94,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
     # batch.cl (ACT_BITS 8 and 16 builds only)
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
-    # moe.cl
-    "moe_route": [u64] * 3 + [i32] * 5,
-    "moe_linear": [u64] * 6 + [i32] * 5,
-    "moe_linear_act": [u64] * 6 + [i32] * 6 + [u64],
-    "moe_gate_up": [u64] * 9 + [i32] * 5,
-    "moe_sort": [u64] * 2 + [i32] * 3,
-    "moe_gather": [u64] * 3 + [i32] * 5,
-    "moe_tile": [u64] * 6 + [i32] * 4,
-    "moe_combine": [u64] * 4 + [i32] * 2,
-    "moe_down_q4": [u64] * 6 + [i32] * 4 + [u64],
+    **MOE_SCALARS,
 }
 # tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
 # a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
@@ -169,46 +162,6 @@ def wrap_arena(ctx: cl.Context, arena: np.ndarray, forced: bool | None = None) -
     return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arena)
 
 
-def round_up(n: int, m: int) -> int:
-    """n rounded up to a multiple of m (work sizes)."""
-    return (n + m - 1) // m * m
-
-
-FLOAT_BUILD = {"F16": 1, "BF16": 2, "F32": 3}     # kernels.cl W_FLT
-
-
-def weight_build(ref) -> tuple:
-    """A matrix ref (graph/program.py) -> ((qs, d, m) offsets: for a "wq" ref its (qs, dm, qh);
-    the -D options of the program that reads its format: kernels.cl's W_WQ, WHB, W_F32, W_G16,
-    W_ZERO; "" for Q4_1 / Q4_0)."""
-    if ref[0] == "w4":
-        return tuple(ref[1:]), ""
-    if ref[0] == "wt":                 # a float matrix as in the file
-        return (ref[2], 0, 0), f"-DW_FLT={FLOAT_BUILD[ref[1]]}"
-    if ref[0] != "wq":
-        raise ValueError(f"the OpenCL kernels do not read {ref[0]} weights")
-    f = FORMATS[ref[1]]
-    opts = ["-DW_WQ", f"-DWHB={f.hb}"] + ["-DW_F32"] * (f.scale == "f32") \
-        + ["-DW_G16"] * (f.group == 16) + [f"-DW_ZERO={f.zero}"] * bool(f.zero)
-    return tuple(ref[2:]), " ".join(opts)
-
-
-def out_offset(ref, pos0: int, cols: int, kv_half: bool = False) -> int:
-    """Byte offset of an output ref's first row: KV refs start at row pos0 (written in place, in
-    f32: an f16 cache is written through row maps only, by paged programs)."""
-    if ref[0] != "kv":
-        return ref[1]
-    if kv_half:
-        raise ValueError("an f16 KV cache is written through row maps only (paged programs)")
-    return ref[1] + pos0 * cols * 4
-
-
-def check_aligned(op: str, *offsets: int, to: int = VEC):
-    """Raise unless every byte offset a kernel loads vectors from is a multiple of `to`."""
-    if any(o % to for o in offsets):
-        raise ValueError(f"{op}: vector-loaded offsets {offsets} must be multiples of {to} bytes")
-
-
 class Mirror:
     """A host arena and a discrete buffer holding its copy, kept whole in step: the host's is
     uploaded before the first launch after a finish() (the caller may have written it), and the
@@ -219,7 +172,7 @@ class Mirror:
         self.host, self.stale = host, True
 
 
-class CLKernels:
+class CLKernels(MoELaunches):
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
                  build_options: str = "", kv_dtype: str = "f32", mirror: "Mirror | None" = None,
                  forced_discrete: bool | None = None):
@@ -252,6 +205,7 @@ class CLKernels:
         # gives one (a one-row decode unit: its precision's; gpu/backend.py _fused_units)
         self.moe_scratch: tuple | None = None
         self.moe_bits = 32
+        self.tile_max = TILE16_MAX    # rows a q16 weight tile takes (moe_tile too)
 
     def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None,
                  extra: str = "") -> dict:
@@ -644,89 +598,6 @@ class CLKernels:
         """a, b [N, D] -> out [N, D]"""
         n = N * a["D"]
         self._go("add", (round_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
-
-    def _moe_route(self, a, N, pos0):
-        """x [N, E] router logits, sal [N, D] -> out [N, 2k+1] (NumpyKernels.moe_route)"""
-        if a["E"] > 256:
-            raise ValueError(f"moe_route: {a['E']} experts, the kernel takes 256 at most")
-        self._go("moe_route", (N,), None, a["x"][1], a["sal"][1], a["out"][1], a["E"], a["k"],
-                 int(a.get("norm", 1)), N, a["D"])
-
-    def _moe_linear(self, a, N, pos0):
-        """x [N, K] or [N, k*K], route [N, 2k+1], W [E*M, K] -> out [N, k*M] or, combine, [N, M]
-        (NumpyKernels.moe_linear): every row's k experts' rows, in the weight's own format. Rows
-        that fit the scratch are prepared first (prep_rows: f32, or int16 / int8 at q16 / q8) and
-        multiplied as the dense GEMVs are (moe_linear_act; a decode step of the MoEfied SmolLM2 at
-        f32, 2 Zen 5 cores: its MoE linears 6.8 -> 4.8 ms, with graph/fuse.py's moe_gate_up);
-        else, and for float weights, moe_linear."""
-        (qs, d, m), wopts = weight_build(a["w"])
-        check_aligned("moe_linear", a["x"][1])
-        K, M, k, per_slot, combine = a["K"], a["M"], a["k"], int(a["per_slot"]), int(a["combine"])
-        if N > 1 and self._moe_tiles(a, N):
-            return
-        prepared = self._moe_rows(a["x"][1], K, N * (k if per_slot else 1), wopts, a["w"][0])
-        if prepared is not None:
-            ks, off, row_bytes = prepared
-            if combine and per_slot and "moe_down_q4" in ks:       # Q4_1 on a CPU
-                self._go("moe_down_q4", (round_up(-(-M // 2), self.lin_r), N), (self.lin_r, 1), off,
-                         a["route"][1], qs, d, m, a["out"][1], K, M, k, row_bytes,
-                         a["res"][1] if a.get("res") else 0, ks=ks)
-                return
-            self._go("moe_linear_act", (self.lin_t, round_up(-(-M // 2), self.lin_r), N if combine else N * k),
-                     (self.lin_t, self.lin_r, 1), off, a["route"][1], qs, d, m, a["out"][1], K, M, k,
-                     per_slot, combine, row_bytes, a["res"][1] if a.get("res") else 0, ks=ks)
-            return
-        self._go("moe_linear", (M, N), None, a["x"][1], a["route"][1], qs, d, m, a["out"][1],
-                 K, M, k, per_slot, combine, ks=self._kernels(64, 32, None, wopts))
-
-    def _moe_tiles(self, a, N) -> bool:
-        """A decode batch's moe_linear by expert in weight tiles (cl/moe.cl moe_sort, moe_gather,
-        moe_tile; q16 / q8 rows, Q4_1 experts, M a multiple of 8), where the sort's table, the
-        rows and (combine) the slots' outputs fit the scratch. False: not taken."""
-        if self.rows_act is None or self.rows_act[2] not in (8, 16) or a["w"][0] != "w4" \
-                or a["M"] % 8 or a["K"] % QK or self.moe_scratch is None:
-            return False
-        K, M, k, E, bits = a["K"], a["M"], a["k"], a["E"], self.rows_act[2]
-        per_slot, combine = int(a["per_slot"]), int(a["combine"])
-        tn = min(N, TILE16_MAX)
-        R = N * k + E * (tn - 1)                        # the runs' rows, each padded to tn
-        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
-        off, nbytes = self.moe_scratch
-        rows_at = off + round_up(4 * (2 * E + R), 64)
-        part = rows_at + R * row_bytes                  # combine: the slots' outputs [N, k, M]
-        if part + (4 * N * k * M if combine else 0) > off + nbytes:
-            return False
-        ks = self._kernels(64, bits, None, f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
-        x, route = a["x"][1], a["route"][1]
-        if self._prepared != ("moe", x, route, N):     # gate's rows serve up
-            self._go("moe_sort", (1,), (1,), route, off, N, k, E, ks=ks)
-            self._go("moe_gather", (round_up(K // QK, 8), R), (8, 1), x, off, rows_at, K, row_bytes,
-                     k, E, per_slot, ks=ks)
-            self._prepared = ("moe", x, route, N)
-        _, qs, d, m = a["w"]
-        self._go("moe_tile", (round_up(M // 8, self.lin_r), -(-N // tn), E), (self.lin_r, 1, 1),
-                 rows_at, qs, d, m, part if combine else a["out"][1], off, K, M, E, row_bytes, ks=ks)
-        if combine:
-            self._go("moe_combine", (round_up(M, self.group), N), (self.group, 1), part, route,
-                     a["out"][1], a["res"][1] if a.get("res") else 0, M, k, ks=ks)
-        return True
-
-    def _moe_rows(self, x, K, rows, wopts, kind):
-        """(kernels, scratch offset, row bytes) once x [rows, K] is prepared in the scratch (as
-        _prep_rows: a linear before that read the same rows leaves them), or None where they do
-        not fit, there is no scratch, or the weights are floats."""
-        if self.moe_scratch is None or kind == "wt" or K % QK:
-            return None
-        bits = self.rows_act[2] if self.rows_act is not None else self.moe_bits
-        off, nbytes = self.moe_scratch
-        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
-        ks = self._kernels(64, bits, None, wopts)
-        if rows * row_bytes > nbytes or "moe_linear_act" not in ks:
-            return None
-        if self._prepared != (x, rows):
-            self._go("prep_rows", (round_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, rows, ks=ks)
-            self._prepared = (x, rows)
-        return ks, off, row_bytes
 
     def _lm_head(self, a, N, pos0):
         """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V] (a table in a block format: the
