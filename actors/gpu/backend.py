@@ -18,7 +18,7 @@ from socllm.graph.program import StepProgram, stage_of
 
 from socllm.actors.worker import Unit, kernel_units
 
-PAGED_PHASES = ("chunk", "batch")     # actors/planner.py paged_program
+PAGED_PHASES = ("chunk", "batch")     # policies/planner.py paged_program
 ACT_BITS = {"q16": 16, "q8": 8}       # a decode batch's linears in integers (cl/paged.cl)
 # row counts whose launches a paged program keeps recorded: a decode batch has at most max_seqs;
 # prefill chunks walk their tasks at every step (gpu/kernels.py replay: as fast, nothing kept)
