@@ -23,10 +23,6 @@ OVERFLOW = ("prune", "spill", "pad")
 TIER_FACTORS = (0.5, 1, 2, 4)       # x C_base (§4.1: the top quartile gets 4x base capacity)
 GROUP_SIZES = (4, 8, 16)            # §4.2's configurations
 ROW_MULTIPLE = 16                   # §3.2: sizes that are multiples of 16 run best on the NPU
-# a sequence's first tokens are never pruned: their attention output (NPUMoE's saliency) is small,
-# but every later token attends to them (attention sinks); with every group resident, 13 of the
-# 579 pairs pruned in a window of the MoEfied SmolLM2 were at positions 0-3 (docs/moe-engine.md)
-SINK_TOKENS = 4
 # A device profile: per processor the cost of one call of an expert graph, of each row it
 # computes (one expert's FFN on one token) and optionally of streaming one expert's weights
 # (ms_per_expert); the NPU's budget for resident expert weights and the
@@ -68,18 +64,14 @@ class Dispatch:
     cap: np.ndarray              # [E] the capacities used (pad: raised to fit)
 
 
-def dispatch(sel, sal, cap, overflow: str = "prune", base=None, static=None, pos0=None) -> Dispatch:
+def dispatch(sel, sal, cap, overflow: str = "prune", base=None, static=None) -> Dispatch:
     """sel [T, k] expert ids, sal [T] saliency, cap [E] rows per expert -> a Dispatch. base [E]:
     each expert's first row (default: the caps one after another in expert order; pad ignores
     it); static [E] bool: experts with rows in the buffer (default all; the rest run on the
-    fallback). Within an expert the most salient pairs come first (ties: the earlier token).
-    pos0: the rows' first position in their sequence (one sequence's chunk): rows at positions
-    below SINK_TOKENS come before every other (never pruned)."""
+    fallback). Within an expert the most salient pairs come first (ties: the earlier token)."""
     if overflow not in OVERFLOW:
         raise ValueError(f"overflow must be one of {', '.join(OVERFLOW)}, got {overflow!r}")
     sel, sal = np.asarray(sel), np.asarray(sal)
-    if pos0 is not None and pos0 < SINK_TOKENS:
-        sal = np.where(pos0 + np.arange(len(sal)) < SINK_TOKENS, np.inf, sal)
     T, k = sel.shape
     E = len(cap)
     static = np.ones(E, bool) if static is None else np.asarray(static, bool)

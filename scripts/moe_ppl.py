@@ -36,15 +36,14 @@ from socllm.policies.config import EngineConfig
 TEXT = Path(__file__).parent / "data" / "pride_and_prejudice_ch3-6.txt"
 
 
-def pruning(plan: moe.MoEPlan, overflow: str, tally: dict, pos0: int | None = 0):
+def pruning(plan: moe.MoEPlan, overflow: str, tally: dict):
     """Oracle.moe_assemble under the plan: each layer's pairs dispatched as the NPU's grouped
-    graphs dispatch them (resident experts at their capacity, cold ones on the fallback), for
-    rows from position pos0 (None: no row protected from pruning, NPUMoE's rule as published)."""
+    graphs dispatch them (resident experts at their capacity, cold ones on the fallback)."""
     layout = {lp.layer: (np.asarray(lp.cap), *lp.layout()[:2]) for lp in plan.layers}
 
     def assemble(i, y, w, sel, sal):
         cap, base, static = layout[i]
-        d = moe.dispatch(sel, sal, cap, overflow, base=base, static=static, pos0=pos0)
+        d = moe.dispatch(sel, sal, cap, overflow, base=base, static=static)
         buf = np.zeros((d.rows, y.shape[2]), y.dtype)
         buf[d.row] = y[d.token, d.slot]
         tally["pairs"] += sel.size
@@ -82,27 +81,23 @@ def main(argv=None) -> int:
     wins = [ids[s: s + a.chunk] for s in range(0, len(ids) - a.chunk + 1, a.chunk)][:a.windows]
     if not wins:
         raise SystemExit(f"moe_ppl: the text has {len(ids)} tokens after --skip {skip}: no window of {a.chunk}")
-    plan, resident = (moe.plan(calib, profile, "prune", a.group),
-                      moe.plan(calib, profile, "prune", a.group, residency=False))
-    # name -> (plan, pos0 of the windows' rows: 0 keeps the first SINK_TOKENS unpruned; None: NPUMoE's rule)
-    plans = {"prune": (plan, 0), "prune, every group resident": (resident, 0),
-             "prune, NPUMoE's rule (sinks pruned too)": (plan, None),
-             "prune, every group resident, NPUMoE's rule": (resident, None)}
+    plans = {"prune": moe.plan(calib, profile, "prune", a.group),
+             "prune, every group resident": moe.plan(calib, profile, "prune", a.group, residency=False)}
     out = {"model": Path(a.model).name, "chunk": a.chunk, "group": a.group, "skip": skip,
            "windows": len(wins), "tokens": sum(len(w) - 1 for w in wins),
            "calibration": Path(calib["cache"]["path"] or "").name, "results": {}}
     for name in ("exact", *plans):
         tally = {"pairs": 0, "dropped": 0}
-        oracle.moe_assemble = None if name == "exact" else pruning(plans[name][0], "prune", tally, plans[name][1])
+        oracle.moe_assemble = None if name == "exact" else pruning(plans[name], "prune", tally)
         t0 = time.perf_counter()
         scores = np.concatenate([nll(oracle.logits_for(w), w) for w in wins])
         res = {"ppl": float(np.exp(scores.mean())), "seconds": round(time.perf_counter() - t0, 1)}
         if name != "exact":
             res.update(tally, dropped_share=tally["dropped"] / max(1, tally["pairs"]))
             res["vs_exact"] = res["ppl"] / out["results"]["exact"]["ppl"] - 1
-            res["resident_experts"] = int(sum(lp.layout()[1].sum() for lp in plans[name][0].layers))
+            res["resident_experts"] = int(sum(lp.layout()[1].sum() for lp in plans[name].layers))
         out["results"][name] = res
-        print(f"{name:44s} PPL {res['ppl']:8.3f}" + (f"  {res['vs_exact']:+.2%} vs exact, "
+        print(f"{name:28s} PPL {res['ppl']:8.3f}" + (f"  {res['vs_exact']:+.2%} vs exact, "
               f"{res['dropped']} of {res['pairs']} pairs dropped ({res['dropped_share']:.3%})" if name != "exact" else ""), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -88,20 +88,6 @@ def test_prune_drops_exactly_the_lowest_saliency_overflow(seed):
     np.testing.assert_array_equal(moe.assemble(y, w, sel, sal, cap, "prune"), exact(y, w, keep))
 
 
-def test_a_sequences_first_tokens_are_never_pruned():
-    """The attention sinks (moe.SINK_TOKENS): in a chunk from position 0 its first rows keep their
-    experts even with the lowest saliency; NPUMoE's rule as published (no pos0), or a chunk
-    further on, prunes them first."""
-    T = 12
-    sel = np.zeros((T, 1), np.int64)                     # every row wants expert 0, capacity 8
-    sal = np.arange(T, dtype=float)                      # rows 0-3 the least salient
-    kept = lambda d: sorted(d.token.tolist())            # noqa: E731
-    assert kept(moe.dispatch(sel, sal, [8], "prune", pos0=0)) == [0, 1, 2, 3, 8, 9, 10, 11]
-    assert kept(moe.dispatch(sel, sal, [8], "prune")) == list(range(4, 12))
-    assert kept(moe.dispatch(sel, sal, [8], "prune", pos0=2)) == [0, 1, 6, 7, 8, 9, 10, 11]
-    assert kept(moe.dispatch(sel, sal, [8], "prune", pos0=64)) == list(range(4, 12))
-
-
 def test_rows_fill_each_experts_slice_from_its_start():
     sel, sal, w, y = routing(7)
     cap = np.full(E, 10)

@@ -147,7 +147,7 @@ class GroupedExperts:
         rt = self._f32(self.route_off, n, 2 * k + 1)
         sel, w, sal = rt[:, :k].astype(np.int64), rt[:, k:2 * k], rt[:, 2 * k]
         x = self._f32(self.x_off, n, self.D)
-        d = dispatch(sel, sal, self.cap, self.overflow, base=self.base, static=self.static, pos0=pos0)
+        d = dispatch(sel, sal, self.cap, self.overflow, base=self.base, static=self.static)
         self.xbuf[d.row] = x[d.token]
         busy = np.zeros(len(self.xbuf), bool)
         busy[d.row] = True
