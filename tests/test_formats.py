@@ -175,34 +175,50 @@ def test_other_families_give_the_oracle_tokens_on_every_processor(tmp_path, ray_
     assert got == {"cpu": want, "gpu": want, "npu": want}
 
 
+@pytest.fixture(scope="module")
+def runner_engines(tmp_path_factory, ray_session):
+    """kind -> (engine, oracle): one engine per model, started when a test first asks for it and
+    shared by both precisions' runners (each its own Runner, over a zeroed KV cache)."""
+    from socllm.actors.engine import Engine
+    blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
+    made = {}
+
+    def get(kind):
+        if kind not in made:
+            d = tmp_path_factory.mktemp(kind)
+            path = (write_tiny(d / "k.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K", table="Q6_K",
+                               head_dim=32, types=blocks_only) if kind == "kmix" else
+                    write_tiny(d / "q.gguf", arch=kind, dim=64, ffn=128, head_dim=32,
+                               layers=3 if kind == "gemma3" else 2, matrix="Q8_0"))
+            reader = open_gguf(path)
+            cfg = load_config(reader)
+            made[kind] = (Engine(model=path, context=64, processors_=("cpu", "gpu"), max_seqs=4,
+                                 kv_mb=1, kv_dtype="f16", double_rows=8),
+                          Oracle(cfg, load_weights(reader, cfg)))
+        return made[kind]
+    yield get
+    for eng, _ in made.values():
+        eng.close()
+
+
 @pytest.mark.parametrize("kind", ["kmix", "qwen2", "gemma3"])
 @pytest.mark.parametrize("precision,tol", [("f32", 5e-3), ("q8", 0.1)])   # f16 K/V: ~1e-3
-def test_the_service_runner_batches_other_formats_and_families(tmp_path, ray_session, kind, precision, tol):
+def test_the_service_runner_batches_other_formats_and_families(runner_engines, kind, precision, tol):
     """The service's path: an f16 paged KV cache, prompts prefilled in chunks, then decoded as one
     batch (batched linears in integers at q8), teacher-forced; logits against the oracle."""
-    from socllm.actors.engine import Engine
     from socllm.actors.runner import Runner
-    blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
-    path = (write_tiny(tmp_path / "k.gguf", dim=256, ffn=512, layers=2, matrix="Q4_K", table="Q6_K",
-                       head_dim=32, types=blocks_only) if kind == "kmix" else
-            write_tiny(tmp_path / "q.gguf", arch=kind, dim=64, ffn=128, head_dim=32,
-                       layers=3 if kind == "gemma3" else 2, matrix="Q8_0"))
-    reader = open_gguf(path)
-    cfg = load_config(reader)
-    oracle = Oracle(cfg, load_weights(reader, cfg))
-    eng = Engine(model=path, context=64, processors_=("cpu", "gpu"), max_seqs=4, kv_mb=1,
-                 kv_dtype="f16", double_rows=8)
-    try:
-        runner = Runner(eng, "gpu", precision)
-        prompts = [[int(t) for t in np.random.default_rng(s).integers(1, 250, n)] for s, n in enumerate((9, 3, 14))]
-        forced = [oracle.greedy(p, 10) for p in prompts]
-        tables, got = prefill_then_decode(runner, prompts, forced, 7)
-        # one sequence alone: the one-row decode (fused, pre-bound kernels), twice
-        for i in range(7, 9):
-            logits = runner.step([(forced[0][i], len(prompts[0]) + i, 0)], {0: tables[0]}, all_rows=True)
-            got[0].append(logits[0].copy())
-    finally:
-        eng.close()
+    eng, oracle = runner_engines(kind)
+    lay = eng.layout
+    for off in lay.kv.values():     # zeros, as a new engine's: no K/V of the other precision's run
+        eng.arena.buf[off: off + lay.kv_rows * lay.kv_cols * lay.kv_bytes] = 0
+    runner = Runner(eng, "gpu", precision)
+    prompts = [[int(t) for t in np.random.default_rng(s).integers(1, 250, n)] for s, n in enumerate((9, 3, 14))]
+    forced = [oracle.greedy(p, 10) for p in prompts]
+    tables, got = prefill_then_decode(runner, prompts, forced, 7)
+    # one sequence alone: the one-row decode (fused, pre-bound kernels), twice
+    for i in range(7, 9):
+        logits = runner.step([(forced[0][i], len(prompts[0]) + i, 0)], {0: tables[0]}, all_rows=True)
+        got[0].append(logits[0].copy())
     for s, ids in enumerate(prompts):
         n = 10 if s == 0 else 8
         ref = oracle.logits_for(ids + forced[s])[len(ids) - 1: len(ids) - 1 + n]
