@@ -29,7 +29,8 @@ import numpy as np
 from socllm.actors.gpu.device import cl, name_the_cpu
 from socllm.actors.gpu.moe import MOE_SCALARS, MoELaunches
 # a program's tensor refs as kernel arguments (re-exported: gpu/fused.py, gpu/e0m4.py import them here)
-from socllm.actors.gpu.refs import check_aligned, out_offset, round_up, weight_build  # noqa: F401
+from socllm.actors.gpu.refs import (check_aligned, out_offset, prepared_row_bytes,  # noqa: F401
+                                    round_up, weight_build)
 
 from socllm.models.quant import QK
 
@@ -491,7 +492,7 @@ class CLKernels(MoELaunches):
         K, M = a["K"], a["M"]
         (qs, d, m), wopts = weight_build(a["w"])
         off, _, bits = self.rows_act
-        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        row_bytes = prepared_row_bytes(bits, K)
         tn, _ = self._tn(N)
         ks = self._kernels(64, bits, tn, wopts)
         self._prep_rows(a["x"][1], K, N, N, row_bytes, ks)
@@ -516,7 +517,7 @@ class CLKernels(MoELaunches):
         two of 6), more tiles while the rows padded to whole tiles do not fit the scratch (the
         pool sizes it for max_seqs int16 rows); None if none fits."""
         off, nbytes, bits = self.rows_act
-        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        row_bytes = prepared_row_bytes(bits, K)
         if bits == 8:
             return next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1]), row_bytes
         if bits != 16:

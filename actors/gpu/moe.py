@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from socllm.actors.gpu.refs import check_aligned, round_up, weight_build
+from socllm.actors.gpu.refs import check_aligned, prepared_row_bytes, round_up, weight_build
 from socllm.models.quant import QK
 
 u64, i32 = np.uint64, np.int32
@@ -43,7 +43,8 @@ class MoELaunches:
         (qs, d, m), wopts = weight_build(a["w"])
         check_aligned("moe_linear", a["x"][1])
         K, M, k, per_slot, combine = a["K"], a["M"], a["k"], int(a["per_slot"]), int(a["combine"])
-        if N > 1 and self._moe_tiles(a, N):
+        res = a["res"][1] if a.get("res") else 0           # combine: + the residual
+        if N > 1 and self._moe_tiles(a, N, res):
             return
         prepared = self._moe_rows(a["x"][1], K, N * (k if per_slot else 1), wopts, a["w"][0])
         if prepared is not None:
@@ -51,16 +52,16 @@ class MoELaunches:
             if combine and per_slot and "moe_down_q4" in ks:       # Q4_1 on a CPU
                 self._go("moe_down_q4", (round_up(-(-M // 2), self.lin_r), N), (self.lin_r, 1), off,
                          a["route"][1], qs, d, m, a["out"][1], K, M, k, row_bytes,
-                         a["res"][1] if a.get("res") else 0, ks=ks)
+                         res, ks=ks)
                 return
             self._go("moe_linear_act", (self.lin_t, round_up(-(-M // 2), self.lin_r), N if combine else N * k),
                      (self.lin_t, self.lin_r, 1), off, a["route"][1], qs, d, m, a["out"][1], K, M, k,
-                     per_slot, combine, row_bytes, a["res"][1] if a.get("res") else 0, ks=ks)
+                     per_slot, combine, row_bytes, res, ks=ks)
             return
         self._go("moe_linear", (M, N), None, a["x"][1], a["route"][1], qs, d, m, a["out"][1],
                  K, M, k, per_slot, combine, ks=self._kernels(64, 32, None, wopts))
 
-    def _moe_tiles(self, a, N) -> bool:
+    def _moe_tiles(self, a, N, res: int = 0) -> bool:
         """A decode batch's moe_linear by expert in weight tiles (cl/moe.cl moe_sort, moe_gather,
         moe_tile; q16 / q8 rows, Q4_1 experts, M a multiple of 8), where the sort's table, the
         rows and (combine) the slots' outputs fit the scratch. False: not taken."""
@@ -71,7 +72,7 @@ class MoELaunches:
         per_slot, combine = int(a["per_slot"]), int(a["combine"])
         tn = min(N, self.tile_max)                      # rows a tile (kernels.py TILE16_MAX)
         R = N * k + E * (tn - 1)                        # the runs' rows, each padded to tn
-        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        row_bytes = prepared_row_bytes(bits, K)
         off, nbytes = self.moe_scratch
         rows_at = off + round_up(4 * (2 * E + R), 64)
         part = rows_at + R * row_bytes                  # combine: the slots' outputs [N, k, M]
@@ -89,7 +90,7 @@ class MoELaunches:
                  rows_at, qs, d, m, part if combine else a["out"][1], off, K, M, E, row_bytes, ks=ks)
         if combine:
             self._go("moe_combine", (round_up(M, self.group), N), (self.group, 1), part, route,
-                     a["out"][1], a["res"][1] if a.get("res") else 0, M, k, ks=ks)
+                     a["out"][1], res, M, k, ks=ks)
         return True
 
     def _moe_rows(self, x, K, rows, wopts, kind):
@@ -100,7 +101,7 @@ class MoELaunches:
             return None
         bits = self.rows_act[2] if self.rows_act is not None else self.moe_bits
         off, nbytes = self.moe_scratch
-        row_bytes = round_up(bits // 8 * K + 8 * (K // QK), 64)
+        row_bytes = prepared_row_bytes(bits, K)
         ks = self._kernels(64, bits, None, wopts)
         if rows * row_bytes > nbytes or "moe_linear_act" not in ks:
             return None

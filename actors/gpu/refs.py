@@ -2,7 +2,7 @@
 into the arena, the build options of a weight's format, and the alignment the kernels load at."""
 from __future__ import annotations
 
-from socllm.models.quant import FORMATS
+from socllm.models.quant import FORMATS, QK
 
 VEC = 32  # bytes: the alignment of every vector-loaded tensor (float8 / uchar16 / char16)
 
@@ -45,3 +45,9 @@ def check_aligned(op: str, *offsets: int, to: int = VEC):
     """Raise unless every byte offset a kernel loads vectors from is a multiple of `to`."""
     if any(o % to for o in offsets):
         raise ValueError(f"{op}: vector-loaded offsets {offsets} must be multiples of {to} bytes")
+
+
+def prepared_row_bytes(bits: int, K: int) -> int:
+    """Bytes a row of K prepared activations takes in the scratch (prep_rows: values of `bits`,
+    then each 32-block's scale and sum as f32), rounded to 64."""
+    return round_up(bits // 8 * K + 8 * (K // QK), 64)
