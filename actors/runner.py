@@ -82,7 +82,6 @@ class Runner:
         if missing:
             raise ValueError(f"the {plan} plan needs the {' and the '.join(sorted(missing))} "
                              f"actor(s); this engine has {', '.join(sorted(engine.available))}")
-        self.chunk_precision = "q8" if precision == "q8" else "f32"   # prefill's linears
         lay = self.lay = engine.layout
         buf = engine.arena.buf
 
@@ -146,7 +145,9 @@ class Runner:
         eng = self.eng
         pid, blob, procs = ray.get(eng.planner.paged_program.remote(plan, all_rows, buffer, bucket))
         actors = eng.processors()
-        prec = self.precision if all_rows else self.chunk_precision
+        # one precision for every step; in a prefill chunk the GPU's linears stay f32 but at q8
+        # (gpu/backend.py ACT_BITS) and the NPU's graphs compute in bf16 at q16 and q8 (OV_HINT)
+        prec = self.precision
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
 
@@ -213,7 +214,7 @@ class Runner:
         # static chunk's first position picks its KV-length bucket (npu/segment.py)
         static = key[3] and not all_rows
         self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0,
-                  self.precision if all_rows else self.chunk_precision, span)
+                  self.precision, span)
         return self.logits[:n if all_rows else 1]
 
     def warm(self, max_seqs: int, chunks=(1, 2, 3, 5, 128)):
