@@ -24,6 +24,7 @@ import ray
 
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
+from socllm.policies.buckets import NPU_PREFILL_ACT
 from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
 from socllm.policies.request import QueueFull, Sequence, check_priority  # noqa: F401
 from socllm.policies.drafting import MODES as SPECULATE, Speculator
@@ -62,7 +63,8 @@ def _plan_key(c) -> str:
     drivers = ",".join(sorted(os.listdir(icd))) if os.path.isdir(icd) else ""
     npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))
     return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
-           f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}"
+           f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}|" \
+           f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}"
 
 
 def _plan_cache(cache_dir: str | None, key: str | None = None,

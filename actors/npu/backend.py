@@ -12,24 +12,13 @@ import time
 
 from socllm.graph.program import StepProgram, segment_live_out
 from socllm.graph.seqcut import part_rows
-from socllm.policies.buckets import const_weights, whole_graph
+from socllm.policies.buckets import NPU_PREFILL_ACT, const_weights, whole_graph
 
 from socllm.actors.npu.experts import GroupedExperts, moe_ffn_runs, moe_plan
 from socllm.actors.worker import Unit
 
 PREFILL_PHASES = ("prefill", "chunk")     # one-shot prefill, a serving chunk (actors/planner.py)
 
-# q16 / q8 (int16 / int8 activations in the GPU's decode GEMVs) have no OpenVINO hint of their
-# own. A dense model's prefill chunks compute in bf16 there, 16-bit activations as an NPU's fp16
-# (OpenVINO's CPU device keeps f32 where the CPU has no bf16 instructions); every other graph
-# (decode steps, MoE layers, whose router's top-k a bf16 rounding flips: a logit off by 22 % of
-# its scale in a decode batch, measured) stays f32, as f32 does everywhere. Measured on a 2-core
-# Zen 5 (avx512_bf16), a 512-row first chunk of the default model: 1,514 -> 2,213 tok/s; over 20
-# windows of 256 tokens, KL(oracle || last row) 4.8e-4 nats, every top-1 the oracle's (the GPU's
-# q8 chunks: 1.4e-3). OpenVINO's dynamic quantization (int8 activations per 32) is not used: it
-# takes no FullyConnected whose weights have a float zero point (Q4_1's min), and with the min
-# split out of the weights it cost 8.0e-3 nats for 1.1x more speed.
-PREFILL_HINT = {"q8": "bf16", "q16": "bf16"}
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "socllm", "openvino")
 
 
@@ -94,7 +83,7 @@ class NPUBackend:
         config = {"INFERENCE_NUM_THREADS": self.threads}
         tasks = prog.tasks.get(self.name, [])
         dense = not any(t.op.startswith("moe") for t in tasks)
-        hint = PREFILL_HINT.get(precision, "f32") if prog.phase in PREFILL_PHASES and dense else "f32"
+        hint = NPU_PREFILL_ACT.get(precision, "f32") if prog.phase in PREFILL_PHASES and dense else "f32"
         paged = any("btab" in t.args for t in tasks)
         if tasks and self.kv_dtype != "f32" and not paged:
             raise ValueError(f"the NPU's contiguous graphs read an f32 KV cache, this pool's is "
@@ -152,7 +141,7 @@ class NPUBackend:
         return Unit(seg[0].waits, unit.run, seg[-1].signals, tuple(t.seq for t in seg))
 
     def _unit(self, prog, seg, hint, config, const, cache=True) -> Unit:
-        """hint: OpenVINO's inference precision for this segment's graph (PREFILL_HINT)."""
+        """hint: OpenVINO's inference precision for this segment's graph (NPU_PREFILL_ACT)."""
         from socllm.actors.npu.segment import OVSegment
         seqs = {t.seq for t in seg}
         paged = any("btab" in t.args for t in prog.tasks[self.name])

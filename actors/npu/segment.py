@@ -295,7 +295,7 @@ def _compile_props(core, precision, config) -> dict:
 
 def _compile(core, model, precision, config, cache_dir) -> tuple:
     """-> (compiled model, seconds). Dynamic quantization (int8 activations per group) only when
-    the caller's config asks for it (none does: npu/backend.py PREFILL_HINT says why)."""
+    the caller's config asks for it (none does: policies/buckets.py NPU_PREFILL_ACT says why)."""
     device = pick_device(core)
     props = _compile_props(core, precision, config)
     if cache_dir:
