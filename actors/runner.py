@@ -97,6 +97,9 @@ class Runner:
         self.words, self.ctl = engine.words, engine.ctl
         self.predict = SleepPredictor(engine.config.sleep_fraction)
         self.npu_chunk = npu_chunk or (lay.max_rows if self.chunk_on in ("npu", "tensor") else 0)
+        # the fewest rows of a chunk the NPU's static graph takes (the rest: the base processor);
+        # 0: every chunk it fits (the Service sets it from the chunks it timed, auto)
+        self.npu_from = 0
         # (program plan, all_rows, buffer, bucket) -> (pid, processors, final stamps); programs
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
@@ -176,7 +179,7 @@ class Runner:
         elif on == "hybrid":
             if n <= MAX_CHUNK and bucket_for(n) <= self.lay.max_rows and self.npu_fits(rows, bucket_for(n)):
                 return ("tensor", False, 0, bucket_for(n))
-        elif self.npu_fits(rows):
+        elif self.npu_fits(rows) and (on != "npu" or n >= self.npu_from):
             return (on, False, 0, self.npu_chunk)
         return (self.base, False, 0, 0)
 

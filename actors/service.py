@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import platform
 import secrets
@@ -181,6 +182,8 @@ class Service:
             cached = _plan_cache(c.cache_dir, key)
             plan, source = (cached, "cached") if cached else \
                 ("auto", "timed") if "npu" in e.available else (base, "no npu")
+            if cached:
+                chunk_ms = _plan_cache(c.cache_dir).get(key, {}).get("chunk_ms", {})
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
         chunk = min(c.prefill_chunk, e.context)          # a small model's context is the limit
         runner = Runner(e, base if plan == "auto" else plan, self.precision, chunk if npu else 0)
@@ -194,10 +197,15 @@ class Service:
                 e.drop("npu")            # its graphs and its process: memory no step uses
             runner.plan = plan = "hetero" if on == "npu" else base
             _plan_cache(c.cache_dir, key, {"plan": plan, "chunk_ms": chunk_ms})
+        if runner.chunk_on == "npu" and chunk_ms.get(base):
+            # the NPU's static graph costs its bucket whatever the rows, the base processor's
+            # kernels grow with them: the NPU takes the chunks from the rows where it is faster
+            runner.npu_from = math.ceil(chunk * chunk_ms["npu"] / chunk_ms[base])
         if runner.chunk_on == "npu" and c.warm:
             runner.warm_npu()
         return runner, {"asked": asked, "plan": plan, "from": source, "decode": runner.decode_on,
-                        "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms}
+                        "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms,
+                        "npu_from": runner.npu_from}
 
     async def ready(self, timeout_s: float = 600.0) -> dict:
         """Waits until the model is loaded and the actors run; raises the start-up error."""

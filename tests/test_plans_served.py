@@ -61,8 +61,9 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
     """HeteroLLM §4.3's decider: a whole chunk timed on the GPU's kernels and the NPU's static
     graphs at the first start, the NPU kept where it is NPU_MARGIN times faster (prefill there,
     decode on the GPU), else the GPU, cached per model, device and knobs; the next start takes
-    it without timing."""
+    it, and the times, without timing."""
     import json
+    import math
 
     import socllm
     from socllm.policies.placement import NPU_MARGIN
@@ -79,7 +80,10 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
     assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"]} and ".gguf:" in key
     with socllm.LLM(**knobs) as llm:              # only the chosen plan's processors start
         again = llm.describe["placement"]
-        assert (llm.describe["plan"], again["from"], again["chunk_ms"]) == (chosen, "cached", {})
+        assert (llm.describe["plan"], again["from"], again["chunk_ms"]) == (chosen, "cached", ms)
+        # the NPU takes the chunks from the rows where its static graph is the faster
+        chunk = llm.describe["prefill_chunk"]
+        assert again["npu_from"] == (math.ceil(chunk * ms["npu"] / ms["gpu"]) if chosen == "hetero" else 0)
         started = {p["processor"] for p in llm.status()["processors"]}
         assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
     with socllm.LLM(**{**knobs, "max_seqs": 2}) as llm:       # other knobs: timed anew

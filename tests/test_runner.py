@@ -109,3 +109,24 @@ def test_npu_prefill_chunks_and_gpu_decode_share_the_paged_cache(engine_npu, ora
     with pytest.raises(ValueError, match="one sequence"):
         runner.step([(ids[0], 0, 0), (ids[1], 0, 1)], {0: blocks[:1], 1: blocks}, all_rows=False,
                     on="npu")
+
+
+def test_the_npu_takes_only_chunks_of_npu_from_rows_or_more(engine_npu, oracle, tokenizer):
+    """A hetero plan whose NPU chunk graph costs its bucket whatever the rows (the service's auto
+    sets npu_from from the chunks it timed): a chunk of fewer rows runs on the GPU, one of more
+    on the NPU, over the same sequence's blocks; the last row's logits are the oracle's."""
+    from socllm.actors.runner import Runner
+    runner = Runner(engine_npu, "hetero", "f32", npu_chunk=32)
+    runner.npu_from = 20
+    ids = tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having "
+                           "little or no money in my purse, and nothing particular to interest me "
+                           "on shore, I thought I would sail about a little")
+    assert 16 + 20 <= len(ids) <= 16 + 32, len(ids)
+    blocks = list(range(4))
+    before = dict(runner.ran)
+    runner.step([(t, i, 0) for i, t in enumerate(ids[:16])], {0: blocks}, all_rows=False)
+    assert dict(runner.ran)["gpu chunk"] == before.get("gpu chunk", 0) + 1
+    got = runner.step([(t, 16 + i, 0) for i, t in enumerate(ids[16:])], {0: blocks}, all_rows=False)
+    assert dict(runner.ran)["npu chunk 32"] == before.get("npu chunk 32", 0) + 1
+    ref = oracle.logits_for(ids)[-1]
+    assert float(np.abs(got[0] - ref).max() / np.abs(ref).max()) <= 2e-3

@@ -146,7 +146,8 @@ def status(a) -> int:
     timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pl["chunk_ms"].items())
     why = {"timed": f"timed at start: {timed}; the npu must be {NPU_MARGIN}x faster", "cached": "auto, as timed at an earlier start",
            "no npu": "auto: no npu", "asked": "as asked"}[pl["from"]]
-    other = f" (chunks it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
+    fewer = f"of fewer than {pl['npu_from']} rows or " if pl.get("npu_from") else ""
+    other = f" (chunks {fewer}it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
     print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "
           f"{pl['prefill']}{other}, decode on the {pl['decode']}")
     pre = st.get("preemption")
