@@ -106,7 +106,7 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert {p["processor"] for p in st["processors"]} == {"gpu", "npu"}    # hetero's only
     assert st["frontends"]["http"] == served[1]
     assert st["placement"] == {"asked": "hetero", "plan": "hetero", "from": "asked", "decode": "gpu",
-                               "prefill": "npu", "else": "gpu", "chunk_ms": {}} \
+                               "prefill": "npu", "else": "gpu", "chunk_ms": {}, "npu_from": 0} \
         and st["plan"] == "hetero"
     # no proactive work runs where a reactive arrival could not stop it within the bound
     assert st["preemption"] == {"bound_ms": 50.0, "proactive": "gpu spans of ~20 ms",
