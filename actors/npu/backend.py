@@ -109,7 +109,7 @@ class NPUBackend:
             # a prompt's first chunk: the whole model as one graph (policies/buckets.const_weights);
             # the per-layer graphs of later chunks are compiled when one first comes
             whole = self._unit(prog, [t for seg in body for t in seg], hint, config, True,
-                               cache=False)
+                               cache=False, whole=True)
             per_layer = functools.cache(lambda: [self._unit(prog, seg, hint, config, const) for seg in body])
             run = _first_chunk(whole.run, per_layer)
             units = [Unit(whole.waits, run, whole.signals, whole.seqs)]
@@ -140,11 +140,16 @@ class NPUBackend:
         self.experts.append(unit)
         return Unit(seg[0].waits, unit.run, seg[-1].signals, tuple(t.seq for t in seg))
 
-    def _unit(self, prog, seg, hint, config, const, cache=True) -> Unit:
-        """hint: OpenVINO's inference precision for this segment's graph (NPU_PREFILL_ACT)."""
+    def _unit(self, prog, seg, hint, config, const, cache=True, whole=False) -> Unit:
+        """hint: OpenVINO's inference precision for this segment's graph (NPU_PREFILL_ACT).
+        whole: a prompt's first chunk as one graph, which reads no KV region."""
         from socllm.actors.npu.segment import OVSegment
         seqs = {t.seq for t in seg}
         paged = any("btab" in t.args for t in prog.tasks[self.name])
+        if paged and self.kv_dtype == "f32" and not whole and any(t.op == "attention" for t in seg):
+            # a bf16 graph converts an f32 KV region it reads whole, at every run (measured: 1.45
+            # GB more for a 16-sequence pool, and slower); f16 regions enter as their bytes
+            hint = "f32"
         # a whole-model graph is not cached on disk: its blob carries the weights (~105 MB), and
         # importing it costs ~80 MB more than compiling over the pool's weights (measured)
         # a sequence-cut part (graph/seqcut.py) is a static graph of its own rows
