@@ -136,7 +136,8 @@ class Service:
             # (the agent policy's, Agent.xpu §4.4)
             spans = POLICIES[c.policy].slice_s is not None
             self.plan_key = _plan_key(c)
-            plan = c.plan if c.plan != "auto" else _plan_cache(c.cache_dir, self.plan_key) or "auto"
+            plan = c.plan if c.plan != "auto" else "gpu" if spans else \
+                _plan_cache(c.cache_dir, self.plan_key) or "auto"
             self.engine = e = Engine(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
                                      double_rows=c.prefill_chunk if spans else 0)
             self.precision = c.precision
@@ -172,12 +173,19 @@ class Service:
         a whole prefill chunk NPU_MARGIN times faster than the base processor's kernels at start
         (the fastest of 3, on block 0 where no request holds blocks; their memory is the price),
         else the base processor; decode on the base processor;
-        the choice is cached per model, device and knobs (plan_cache), so later starts skip it."""
+        the choice is cached per model, device and knobs (plan_cache), so later starts skip it.
+        Under a policy that slices proactive chunks (agent), auto is the base processor."""
         from socllm.actors.runner import Runner
         c = self.config
         base = "gpu" if "gpu" in e.available else "cpu"
         asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
-        if asked == "auto":
+        if asked == "auto" and POLICIES[c.policy].slice_s is not None:
+            # under a policy that slices proactive chunks, they run on the base processor (they
+            # stop between layers there), and reactive prompts run whole, most past the NPU's
+            # static chunk: its graphs would cost memory (~460 MB here) and take little work
+            # (measured: the same reactive TTFT with them, scripts/results/serve-ttft-*.json)
+            plan, source = base, "policy"
+        elif asked == "auto":
             key = self.plan_key
             cached = _plan_cache(c.cache_dir, key)
             plan, source = (cached, "cached") if cached else \

@@ -61,14 +61,14 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
     """HeteroLLM §4.3's decider: a whole chunk timed on the GPU's kernels and the NPU's static
     graphs at the first start, the NPU kept where it is NPU_MARGIN times faster (prefill there,
     decode on the GPU), else the GPU, cached per model, device and knobs; the next start takes
-    it, and the times, without timing."""
+    it, and the times, without timing. Under the agent policy auto keeps the GPU, untimed."""
     import json
     import math
 
     import socllm
     from socllm.policies.placement import NPU_MARGIN
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))     # read where the config is made
-    knobs = dict(precision="f32", context=256, max_seqs=4, kv_mb=16)
+    knobs = dict(precision="f32", context=256, max_seqs=4, kv_mb=16, policy="fcfs")
     with socllm.LLM(**knobs) as llm:
         pl, chosen = llm.describe["placement"], llm.describe["plan"]
         assert pl["asked"] == "auto" and pl["from"] == "timed" and set(pl["chunk_ms"]) == {"gpu", "npu"}
@@ -88,3 +88,9 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
     with socllm.LLM(**{**knobs, "max_seqs": 2}) as llm:       # other knobs: timed anew
         assert llm.describe["placement"]["from"] == "timed"
+    # the agent policy's proactive chunks stop between layers on the GPU and its reactive
+    # prompts run whole: auto keeps the GPU there, untimed, with no NPU actor
+    with socllm.LLM(**{**knobs, "policy": "agent"}) as llm:
+        pl = llm.describe["placement"]
+        assert (llm.describe["plan"], pl["from"], pl["prefill"], pl["chunk_ms"]) == ("gpu", "policy", "gpu", {})
+        assert {p["processor"] for p in llm.status()["processors"]} == {"gpu"}

@@ -145,7 +145,8 @@ def status(a) -> int:
     pl = st["placement"]
     timed = ", ".join(f"{k} {v:.0f} ms" for k, v in pl["chunk_ms"].items())
     why = {"timed": f"timed at start: {timed}; the npu must be {NPU_MARGIN}x faster", "cached": "auto, as timed at an earlier start",
-           "no npu": "auto: no npu", "asked": "as asked"}[pl["from"]]
+           "no npu": "auto: no npu", "asked": "as asked",
+           "policy": f"auto: the {st['policy']} policy's chunks run on the {pl['else']}"}[pl["from"]]
     fewer = f"of fewer than {pl['npu_from']} rows or " if pl.get("npu_from") else ""
     other = f" (chunks {fewer}it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
     print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "
