@@ -4,6 +4,8 @@ and the test session's Ray instance and engine. Ray starts only for a test that 
 share are in tests/testlib.py."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from socllm.models.gguf_file import default_model_path, open_gguf, verify_default_model
@@ -47,6 +49,26 @@ def tokenizer(gguf_reader) -> Tokenizer:
 
 
 # -- the engine: one Ray session and one engine (all three processor actors) per test session --
+@contextlib.contextmanager
+def _own_agent_port(port: int):
+    """ray.init's dashboard agent listens on Ray's fixed port 52365 (ray.init has no argument for
+    it): where another Ray runs on the machine it cannot bind, and `ray job submit` to this
+    session then finds no agent ("No available agent to submit job"). A free port instead."""
+    from ray._private import parameter
+    init = parameter.RayParams.__init__
+
+    def with_port(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if hasattr(self, "dashboard_agent_listen_port"):
+            self.dashboard_agent_listen_port = port
+    parameter.RayParams.__init__ = with_port
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = init
+
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """The test session's one Ray instance (its own, even when the user runs a cluster and a
@@ -58,12 +80,13 @@ def ray_session():
 
     import ray
     from socllm.actors.engine import OBJECT_STORE_BYTES
-    ctx = ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES,
-                   include_dashboard=True,
-                   dashboard_host="127.0.0.1", dashboard_port=free_port(),
-                   log_to_driver=False, logging_level="ERROR",
-                   _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                                   "prestart_worker_first_driver": False})
+    with _own_agent_port(free_port()):
+        ctx = ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES,
+                       include_dashboard=True,
+                       dashboard_host="127.0.0.1", dashboard_port=free_port(),
+                       log_to_driver=False, logging_level="ERROR",
+                       _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                                       "prestart_worker_first_driver": False})
     gcs = ray.get_runtime_context().gcs_address
     old, os.environ["RAY_ADDRESS"] = os.environ.get("RAY_ADDRESS"), gcs
     yield gcs, f"http://{ctx.dashboard_url}"
