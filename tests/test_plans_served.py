@@ -62,6 +62,7 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
     graphs at the first start, the NPU kept where it is NPU_MARGIN times faster (prefill there,
     decode on the GPU), else the GPU, cached per model, device and knobs; the next start takes
     it, and the times, without timing. Under the agent policy auto keeps the GPU, untimed."""
+    import dataclasses
     import json
     import math
 
@@ -86,8 +87,14 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         assert again["npu_from"] == (math.ceil(chunk * ms["npu"] / ms["gpu"]) if chosen == "hetero" else 0)
         started = {p["processor"] for p in llm.status()["processors"]}
         assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
-    with socllm.LLM(**{**knobs, "max_seqs": 2}) as llm:       # other knobs: timed anew
-        assert llm.describe["placement"]["from"] == "timed"
+    # other knobs: another key, so a start with them is timed anew (as the first one was)
+    from socllm.actors.service import _plan_key
+    from socllm.policies.config import ServeConfig
+    from socllm.models.gguf_file import default_model_path
+    config = dataclasses.replace(ServeConfig.from_env(model=default_model_path(), http_port=0, **knobs),
+                                 threads=ServeConfig.from_env().budget)
+    assert _plan_key(config) == key
+    assert _plan_key(dataclasses.replace(config, max_seqs=2)) not in (key, None)
     # the agent policy's proactive chunks stop between layers on the GPU and its reactive
     # prompts run whole: auto keeps the GPU there, untimed, with no NPU actor
     with socllm.LLM(**{**knobs, "policy": "agent"}) as llm:
