@@ -149,7 +149,7 @@ class Runner:
         pid, blob, procs = ray.get(eng.planner.paged_program.remote(plan, all_rows, buffer, bucket))
         actors = eng.processors()
         # one precision for every step; in a prefill chunk the GPU's linears stay f32 but at q8
-        # (gpu/backend.py ACT_BITS) and the NPU's graphs compute in bf16 at q16 and q8 (OV_HINT)
+        # (gpu/backend.py ACT_BITS) and the NPU's in bf16 at q16 and q8 (buckets.NPU_PREFILL_ACT)
         prec = self.precision
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final

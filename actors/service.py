@@ -134,7 +134,7 @@ class Service:
             c = self.config
             # the second activation buffer holds proactive chunks that stop between layers
             # (the agent policy's, Agent.xpu §4.4)
-            spans = POLICIES[c.policy].slice_s is not None
+            self.slices = spans = POLICIES[c.policy].slice_s is not None
             self.plan_key = _plan_key(c)
             plan = c.plan if c.plan != "auto" else "gpu" if spans else \
                 _plan_cache(c.cache_dir, self.plan_key) or "auto"
@@ -179,7 +179,7 @@ class Service:
         c = self.config
         base = "gpu" if "gpu" in e.available else "cpu"
         asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
-        if asked == "auto" and POLICIES[c.policy].slice_s is not None:
+        if asked == "auto" and self.slices:
             # under a policy that slices proactive chunks, they run on the base processor (they
             # stop between layers there), and reactive prompts run whole, most past the NPU's
             # static chunk: its graphs would cost memory (~460 MB here) and take little work
@@ -187,11 +187,10 @@ class Service:
             plan, source = base, "policy"
         elif asked == "auto":
             key = self.plan_key
-            cached = _plan_cache(c.cache_dir, key)
+            entry = _plan_cache(c.cache_dir).get(key) or {}      # the plan and the times it had
+            cached, chunk_ms = entry.get("plan"), entry.get("chunk_ms", {})
             plan, source = (cached, "cached") if cached else \
                 ("auto", "timed") if "npu" in e.available else (base, "no npu")
-            if cached:
-                chunk_ms = _plan_cache(c.cache_dir).get(key, {}).get("chunk_ms", {})
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
         chunk = min(c.prefill_chunk, e.context)          # a small model's context is the limit
         runner = Runner(e, base if plan == "auto" else plan, self.precision, chunk if npu else 0)
