@@ -37,7 +37,7 @@ from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS, EngineCo
 from socllm.policies.placement import SERVE_PLANS, weight_problem
 from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.threads import actor_env
+from socllm.policies.threads import private_ray_env, ray_env_options
 
 from socllm.actors.planner import Planner
 from socllm.actors.processor import ProcessorActor
@@ -71,13 +71,48 @@ def ensure_ray(threads: int, address: str | None = None) -> bool:
     # to Ray's own daemons on a 2-core device; at 0, decode measured ~5 % faster and steadier.
     # No prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
     # (two idle ~80 MB processes on this machine).
+    # its workers inherit the raylet's environment, which is this one's: the thread budget's
+    # variables set here need no runtime_env per actor (policies/threads.py ray_env_options);
+    # stop_ray() puts the old values back
+    env = private_ray_env(threads)
+    _saved_env.update({k: os.environ.get(k) for k in env})
+    os.environ.update(env)
     # address="local": a new instance, never the address of a stale cluster file or RAY_ADDRESS
     ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
              include_dashboard=False,
              log_to_driver=False, logging_level="ERROR",
              _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
                              "prestart_worker_first_driver": False})
+    _stop_autoscaler()
     return True
+
+
+_saved_env: dict = {}          # what ensure_ray's private Ray changed in this process's environment
+
+
+def stop_ray():
+    """Stop the private Ray that ensure_ray started, and undo its environment."""
+    ray.shutdown()
+    for k, v in _saved_env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    _saved_env.clear()
+
+
+def _stop_autoscaler():
+    """Stop the autoscaler monitor of a Ray this process started: one machine has nothing to
+    scale. It ignores SIGTERM, so ray.shutdown() waited a whole second for it (1.4 of the 2.0 s
+    `socllm generate` spent stopping its private Ray); it also took a core's share at start-up.
+    Ray's own record of the process (ray.shutdown() passes over one that is gone)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    for info in (getattr(node, "all_processes", None) or {}).get("monitor", ()):
+        try:
+            info.process.kill()
+            info.process.wait(timeout=5)
+        except Exception:              # a Ray without this record: ray.shutdown() stops it
+            pass
 
 
 class Engine:
@@ -135,7 +170,7 @@ class Engine:
             raise
 
     def _start(self, weights, procs, n_layers):
-        env = {"env_vars": actor_env(self.threads)}
+        env = ray_env_options(self.threads)
         # named, so that the control actor looks them up by name: an actor handle among a
         # restartable actor's constructor arguments sits in the object store, and Ray warns that
         # the restart fails if that copy is lost
@@ -327,7 +362,7 @@ class Engine:
         if self.arena is not None:
             self.arena.unlink()
         if self._started_ray:
-            ray.shutdown()
+            stop_ray()
 
     def __enter__(self):
         return self

@@ -17,8 +17,10 @@ processor actors apply to the step's pos0 and N (part_rows).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from .ir import Graph
+if TYPE_CHECKING:              # the processor actors import part_rows: not sympy (~0.2 s a process)
+    from .ir import Graph
 
 SEP = "@"        # a part's activation: name@lo, its rows from lo in the same slot
 ROW_INPUTS = ("ids", "pos", "rows", "seq")     # a step's per-row inputs [N] (paged: all four)
@@ -36,6 +38,7 @@ def seq_cut(g: Graph, parts: list) -> Graph:
     if not parts or parts[0][0] != 0 or any(a[1] != b[0] for a, b in zip(parts, parts[1:])) \
             or any(hi <= lo for lo, hi, _ in parts):
         raise ValueError(f"parts {parts} do not cover the rows in order")
+    from .ir import Graph
     last_layer = max(i for i, op in enumerate(g.ops) if op.layer >= 0)
     out = Graph(dict(g.tensors), [])
     for k, (lo, hi, proc) in enumerate(parts):

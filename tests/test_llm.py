@@ -50,3 +50,42 @@ def test_bad_input_is_refused_in_one_line(llm):
         llm.generate(["fine", 3])
     with pytest.raises(ValueError):
         llm.generate(PROMPTS[0], max_tokens=0)
+
+
+def _thread_env(pid: int) -> dict:
+    env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+    return {k: env.get(k) for k in ("OMP_NUM_THREADS", "POCL_MAX_PTHREAD_COUNT")}
+
+
+def test_every_actor_gets_the_thread_budget_joined_or_private(llm, short_tmp):
+    """The service and its processor actors size their libraries' thread pools from the budget
+    (policies/threads.py): in a Ray that socllm joins, through a runtime_env; in a private Ray
+    that it starts, from the environment Ray started with (no runtime_env: each actor starts
+    sooner), which the process gets back unchanged when that Ray stops."""
+    import json
+    import os
+    import subprocess
+    import sys
+    st = llm.status()
+    threads = str(st["processors"][0]["threads"])
+    for pid in [st["pid"]] + [p["pid"] for p in st["processors"]]:
+        assert _thread_env(pid) == {"OMP_NUM_THREADS": threads, "POCL_MAX_PTHREAD_COUNT": threads}
+    script = f"""
+import json, os, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_llm import _thread_env
+import socllm
+with socllm.LLM(context=64, max_seqs=1, kv_mb=1, threads=1, plan="gpu") as llm:
+    st = llm.status()
+    print(json.dumps([_thread_env(p) for p in [st["pid"]] + [q["pid"] for q in st["processors"]]]))
+print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY_ENV")}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OMP_NUM_THREADS")}
+    env["RAY_TMPDIR"] = short_tmp
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    actors, after = [json.loads(line) for line in r.stdout.strip().splitlines()[-2:]]
+    assert len(actors) == 2 and all(e == {"OMP_NUM_THREADS": "1", "POCL_MAX_PTHREAD_COUNT": "1"}
+                                    for e in actors)
+    assert after == {"OMP_NUM_THREADS": None, "SOCLLM_RAY_ENV": None}

@@ -38,7 +38,7 @@ class LLM:
 
         from socllm.models.gguf_file import model_path
         from socllm.policies.config import ServeConfig
-        from socllm.policies.threads import actor_env
+        from socllm.policies.threads import ray_env_options
         from socllm.actors.front.client import Client
         from socllm.actors.engine import ensure_ray
         from socllm.actors.service import Service
@@ -50,8 +50,7 @@ class LLM:
         config = dataclasses.replace(config, threads=config.budget)
         self._service, self._started_ray = None, ensure_ray(config.threads)
         try:
-            self._service = Service.options(
-                runtime_env={"env_vars": actor_env(config.threads)}).remote(config)
+            self._service = Service.options(**ray_env_options(config.threads)).remote(config)
             self.describe = ray.get(self._service.ready.remote())
         except BaseException:
             self.close()
@@ -87,7 +86,8 @@ class LLM:
             ray.kill(self._service)
             self._service = None
         if self._started_ray:
-            ray.shutdown()
+            from socllm.actors.engine import stop_ray
+            stop_ray()
             self._started_ray = False
 
     def __enter__(self):

@@ -45,7 +45,7 @@ def serve(a) -> int:
     import ray
 
     from socllm.policies.config import ServeConfig
-    from socllm.policies.threads import actor_env
+    from socllm.policies.threads import ray_env_options
     from socllm.actors.front.cli import config_of
     from socllm.actors.service import Service
     if a.model is not None and not os.path.isfile(a.model):
@@ -65,7 +65,7 @@ def serve(a) -> int:
     # the config travels as the argument: its knobs reach every actor, whatever environment
     # the cluster's processes have (runtime_env only sizes the libraries' thread pools)
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
-                          runtime_env={"env_vars": actor_env(config.threads)}).remote(config)
+                          **ray_env_options(config.threads)).remote(config)
     try:
         d = ray.get(svc.ready.remote())
         url = None
