@@ -145,13 +145,10 @@ class Engine:
             verify_default_model(path)
         reader = reader or open_gguf(path)
         self.cfg = load_config(reader)
-        self.tokenizer = Tokenizer(reader)
-        self.template = ChatTemplate.from_reader(reader)
         if context > self.cfg.context_length:
             raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
         self.context, self.model_path = context, path
         self.threads = config.threads
-        self.stop_ids = self.tokenizer.stop_ids()
         self._started_ray = ensure_ray(self.threads)
         self._actors, self.arena, self.running = [], None, None
         self._closed = False
@@ -162,23 +159,29 @@ class Engine:
         processors_ = tuple(p for p in processors_ if p not in self.skipped)
         try:
             # the repacked weights live only until they are in the pool (no reference kept here)
-            self._start(load_weights(reader, self.cfg), processors_, n_layers)
+            self._start(load_weights(reader, self.cfg), processors_, n_layers, reader)
             del reader
             _trim()
         except BaseException:
             self.close()
             raise
 
-    def _start(self, weights, procs, n_layers):
+    def _read_text(self, reader):
+        """The tokenizer and the chat template (~0.25 s of the default model's start: done while
+        the processor actors' processes start)."""
+        self.tokenizer = Tokenizer(reader)
+        self.template = ChatTemplate.from_reader(reader)
+        self.stop_ids = self.tokenizer.stop_ids()
+
+    def _start(self, weights, procs, n_layers, reader):
         env = ray_env_options(self.threads)
         # named, so that the control actor looks them up by name: an actor handle among a
         # restartable actor's constructor arguments sits in the object store, and Ray warns that
         # the restart fails if that copy is lost
         tag = f"socllm-{secrets.token_hex(6)}"
         self._names = {"planner": f"{tag}-planner"}
-        self.planner = Planner.options(runtime_env=env, name=self._names["planner"]).remote(
-            self.cfg, n_layers, self.rowcut_profile)
-        self._actors.append(self.planner)
+        self._n_layers_asked, self._planner, self._program_ids = n_layers, None, 1
+        self.planner                  # started now: it builds its graph while the pool is laid out
         # the slots' sizes from the same graph, here: the planner actor starts meanwhile
         slots = assign_slots(build_graph(self.cfg, n_layers))
         # the final-normed hidden state's slot (the LM head's input): draft heads read it
@@ -208,7 +211,8 @@ class Engine:
                      p, self.arena.name, lay.to_dict(), self.config)
                  for p in procs}
         self._actors += list(peers.values())
-        ray.get(self.planner.set_layout.remote(lay.to_dict()))     # started beside them
+        self._read_text(reader)
+        ray.get(self._planner.set_layout.remote(lay.to_dict()))     # started beside them
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
             # a discrete GPU's KV cache lives in its memory: steps of one request must not move
             # between it and a processor writing the host's (auto would prefill on the NPU)
@@ -218,7 +222,7 @@ class Engine:
             self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
                                   "is in the GPU's memory, not in the pool the NPU writes)"
         self.peers = peers
-        ray.get([a.pid.remote() for a in self._actors if a is not self.planner])  # started and attached
+        ray.get([a.pid.remote() for a in self._actors if a is not self._planner])  # started and attached
         self.watches = {p: a.watch.remote() for p, a in self.processors().items()}
         self.available = set(peers)
         self._runners: dict = {}      # (plan, precision, chunk) -> Runner (generate_ids)
@@ -227,7 +231,34 @@ class Engine:
             device = ray.get(peers["gpu"].info.remote())["device"]
             if self.rowcut_profile.get("device") != device:
                 self.rowcut_profile = None
-                ray.get(self.planner.set_rowcut_profile.remote(None))
+                ray.get(self._planner.set_rowcut_profile.remote(None))
+
+    # -- the planner actor: started when programs are to be compiled, stopped when none are ------
+    @property
+    def planner(self):
+        """The planner actor (actors/planner.py), started again if it was released: its ids go
+        on from the last ones given, so no processor mistakes a new program for an old one."""
+        if self._planner is None:
+            # a name of its own: the name of one just killed may not be free yet
+            self._planner = Planner.options(**ray_env_options(self.threads),
+                                            name=f"{self._names['planner']}-{self._program_ids}").remote(
+                self.cfg, self._n_layers_asked, self.rowcut_profile, self._program_ids)
+            self._actors.append(self._planner)
+            if self.arena is not None:        # the pool is laid out: a planner started again
+                ray.get(self._planner.set_layout.remote(self.layout.to_dict()))
+        return self._planner
+
+    def release_planner(self):
+        """Stop the planner actor (~100 MB) once every program the plan runs is compiled and
+        installed (the runner keeps their bytes for processors that restart); a program asked
+        for later starts it again. Returns whether one was running."""
+        if self._planner is None:
+            return False
+        self._program_ids = ray.get(self._planner.next_id.remote())
+        self._actors.remove(self._planner)
+        ray.kill(self._planner)
+        self._planner = None
+        return True
 
     # -- one sequence at a time, on the service's paged programs (tests and benchmarks) --------
     def encode_prompt(self, prompt: str, chat: bool = False) -> list:

@@ -147,6 +147,10 @@ class Service:
             # (and so does speculation, where on: policies/drafting.py StepCosts)
             self.step_profile = self.runner.profile_batches(c.max_seqs) \
                 if c.policy == "agent" or c.speculate != "off" and c.warm else {}
+            if c.warm and self.runner.chunk_on == self.runner.decode_on == self.runner.base:
+                # warm() compiled every program of a base-processor plan: the planner's memory
+                # is freed (it starts again if a program is ever missing)
+                e.release_planner()
             self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
             extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
             self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
@@ -468,7 +472,9 @@ class Service:
 
     def processes(self, info: list) -> dict:
         """name -> pid of socllm's processes (info: the processor actors' engine.info())."""
-        named = {"service": os.getpid(), "planner": ray.get(self.engine.planner.pid.remote()),
+        planner = self.engine._planner       # None: released after start (engine.release_planner)
+        named = {"service": os.getpid(),
+                 **({"planner": ray.get(planner.pid.remote())} if planner is not None else {}),
                  **{d["processor"]: d["pid"] for d in info},
                  **{k: p for k, (p, _) in self.frontends.items()}}
         return named

@@ -17,17 +17,19 @@ import sys
 import time
 
 
-def first_byte_s(args: list) -> tuple:
+def first_byte_s(args: list, exe: str | None = None, env: dict | None = None) -> tuple:
+    """`socllm generate ARGS` (exe: another socllm command): (seconds to its first byte of output,
+    seconds to its exit, its stderr)."""
+    exe = exe or os.path.join(os.path.dirname(sys.executable), "socllm")
     t0 = time.perf_counter()
-    p = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "socllm"), "generate", *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen([exe, "generate", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     first = p.stdout.read(1)
     t1 = time.perf_counter()
     rest, err = p.communicate(timeout=600)
     total = time.perf_counter() - t0
     if p.returncode != 0 or not first:
         raise RuntimeError(f"socllm generate failed: {err.decode().strip()}")
-    return t1 - t0, total
+    return t1 - t0, total, err.decode()
 
 
 def main(argv=None) -> int:

@@ -17,9 +17,10 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
+
+from socllm.scripts.cli_ttft import first_byte_s
 
 PROMPT = "The capital of France is"
 
@@ -27,18 +28,10 @@ PROMPT = "The capital of France is"
 def one_run(exe: str) -> tuple:
     """(seconds to the first byte of output, seconds to the command's exit)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    t0 = time.perf_counter()
-    p = subprocess.Popen([exe, "generate", PROMPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env)
-    first = p.stdout.read(1)
-    t1 = time.perf_counter()
-    out, err = p.communicate(timeout=600)
-    total = time.perf_counter() - t0
-    if p.returncode != 0 or not first:
-        raise RuntimeError(f"{exe} generate failed: {err.decode().strip()}")
-    if b"[private:" not in err:
+    first, total, err = first_byte_s([PROMPT], exe, env)
+    if "[private:" not in err:
         raise RuntimeError(f"{exe} generate ran on a running service, not a private engine: stop it")
-    return t1 - t0, total
+    return first, total
 
 
 def main(argv=None) -> int:

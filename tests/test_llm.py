@@ -40,6 +40,26 @@ def test_one_prompt_a_chat_and_sampling_params(llm, oracle, tokenizer):
     assert a.text == b.text                          # one seed, one draw, batched or not
 
 
+def test_a_warm_gpu_engine_runs_without_its_planner(llm, oracle, tokenizer):
+    """Once a plan on the GPU alone has every program compiled (warmed at start), its planner
+    actor is stopped: status counts no planner process, and requests still get the oracle's text,
+    also after the GPU actor is killed (the runner holds the programs)."""
+    import os
+    import signal
+    st = llm.status()
+    assert "planner" not in st["memory_pss_mb_by_process"] and "gpu" in st["memory_pss_mb_by_process"]
+    [one] = llm.generate(PROMPTS[1], max_tokens=8)
+    assert one.text == _greedy_text(oracle, tokenizer, PROMPTS[1], 8)[0]
+    # a GPU actor killed: Ray restarts it and the programs are installed from the runner's copy
+    gpu = next(p["pid"] for p in st["processors"] if p["processor"] == "gpu")
+    os.kill(gpu, signal.SIGKILL)
+    [two] = llm.generate(PROMPTS[2], max_tokens=8)
+    assert two.text == _greedy_text(oracle, tokenizer, PROMPTS[2], 8)[0]
+    st = llm.status()
+    assert st["recoveries_total"] == 1 and "planner" not in st["memory_pss_mb_by_process"]
+    assert next(p["pid"] for p in st["processors"] if p["processor"] == "gpu") not in (gpu, None)
+
+
 def test_bad_input_is_refused_in_one_line(llm):
     import socllm
     with pytest.raises(ValueError, match="HTTP"):

@@ -46,6 +46,27 @@ def test_a_batch_over_an_f16_cache_follows_the_oracle(engine16, oracle, oracle_g
         assert err <= tol, (PROMPTS[s], err)
 
 
+def test_a_released_planner_starts_again_with_ids_after_the_old_ones(engine16, oracle, oracle_greedy):
+    """The planner actor is stopped once the programs are compiled (the service does so after
+    warming a GPU-only plan): a processor's programs are installed again from the runner's own
+    copy, without it; a program asked for later starts it again, and the new programs' ids come
+    after every old one (a processor keeps its programs by id: a reused id would run the old
+    program). The programs of the planner started again give the oracle's logits."""
+    from socllm.actors.runner import Runner
+    old = Runner(engine16, "gpu", "f32")
+    engine16.release_planner()
+    assert engine16._planner is None and not engine16.release_planner()
+    old.reinstall()
+    assert engine16._planner is None
+    new = Runner(engine16, "cpu", "f32")            # programs it has not compiled: started again
+    assert engine16._planner is not None
+    assert min(v[0] for v in new.blobs.values()) > max(v[0] for v in old.blobs.values())
+    ids, want = oracle_greedy[PROMPTS[1]]
+    _, got = prefill_then_decode(new, [ids], [want], 4)
+    ref = oracle.logits_for(ids + want)[len(ids) - 1: len(ids) + 4]
+    assert np.abs(np.stack(got[0]) - ref).max() <= 2e-3 * np.abs(ref).max()
+
+
 @pytest.mark.parametrize("plan", ["gpu", "cpu"])
 def test_a_chunk_stopped_between_layers_resumes_without_recomputing(engine16, oracle_greedy, plan):
     """Agent.xpu §4.4: a proactive chunk in the second activation buffer runs its stages in three
