@@ -19,6 +19,7 @@ import os
 import secrets
 import time
 
+import msgpack
 import numpy as np
 import ray
 
@@ -77,13 +78,24 @@ def ensure_ray(threads: int, address: str | None = None) -> bool:
     env = private_ray_env(threads)
     _saved_env.update({k: os.environ.get(k) for k in env})
     os.environ.update(env)
+    # Ray's autoscaler monitor and log monitor have nothing to do in a private Ray on one machine
+    # (no nodes to add; no worker logs go to this driver): they are stopped as they appear, so
+    # that they take no CPU from the start of everything else on a small device (~0.2 s of the
+    # README's command on two cores), and ray.shutdown() does not wait a second for the monitor
+    import threading
+    started = threading.Event()
+    watcher = threading.Thread(target=_stop_idle_daemons, args=(started,), daemon=True)
+    watcher.start()
     # address="local": a new instance, never the address of a stale cluster file or RAY_ADDRESS
-    ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
-             include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR",
-             _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                             "prestart_worker_first_driver": False})
-    _stop_autoscaler()
+    try:
+        ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
+                 include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR",
+                 _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                                 "prestart_worker_first_driver": False})
+    finally:
+        started.set()
+        watcher.join()
     return True
 
 
@@ -101,18 +113,99 @@ def stop_ray():
     _saved_env.clear()
 
 
-def _stop_autoscaler():
-    """Stop the autoscaler monitor of a Ray this process started: one machine has nothing to
-    scale. It ignores SIGTERM, so ray.shutdown() waited a whole second for it (1.4 of the 2.0 s
-    `socllm generate` spent stopping its private Ray); it also took a core's share at start-up.
-    Ray's own record of the process (ray.shutdown() passes over one that is gone)."""
+IDLE_DAEMONS = {"monitor": "autoscaler/_private/monitor.py", "log_monitor": "_private/log_monitor.py"}
+
+
+def _stop_idle_daemons(started):
+    """Kill the IDLE_DAEMONS among this process's children as they appear, until Ray has
+    started (`started` set); then reap them through Ray's own record (ray.shutdown() passes over
+    a process that is gone)."""
+    import psutil
+    me, left = psutil.Process(), set(IDLE_DAEMONS.values())
+    while left and not started.is_set():
+        for p in me.children():
+            try:
+                cmd = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            for tag in [t for t in left if t in cmd]:
+                p.kill()
+                left.discard(tag)
+        started.wait(0.01)
     node = getattr(ray._private.worker, "_global_node", None)
-    for info in (getattr(node, "all_processes", None) or {}).get("monitor", ()):
-        try:
-            info.process.kill()
-            info.process.wait(timeout=5)
-        except Exception:              # a Ray without this record: ray.shutdown() stops it
-            pass
+    for kind in IDLE_DAEMONS:
+        for info in (getattr(node, "all_processes", None) or {}).get(kind, ()):
+            try:
+                info.process.kill()
+                info.process.wait(timeout=5)
+            except Exception:           # a Ray without this record: ray.shutdown() stops it
+                pass
+
+
+def _code_version() -> str:
+    """A digest of the code that compiles step programs (graph/, models/, memory/, policies/):
+    cached programs of other code are never read."""
+    global _CODE
+    if _CODE is None:
+        import hashlib
+
+        import socllm.graph
+        h = hashlib.sha256()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(socllm.graph.__file__)))
+        for pkg in ("graph", "models", "memory", "policies"):
+            d = os.path.join(root, pkg)
+            for dirpath, dirs, files in sorted(os.walk(d)):
+                dirs.sort()
+                for name in sorted(f for f in files if f.endswith(".py")):
+                    with open(os.path.join(dirpath, name), "rb") as f:
+                        h.update(name.encode() + b"\0" + f.read())
+        _CODE = h.hexdigest()
+    return _CODE
+
+
+_CODE = None
+
+
+def _programs_dir(cache_dir, model_path, n_layers, lay, rowcut_profile) -> str | None:
+    """Where the programs of this code, model file, pool layout and row-cut profile are kept
+    (cache_dir/programs/<digest>/); None: no cache (a config made without from_env)."""
+    if cache_dir is None:
+        return None
+    import hashlib
+    import json
+    st = os.stat(model_path)
+    what = json.dumps([_code_version(), os.path.realpath(model_path), st.st_size, int(st.st_mtime),
+                       n_layers, lay.to_dict(), rowcut_profile], sort_keys=True, default=str)
+    return os.path.join(cache_dir, "programs", hashlib.sha256(what.encode()).hexdigest()[:32])
+
+
+def _write_atomic(path: str | None, data: bytes):
+    """data into path (its folder made), whole or not at all; nothing if path is None or the
+    cache cannot be written (a read-only home: programs are compiled again next time)."""
+    if path is None:
+        return
+    try:
+        if not os.path.isdir(os.path.dirname(path)):
+            _prune(os.path.dirname(os.path.dirname(path)))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _prune(folder: str, keep: int = 64):
+    """Remove all but the `keep` newest entries of a cache folder (each code change, model and
+    layout has its own: ~100 KB of programs)."""
+    import shutil
+    try:
+        entries = sorted((e for e in os.scandir(folder) if e.is_dir()), key=lambda e: e.stat().st_mtime)
+    except OSError:
+        return
+    for e in entries[:max(0, len(entries) - keep + 1)]:
+        shutil.rmtree(e.path, ignore_errors=True)
 
 
 class Engine:
@@ -180,8 +273,7 @@ class Engine:
         # the restart fails if that copy is lost
         tag = f"socllm-{secrets.token_hex(6)}"
         self._names = {"planner": f"{tag}-planner"}
-        self._n_layers_asked, self._planner, self._program_ids = n_layers, None, 1
-        self.planner                  # started now: it builds its graph while the pool is laid out
+        self._n_layers_asked, self._planner, self._compiled, self._ids = n_layers, None, {}, 0
         # the slots' sizes from the same graph, here: the planner actor starts meanwhile
         slots = assign_slots(build_graph(self.cfg, n_layers))
         # the final-normed hidden state's slot (the LM head's input): draft heads read it
@@ -201,6 +293,12 @@ class Engine:
                           max_seqs=self.max_seqs, kv_blocks=int(self.kv_mb * 2**20 // block_bytes),
                           block_rows=BLOCK_ROWS, kv_dtype=self.kv_dtype, double=double)
         self.layout = lay
+        self._programs_dir = _programs_dir(self.config.cache_dir, self.model_path, n_layers, lay,
+                                           self.rowcut_profile)
+        if self._programs_dir is None or not os.path.isdir(self._programs_dir):
+            # programs to compile (no earlier engine of this code, model and layout): the planner
+            # starts now, building its graph while the pool is filled and the processors start
+            self.planner
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
         write_weights(self.arena.buf, lay, weights)
         del weights
@@ -212,7 +310,8 @@ class Engine:
                  for p in procs}
         self._actors += list(peers.values())
         self._read_text(reader)
-        ray.get(self._planner.set_layout.remote(lay.to_dict()))     # started beside them
+        if self._planner is not None:
+            ray.get(self._planner.set_layout.remote(lay.to_dict()))     # started beside them
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
             # a discrete GPU's KV cache lives in its memory: steps of one request must not move
             # between it and a processor writing the host's (auto would prefill on the NPU)
@@ -231,30 +330,59 @@ class Engine:
             device = ray.get(peers["gpu"].info.remote())["device"]
             if self.rowcut_profile.get("device") != device:
                 self.rowcut_profile = None
-                ray.get(self._planner.set_rowcut_profile.remote(None))
+                if self._planner is not None:
+                    ray.get(self._planner.set_rowcut_profile.remote(None))
 
-    # -- the planner actor: started when programs are to be compiled, stopped when none are ------
+    # -- step programs: compiled by the planner actor, kept here and on disk ----------------------
+    def program(self, key: tuple) -> tuple:
+        """The paged program of key = (plan, all_rows, buffer, bucket) (policies/planner.py
+        paged_program) -> (id, msgpack bytes, its processors). Compiled once per engine: from
+        the disk cache (compiled by an earlier engine of the same code, model and pool layout),
+        else by the planner actor, which is started for it if it is not running. Ids are
+        this engine's: a processor keeps its programs by id."""
+        if key not in self._compiled:
+            path, got = self._program_path(key), None
+            if path is not None and os.path.exists(path):
+                try:
+                    with open(path, "rb") as f:
+                        got = msgpack.unpackb(f.read())
+                except (OSError, ValueError):       # cut short, or not msgpack: compiled again
+                    pass
+                if not (isinstance(got, list) and len(got) == 2 and isinstance(got[0], bytes)
+                        and isinstance(got[1], list)):
+                    got = None
+            if got is None:
+                _, blob, procs = ray.get(self.planner.paged_program.remote(*key))
+                _write_atomic(path, msgpack.packb([blob, procs]))
+            else:
+                blob, procs = got
+            self._ids += 1
+            self._compiled[key] = (self._ids, blob, list(procs))
+        return self._compiled[key]
+
+    def _program_path(self, key: tuple) -> str | None:
+        if self._programs_dir is None:
+            return None
+        plan, all_rows, buffer, bucket = key
+        return os.path.join(self._programs_dir, f"{plan}-{'batch' if all_rows else 'chunk'}-{buffer}-{bucket}.msgpack")
+
     @property
     def planner(self):
-        """The planner actor (actors/planner.py), started again if it was released: its ids go
-        on from the last ones given, so no processor mistakes a new program for an old one."""
+        """The planner actor (actors/planner.py), started when a program is not compiled yet."""
         if self._planner is None:
-            # a name of its own: the name of one just killed may not be free yet
             self._planner = Planner.options(**ray_env_options(self.threads),
-                                            name=f"{self._names['planner']}-{self._program_ids}").remote(
-                self.cfg, self._n_layers_asked, self.rowcut_profile, self._program_ids)
+                                            name=f"{self._names['planner']}-{secrets.token_hex(3)}").remote(
+                self.cfg, self._n_layers_asked, self.rowcut_profile)
             self._actors.append(self._planner)
-            if self.arena is not None:        # the pool is laid out: a planner started again
+            if self.arena is not None:        # the pool is laid out
                 ray.get(self._planner.set_layout.remote(self.layout.to_dict()))
         return self._planner
 
-    def release_planner(self):
+    def release_planner(self) -> bool:
         """Stop the planner actor (~100 MB) once every program the plan runs is compiled and
-        installed (the runner keeps their bytes for processors that restart); a program asked
-        for later starts it again. Returns whether one was running."""
+        installed; a program asked for later starts it again. Returns whether one was running."""
         if self._planner is None:
             return False
-        self._program_ids = ray.get(self._planner.next_id.remote())
         self._actors.remove(self._planner)
         ray.kill(self._planner)
         self._planner = None

@@ -103,7 +103,6 @@ class Runner:
         # (program plan, all_rows, buffer, bucket) -> (pid, processors, final stamps); programs
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
-        self.blobs: dict = {}         # (plan, all_rows, buffer, bucket) -> (id, bytes, processors)
         self.steps = collections.Counter()   # program key -> steps run (named by `ran`)
         for key in {(self.decode_on, True, 0, self._batch_bucket(1)), (self.base, False, 0, 0)}:
             self._program(key)
@@ -147,10 +146,7 @@ class Runner:
 
     def _install(self, plan: str, all_rows: bool, buffer: int = 0, bucket: int = 0):
         eng = self.eng
-        key = (plan, all_rows, buffer, bucket)
-        if key not in self.blobs:     # kept: a restarted processor gets it without the planner
-            self.blobs[key] = ray.get(eng.planner.paged_program.remote(*key))
-        pid, blob, procs = self.blobs[key]
+        pid, blob, procs = eng.program((plan, all_rows, buffer, bucket))
         actors = eng.processors()
         # one precision for every step; in a prefill chunk the GPU's linears stay f32 but at q8
         # (gpu/backend.py ACT_BITS) and the NPU's in bf16 at q16 and q8 (buckets.NPU_PREFILL_ACT)
@@ -264,7 +260,6 @@ class Runner:
         key = ("npu", False, 0, self.npu_chunk)
         if key in self.programs:
             pid, procs, _ = self.programs.pop(key)
-            self.blobs.pop(key, None)
             actors = self.eng.processors()
             ray.get([actors[p].uninstall.remote(pid) for p in procs])
         self.chunk_on, self.npu_chunk = self.base, 0
@@ -317,7 +312,7 @@ class Runner:
 
     def reinstall(self):
         """Installs every program again where an actor lost them (a restarted actor; the others
-        keep theirs), from the bytes kept here (the planner may be stopped)."""
+        keep theirs), from the bytes the engine keeps (the planner may be stopped)."""
         self.programs = {key: self._install(*key) for key in self.programs}
 
     def _check_errors(self, procs, waiting: bool = False):

@@ -46,19 +46,12 @@ class Compiler:
     """The model's graph and activation slots, and the step programs compiled from them over one
     pool (set_layout), each under a key: programs[key] = (id, msgpack bytes, its processors)."""
 
-    def __init__(self, cfg, n_layers: int | None = None, first_id: int = 1):
-        """first_id: the first program's id (a planner started again after one that was stopped
-        goes on from the ids that one gave: the processors keep their programs by id)."""
+    def __init__(self, cfg, n_layers: int | None = None):
         self.cfg, self.n_layers = cfg, n_layers
         self.graph = build_graph(cfg, n_layers)
         self.slots = assign_slots(self.graph)
         self.programs: dict = {}
-        self.first_id = first_id
         self.pool: PoolMap | None = None
-
-    def next_id(self) -> int:
-        """The id the next program compiled here gets."""
-        return self.first_id + len(self.programs)
 
     def pid(self) -> int:
         return os.getpid()
@@ -104,5 +97,5 @@ class Compiler:
         prog = lower(graph, self.slots, self.refs(graph, buffer), self.pool.locations,
                      self.pool.done_words, place, phase, bucket)
         prog.buffer = buffer
-        self.programs[key] = (self.next_id(), prog.to_bytes(), sorted(prog.tasks))
+        self.programs[key] = (len(self.programs) + 1, prog.to_bytes(), sorted(prog.tasks))
         return self.programs[key]

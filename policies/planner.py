@@ -12,9 +12,8 @@ from socllm.policies.rowcut import plan_rows
 
 
 class PlannerCore(Compiler):
-    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None,
-                 first_id: int = 1):
-        super().__init__(cfg, n_layers, first_id)
+    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
+        super().__init__(cfg, n_layers)
         self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
 
     def set_rowcut_profile(self, profile: dict | None):

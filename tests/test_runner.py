@@ -46,25 +46,48 @@ def test_a_batch_over_an_f16_cache_follows_the_oracle(engine16, oracle, oracle_g
         assert err <= tol, (PROMPTS[s], err)
 
 
-def test_a_released_planner_starts_again_with_ids_after_the_old_ones(engine16, oracle, oracle_greedy):
+def test_programs_come_from_the_planner_or_the_disk_and_outlive_it(engine16, oracle, oracle_greedy):
     """The planner actor is stopped once the programs are compiled (the service does so after
-    warming a GPU-only plan): a processor's programs are installed again from the runner's own
-    copy, without it; a program asked for later starts it again, and the new programs' ids come
-    after every old one (a processor keeps its programs by id: a reused id would run the old
-    program). The programs of the planner started again give the oracle's logits."""
+    warming a GPU-only plan): a processor's programs are installed again from the engine's copy,
+    without it. A program neither compiled by this engine nor on disk starts it again; one
+    another engine of the same code, model and pool layout compiled is read from disk (the
+    planner stays stopped), and a damaged file is compiled again. Every way gives the oracle's
+    logits, under ids no other program of the engine has."""
+    import os
+    import shutil
+
     from socllm.actors.runner import Runner
     old = Runner(engine16, "gpu", "f32")
     engine16.release_planner()
     assert engine16._planner is None and not engine16.release_planner()
     old.reinstall()
     assert engine16._planner is None
-    new = Runner(engine16, "cpu", "f32")            # programs it has not compiled: started again
-    assert engine16._planner is not None
-    assert min(v[0] for v in new.blobs.values()) > max(v[0] for v in old.blobs.values())
     ids, want = oracle_greedy[PROMPTS[1]]
-    _, got = prefill_then_decode(new, [ids], [want], 4)
     ref = oracle.logits_for(ids + want)[len(ids) - 1: len(ids) + 4]
-    assert np.abs(np.stack(got[0]) - ref).max() <= 2e-3 * np.abs(ref).max()
+    cpu_keys = [("cpu", True, 0, 0), ("cpu", False, 0, 0)]
+    seen = {v[0] for v in engine16._compiled.values()}
+
+    def fresh_cpu_runner():
+        for k in cpu_keys:
+            engine16._compiled.pop(k, None)
+        run = Runner(engine16, "cpu", "f32")
+        new = {engine16._compiled[k][0] for k in cpu_keys}
+        assert not new & seen, "a program id given twice"
+        seen.update(new)
+        _, got = prefill_then_decode(run, [ids], [want], 4)
+        assert np.abs(np.stack(got[0]) - ref).max() <= 2e-3 * np.abs(ref).max()
+
+    shutil.rmtree(engine16._programs_dir, ignore_errors=True)
+    fresh_cpu_runner()                                # compiled: the planner started again
+    assert engine16._planner is not None
+    assert all(os.path.exists(engine16._program_path(k)) for k in cpu_keys)
+    engine16.release_planner()
+    fresh_cpu_runner()                                # read from disk
+    assert engine16._planner is None
+    with open(engine16._program_path(cpu_keys[1]), "wb") as f:
+        f.write(b"\x01 damaged")
+    fresh_cpu_runner()                                # compiled again
+    assert engine16._planner is not None
 
 
 @pytest.mark.parametrize("plan", ["gpu", "cpu"])
