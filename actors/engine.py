@@ -19,12 +19,12 @@ import os
 import secrets
 import time
 
-import msgpack
 import numpy as np
 import ray
 
 from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
+from socllm.graph.store import ProgramStore
 from socllm.memory.arena import Arena
 from socllm.memory.blocks import BLOCK_ROWS
 from socllm.memory.layout import KV_DTYPES, Control, plan_layout, write_weights
@@ -68,35 +68,37 @@ def ensure_ray(threads: int, address: str | None = None) -> bool:
     except NoCluster:
         if address:
             raise
-    # Ray starts its workers at nice 15 (worker_niceness): our actors' kernel threads then yield
-    # to Ray's own daemons on a 2-core device; at 0, decode measured ~5 % faster and steadier.
-    # No prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
-    # (two idle ~80 MB processes on this machine).
-    # its workers inherit the raylet's environment, which is this one's: the thread budget's
-    # variables set here need no runtime_env per actor (policies/threads.py ray_env_options);
-    # stop_ray() puts the old values back
+    _start_private_ray(threads)
+    return True
+
+
+def _start_private_ray(threads: int):
+    """A new local Ray instance for this process (never the address of a stale cluster file or
+    RAY_ADDRESS), for a budget of `threads`:
+    - its workers run at nice 0, not Ray's 15: on a 2-core device our actors' kernel threads
+      then yield to Ray's own daemons (at 0, decode measured ~5 % faster and steadier);
+    - no prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
+      (two idle ~80 MB processes on this machine);
+    - the thread budget's variables in its own environment, which every worker inherits: no
+      runtime_env per actor (policies/threads.py ray_env_options); stop_ray() puts them back;
+    - its autoscaler monitor and log monitor stopped as they appear: one machine has no nodes to
+      add and no worker log goes to the driver; they took CPU from everything else's start (~0.2
+      s of the README's command on two cores), and ray.shutdown() waited a second for the first."""
+    import threading
     env = private_ray_env(threads)
     _saved_env.update({k: os.environ.get(k) for k in env})
     os.environ.update(env)
-    # Ray's autoscaler monitor and log monitor have nothing to do in a private Ray on one machine
-    # (no nodes to add; no worker logs go to this driver): they are stopped as they appear, so
-    # that they take no CPU from the start of everything else on a small device (~0.2 s of the
-    # README's command on two cores), and ray.shutdown() does not wait a second for the monitor
-    import threading
     started = threading.Event()
     watcher = threading.Thread(target=_stop_idle_daemons, args=(started,), daemon=True)
     watcher.start()
-    # address="local": a new instance, never the address of a stale cluster file or RAY_ADDRESS
     try:
         ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
-                 include_dashboard=False,
-                 log_to_driver=False, logging_level="ERROR",
+                 include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                  _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
                                  "prestart_worker_first_driver": False})
     finally:
         started.set()
         watcher.join()
-    return True
 
 
 _saved_env: dict = {}          # what ensure_ray's private Ray changed in this process's environment
@@ -142,72 +144,6 @@ def _stop_idle_daemons(started):
                 pass
 
 
-def _code_version() -> str:
-    """A digest of the code that compiles step programs (graph/, models/, memory/, policies/):
-    cached programs of other code are never read."""
-    global _CODE
-    if _CODE is None:
-        import hashlib
-
-        import socllm.graph
-        h = hashlib.sha256()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(socllm.graph.__file__)))
-        for pkg in ("graph", "models", "memory", "policies"):
-            d = os.path.join(root, pkg)
-            for dirpath, dirs, files in sorted(os.walk(d)):
-                dirs.sort()
-                for name in sorted(f for f in files if f.endswith(".py")):
-                    with open(os.path.join(dirpath, name), "rb") as f:
-                        h.update(name.encode() + b"\0" + f.read())
-        _CODE = h.hexdigest()
-    return _CODE
-
-
-_CODE = None
-
-
-def _programs_dir(cache_dir, model_path, n_layers, lay, rowcut_profile) -> str | None:
-    """Where the programs of this code, model file, pool layout and row-cut profile are kept
-    (cache_dir/programs/<digest>/); None: no cache (a config made without from_env)."""
-    if cache_dir is None:
-        return None
-    import hashlib
-    import json
-    st = os.stat(model_path)
-    what = json.dumps([_code_version(), os.path.realpath(model_path), st.st_size, int(st.st_mtime),
-                       n_layers, lay.to_dict(), rowcut_profile], sort_keys=True, default=str)
-    return os.path.join(cache_dir, "programs", hashlib.sha256(what.encode()).hexdigest()[:32])
-
-
-def _write_atomic(path: str | None, data: bytes):
-    """data into path (its folder made), whole or not at all; nothing if path is None or the
-    cache cannot be written (a read-only home: programs are compiled again next time)."""
-    if path is None:
-        return
-    try:
-        if not os.path.isdir(os.path.dirname(path)):
-            _prune(os.path.dirname(os.path.dirname(path)))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
-def _prune(folder: str, keep: int = 64):
-    """Remove all but the `keep` newest entries of a cache folder (each code change, model and
-    layout has its own: ~100 KB of programs)."""
-    import shutil
-    try:
-        entries = sorted((e for e in os.scandir(folder) if e.is_dir()), key=lambda e: e.stat().st_mtime)
-    except OSError:
-        return
-    for e in entries[:max(0, len(entries) - keep + 1)]:
-        shutil.rmtree(e.path, ignore_errors=True)
-
-
 class Engine:
     def __init__(self, config: EngineConfig | None = None, *,
                  processors_: tuple = ("cpu", "gpu", "npu"), n_layers: int | None = None,
@@ -229,19 +165,10 @@ class Engine:
             config = dataclasses.replace(config, **fields)
         # the machine's budget resolved here, once: every actor gets the same number
         self.config = config = dataclasses.replace(config, threads=config.budget)
-        model, context = config.model, config.context
-        self.max_seqs, self.kv_mb = config.max_seqs, config.kv_mb
+        self.max_seqs, self.kv_mb, self.threads = config.max_seqs, config.kv_mb, config.threads
         self.kv_dtype, self.double_rows = kv_dtype, double_rows
         self.rowcut_profile = load_profile(rowcut_profile)
-        path = model_path(model)           # None: the default; a packaged model's name: its file
-        if model is None:
-            verify_default_model(path)
-        reader = reader or open_gguf(path)
-        self.cfg = load_config(reader)
-        if context > self.cfg.context_length:
-            raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
-        self.context, self.model_path = context, path
-        self.threads = config.threads
+        reader = self._open(config.model, config.context, reader)
         self._started_ray = ensure_ray(self.threads)
         self._actors, self.arena, self.running = [], None, None
         self._closed = False
@@ -259,6 +186,19 @@ class Engine:
             self.close()
             raise
 
+    def _open(self, model: str | None, context: int, reader=None):
+        """The model's file (None: the default, checked; a packaged model's name: its file) and
+        config, for a context it holds. -> its reader."""
+        path = model_path(model)
+        if model is None:
+            verify_default_model(path)
+        reader = reader or open_gguf(path)
+        self.cfg = load_config(reader)
+        if context > self.cfg.context_length:
+            raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
+        self.context, self.model_path = context, path
+        return reader
+
     def _read_text(self, reader):
         """The tokenizer and the chat template (~0.25 s of the default model's start: done while
         the processor actors' processes start)."""
@@ -267,45 +207,16 @@ class Engine:
         self.stop_ids = self.tokenizer.stop_ids()
 
     def _start(self, weights, procs, n_layers, reader):
-        env = ray_env_options(self.threads)
         # named, so that the control actor looks them up by name: an actor handle among a
         # restartable actor's constructor arguments sits in the object store, and Ray warns that
         # the restart fails if that copy is lost
         tag = f"socllm-{secrets.token_hex(6)}"
-        self._names = {"planner": f"{tag}-planner"}
+        self._names = {"planner": f"{tag}-planner", **{p: f"{tag}-{p}" for p in procs}}
         self._n_layers_asked, self._planner, self._compiled, self._ids = n_layers, None, {}, 0
-        # the slots' sizes from the same graph, here: the planner actor starts meanwhile
-        slots = assign_slots(build_graph(self.cfg, n_layers))
-        # the final-normed hidden state's slot (the LM head's input): draft heads read it
-        self.hidden_slot = slots.assign.get("xf")
-        slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
-        if n_layers is not None:      # a truncated model (tests): only the first layers' weights
-            weights = {k: v for k, v in weights.items()
-                       if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
-        layers = self.cfg.n_layers if n_layers is None else n_layers
-        self.n_layers = layers
-        kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
-        double = (self.double_rows, [slots.nbytes(i, self.double_rows) for i in range(len(slots.sizes))]) \
-            if self.double_rows else ()
-        block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * KV_DTYPES[self.kv_dtype]   # every layer's K, V
-        lay = plan_layout(weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context,
-                          self.cfg.vocab, max(self.cfg.dim, self.cfg.ffn_dim),
-                          max_seqs=self.max_seqs, kv_blocks=int(self.kv_mb * 2**20 // block_bytes),
-                          block_rows=BLOCK_ROWS, kv_dtype=self.kv_dtype, double=double)
-        self.layout = lay
-        self._programs_dir = _programs_dir(self.config.cache_dir, self.model_path, n_layers, lay,
-                                           self.rowcut_profile)
-        if self._programs_dir is None or not os.path.isdir(self._programs_dir):
-            # programs to compile (no earlier engine of this code, model and layout): the planner
-            # starts now, building its graph while the pool is filled and the processors start
-            self.planner
-        self.arena = Arena.create(lay.size, lay.readonly_bytes)
-        write_weights(self.arena.buf, lay, weights)
+        lay = self._lay_out(weights, n_layers)
         del weights
-        self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
-        self.ctl = Control(self.arena.buf, lay)
-        self._names.update({p: f"{tag}-{p}" for p in procs})
-        peers = {p: ProcessorActor.options(runtime_env=env, name=self._names[p]).remote(
+        env = ray_env_options(self.threads)
+        peers = {p: ProcessorActor.options(**env, name=self._names[p]).remote(
                      p, self.arena.name, lay.to_dict(), self.config)
                  for p in procs}
         self._actors += list(peers.values())
@@ -315,56 +226,74 @@ class Engine:
         if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
             # a discrete GPU's KV cache lives in its memory: steps of one request must not move
             # between it and a processor writing the host's (auto would prefill on the NPU)
-            npu = peers.pop("npu")
-            ray.kill(npu)
-            self._actors.remove(npu)
+            self._actors.remove(peers["npu"])
+            ray.kill(peers.pop("npu"))
             self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
                                   "is in the GPU's memory, not in the pool the NPU writes)"
-        self.peers = peers
-        ray.get([a.pid.remote() for a in self._actors if a is not self._planner])  # started and attached
+        self.peers, self.available = peers, set(peers)
+        ray.get([a.pid.remote() for a in peers.values()])              # started and attached
         self.watches = {p: a.watch.remote() for p, a in self.processors().items()}
-        self.available = set(peers)
         self._runners: dict = {}      # (plan, precision, chunk) -> Runner (generate_ids)
-        if self.rowcut_profile is not None and "gpu" in peers:
-            # a profile measured on another device would mislead the solver: an even cut instead
-            device = ray.get(peers["gpu"].info.remote())["device"]
-            if self.rowcut_profile.get("device") != device:
-                self.rowcut_profile = None
-                if self._planner is not None:
-                    ray.get(self._planner.set_rowcut_profile.remote(None))
+        self._check_rowcut_profile()
+
+    def _check_rowcut_profile(self):
+        """A row-cut profile measured on another device would mislead the solver: an even cut
+        instead."""
+        if self.rowcut_profile is None or "gpu" not in self.peers:
+            return
+        if self.rowcut_profile.get("device") != ray.get(self.peers["gpu"].info.remote())["device"]:
+            self.rowcut_profile = None
+            if self._planner is not None:
+                ray.get(self._planner.set_rowcut_profile.remote(None))
+
+    def _lay_out(self, weights: dict, n_layers: int | None):
+        """The pool laid out from the graph's slots and the weights, created and filled; the
+        planner started if programs are to be compiled. -> the layout."""
+        slots = assign_slots(build_graph(self.cfg, n_layers))
+        # the final-normed hidden state's slot (the LM head's input): draft heads read it
+        self.hidden_slot = slots.assign.get("xf")
+        slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
+        if n_layers is not None:      # a truncated model (tests): only the first layers' weights
+            weights = {k: v for k, v in weights.items()
+                       if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
+        self.n_layers = layers = self.cfg.n_layers if n_layers is None else n_layers
+        kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
+        double = (self.double_rows, [slots.nbytes(i, self.double_rows) for i in range(len(slots.sizes))]) \
+            if self.double_rows else ()
+        block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * KV_DTYPES[self.kv_dtype]   # every layer's K, V
+        self.layout = lay = plan_layout(
+            weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context, self.cfg.vocab,
+            max(self.cfg.dim, self.cfg.ffn_dim), max_seqs=self.max_seqs,
+            kv_blocks=int(self.kv_mb * 2**20 // block_bytes), block_rows=BLOCK_ROWS,
+            kv_dtype=self.kv_dtype, double=double)
+        self.store = None if self.config.cache_dir is None else ProgramStore(
+            self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
+        if self.store is None or not self.store.known():
+            self.planner    # programs to compile: it builds its graph while the pool is filled
+        self.arena = Arena.create(lay.size, lay.readonly_bytes)
+        write_weights(self.arena.buf, lay, weights)
+        self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
+        self.ctl = Control(self.arena.buf, lay)
+        return lay
 
     # -- step programs: compiled by the planner actor, kept here and on disk ----------------------
     def program(self, key: tuple) -> tuple:
         """The paged program of key = (plan, all_rows, buffer, bucket) (policies/planner.py
         paged_program) -> (id, msgpack bytes, its processors). Compiled once per engine: from
-        the disk cache (compiled by an earlier engine of the same code, model and pool layout),
-        else by the planner actor, which is started for it if it is not running. Ids are
-        this engine's: a processor keeps its programs by id."""
+        disk (graph/store.py: compiled by an earlier engine of the same code, model and pool
+        layout), else by the planner actor, started for it if it is not running. Ids are this
+        engine's: a processor keeps its programs by id."""
         if key not in self._compiled:
-            path, got = self._program_path(key), None
-            if path is not None and os.path.exists(path):
-                try:
-                    with open(path, "rb") as f:
-                        got = msgpack.unpackb(f.read())
-                except (OSError, ValueError):       # cut short, or not msgpack: compiled again
-                    pass
-                if not (isinstance(got, list) and len(got) == 2 and isinstance(got[0], bytes)
-                        and isinstance(got[1], list)):
-                    got = None
+            got = self.store.get(key) if self.store is not None else None
             if got is None:
                 _, blob, procs = ray.get(self.planner.paged_program.remote(*key))
-                _write_atomic(path, msgpack.packb([blob, procs]))
+                if self.store is not None:
+                    self.store.put(key, blob, procs)
             else:
                 blob, procs = got
             self._ids += 1
             self._compiled[key] = (self._ids, blob, list(procs))
         return self._compiled[key]
-
-    def _program_path(self, key: tuple) -> str | None:
-        if self._programs_dir is None:
-            return None
-        plan, all_rows, buffer, bucket = key
-        return os.path.join(self._programs_dir, f"{plan}-{'batch' if all_rows else 'chunk'}-{buffer}-{bucket}.msgpack")
 
     @property
     def planner(self):

@@ -77,14 +77,14 @@ def test_programs_come_from_the_planner_or_the_disk_and_outlive_it(engine16, ora
         _, got = prefill_then_decode(run, [ids], [want], 4)
         assert np.abs(np.stack(got[0]) - ref).max() <= 2e-3 * np.abs(ref).max()
 
-    shutil.rmtree(engine16._programs_dir, ignore_errors=True)
+    shutil.rmtree(engine16.store.folder, ignore_errors=True)
     fresh_cpu_runner()                                # compiled: the planner started again
     assert engine16._planner is not None
-    assert all(os.path.exists(engine16._program_path(k)) for k in cpu_keys)
+    assert all(os.path.exists(engine16.store.path(k)) for k in cpu_keys)
     engine16.release_planner()
     fresh_cpu_runner()                                # read from disk
     assert engine16._planner is None
-    with open(engine16._program_path(cpu_keys[1]), "wb") as f:
+    with open(engine16.store.path(cpu_keys[1]), "wb") as f:
         f.write(b"\x01 damaged")
     fresh_cpu_runner()                                # compiled again
     assert engine16._planner is not None
