@@ -228,13 +228,7 @@ class ServingEngine:
         """One decode step of every sequence in the batch, with its drafted tokens as more rows
         (policies/drafting.py: the step verifies them; the rows of rejected ones are written
         past the sequence's length, and the next step writes over them)."""
-        drafts = self.speculator.drafts(batch, self.pool.context) if self.speculator else [[]] * len(batch)
-        if any(drafts):
-            drafts = self._room(batch, drafts)
-            # a constrained row's drafts end where its grammar would refuse one; its masks for
-            # the rows after each drafted token are filled with the step's (policies/grammar.py)
-            drafts = [s.constraint.set_draft(d) if s.constraint is not None else d
-                      for s, d in zip(batch, drafts)]
+        drafts = self._drafts(batch)
         rows = []
         for s, d in zip(batch, drafts):
             rows.append((s.tokens[-1], s.computed, s.slot))
@@ -259,6 +253,20 @@ class ServingEngine:
         t["decode_s"] += time.perf_counter() - t0
         if self.speculator:         # a step's cost: its kernels and the verification of its rows
             self.speculator.costs.observe(len(rows), time.perf_counter() - t0)
+
+    def _drafts(self, batch: list) -> list:
+        """Each sequence's drafted tokens for this step (none without a speculator), as many as
+        the batch has room for."""
+        if not self.speculator:
+            return [[]] * len(batch)
+        drafts = self.speculator.drafts(batch, self.pool.context)
+        if any(drafts):
+            drafts = self._room(batch, drafts)
+            # a constrained row's drafts end where its grammar would refuse one; its masks for
+            # the rows after each drafted token are filled with the step's (policies/grammar.py)
+            drafts = [s.constraint.set_draft(d) if s.constraint is not None else d
+                      for s, d in zip(batch, drafts)]
+        return drafts
 
     def _room(self, batch: list, drafts: list) -> list:
         """Drafts cut to the KV blocks the pool can give their rows now."""

@@ -83,17 +83,7 @@ class Runner:
             raise ValueError(f"the {plan} plan needs the {' and the '.join(sorted(missing))} "
                              f"actor(s); this engine has {', '.join(sorted(engine.available))}")
         lay = self.lay = engine.layout
-        buf = engine.arena.buf
-
-        def io(name, n, dtype=np.int32, where=lay.io):
-            return buf[where[name]: where[name] + n * np.dtype(dtype).itemsize].view(dtype)
-        # the step's rows per activation buffer (1: memory/layout.py's double buffer)
-        self.meta = [{k: io(k, lay.max_rows) for k in ("ids", "pos", "rows", "seq")}]
-        if lay.double:
-            self.meta.append({k: io(k, lay.double_rows, where=lay.double)
-                              for k in ("ids", "pos", "rows", "seq")})
-        self.btab = io("btab", lay.max_seqs * lay.max_blocks).reshape(lay.max_seqs, lay.max_blocks)
-        self.logits = io("logits", lay.max_seqs * lay.vocab, np.float32).reshape(lay.max_seqs, lay.vocab)
+        self._map_io(engine.arena.buf, lay)
         self.words, self.ctl = engine.words, engine.ctl
         self.predict = SleepPredictor(engine.config.sleep_fraction)
         self.npu_chunk = npu_chunk or (lay.max_rows if self.chunk_on in ("npu", "tensor") else 0)
@@ -113,6 +103,19 @@ class Runner:
         elif npu_chunk and "npu" in engine.available:
             self._program(("npu", False, 0, npu_chunk))      # for step(on="npu")
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
+
+    def _map_io(self, buf, lay):
+        """Views of the pool's step inputs and outputs: each activation buffer's rows (ids, pos,
+        rows, seq: [max_rows] int32; 1: memory/layout.py's double buffer), the block tables
+        [max_seqs, max_blocks] and the logits [max_seqs, vocab]."""
+        def io(name, n, dtype=np.int32, where=lay.io):
+            return buf[where[name]: where[name] + n * np.dtype(dtype).itemsize].view(dtype)
+        self.meta = [{k: io(k, lay.max_rows) for k in ("ids", "pos", "rows", "seq")}]
+        if lay.double:
+            self.meta.append({k: io(k, lay.double_rows, where=lay.double)
+                              for k in ("ids", "pos", "rows", "seq")})
+        self.btab = io("btab", lay.max_seqs * lay.max_blocks).reshape(lay.max_seqs, lay.max_blocks)
+        self.logits = io("logits", lay.max_seqs * lay.vocab, np.float32).reshape(lay.max_seqs, lay.vocab)
 
     def hidden_rows(self) -> np.ndarray | None:
         """A view of the pool [max_rows, dim]: the last step's final-normed hidden state of each
@@ -154,6 +157,16 @@ class Runner:
         ray.get([actors[p].install.remote(pid, blob, PRECISIONS[prec], prec) for p in procs])
         return pid, procs, StepProgram.from_bytes(blob).final
 
+    def _check_step(self, rows: list, all_rows: bool, buffer: int, span, on):
+        n = len(rows)
+        if not 0 < n <= len(self.meta[buffer]["ids"]):
+            raise ValueError(f"a step of {n} rows (at most {len(self.meta[buffer]['ids'])})")
+        if span is not None and (buffer == 0 or not 0 <= span[0] < span[1] <= self.stages):
+            raise ValueError(f"stages {span} of a step in buffer {buffer} ({self.stages} stages)")
+        if on == "npu" and (all_rows or buffer or span or not self.npu_fits(rows)):
+            raise ValueError(f"the NPU takes a prefill chunk of one sequence, at most {self.npu_chunk}"
+                             f" rows from a block boundary, in the first buffer")
+
     def npu_fits(self, rows: list, bucket: int | None = None) -> bool:
         """Can a static chunk graph of `bucket` rows (the NPU's chunk rows) take these prefill
         rows: at most its bucket, of one sequence, starting at a block boundary (its K/V rows
@@ -194,13 +207,7 @@ class Runner:
         on the base processor; on: that chunk program instead ("npu" must fit: npu_fits)."""
         n, br = len(rows), self.lay.block_rows
         meta = self.meta[buffer]
-        if not 0 < n <= len(meta["ids"]):
-            raise ValueError(f"a step of {n} rows (at most {len(meta['ids'])})")
-        if span is not None and (buffer == 0 or not 0 <= span[0] < span[1] <= self.stages):
-            raise ValueError(f"stages {span} of a step in buffer {buffer} ({self.stages} stages)")
-        if on == "npu" and (all_rows or buffer or span or not self.npu_fits(rows)):
-            raise ValueError(f"the NPU takes a prefill chunk of one sequence, at most {self.npu_chunk}"
-                             f" rows from a block boundary, in the first buffer")
+        self._check_step(rows, all_rows, buffer, span, on)
         if all_rows:
             key = (self.decode_on, True, 0, self._batch_bucket(n))
         else:

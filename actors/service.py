@@ -129,35 +129,8 @@ class Service:
     # -- start-up ------------------------------------------------------------------------------
     def _main(self):
         try:
-            from socllm.memory.blocks import BlockPool
-            from socllm.actors.engine import Engine
-            c = self.config
-            # the second activation buffer holds proactive chunks that stop between layers
-            # (the agent policy's, Agent.xpu §4.4)
-            self.slices = spans = POLICIES[c.policy].slice_s is not None
-            self.plan_key = _plan_key(c)
-            plan = c.plan if c.plan != "auto" else "gpu" if spans else \
-                _plan_cache(c.cache_dir, self.plan_key) or "auto"
-            self.engine = e = Engine(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
-                                     double_rows=c.prefill_chunk if spans else 0)
-            self.precision = c.precision
-            self.runner, self.placement = self._start_plan(e)
-            self.plan = self.runner.plan
-            # the agent policy sizes its mixed batches from this device's step times
-            # (and so does speculation, where on: policies/drafting.py StepCosts)
-            self.step_profile = self.runner.profile_batches(c.max_seqs) \
-                if c.policy == "agent" or c.speculate != "off" and c.warm else {}
-            if c.warm and self.runner.chunk_on == self.runner.decode_on == self.runner.base:
-                # warm() compiled every program of a base-processor plan: the planner's memory
-                # is freed (it starts again if a program is ever missing)
-                e.release_planner()
-            self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
-            extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
-            self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
-            spec = None if c.speculate == "off" else \
-                Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
-            self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
-                                      spec)
+            self._start_engine()
+            self._start_core()
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -165,6 +138,42 @@ class Service:
             return
         self.ready_event.set()
         self.core.run()
+
+    def _start_engine(self):
+        """The engine (pool and processor actors) and the runner of the plan, warmed and timed."""
+        from socllm.actors.engine import Engine
+        c = self.config
+        # the second activation buffer holds proactive chunks that stop between layers
+        # (the agent policy's, Agent.xpu §4.4)
+        self.slices = spans = POLICIES[c.policy].slice_s is not None
+        self.plan_key = _plan_key(c)
+        plan = c.plan if c.plan != "auto" else "gpu" if spans else \
+            _plan_cache(c.cache_dir, self.plan_key) or "auto"
+        self.engine = e = Engine(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
+                                 double_rows=c.prefill_chunk if spans else 0)
+        self.precision = c.precision
+        self.runner, self.placement = self._start_plan(e)
+        self.plan = self.runner.plan
+        # the agent policy sizes its mixed batches from this device's step times
+        # (and so does speculation, where on: policies/drafting.py StepCosts)
+        self.step_profile = self.runner.profile_batches(c.max_seqs) \
+            if c.policy == "agent" or c.speculate != "off" and c.warm else {}
+        if c.warm and self.runner.chunk_on == self.runner.decode_on == self.runner.base:
+            # warm() compiled every program of a base-processor plan: the planner's memory
+            # is freed (it starts again if a program is ever missing)
+            e.release_planner()
+
+    def _start_core(self):
+        """The KV blocks, the scheduling policy, the drafter and the serving loop over them."""
+        from socllm.memory.blocks import BlockPool
+        c, e = self.config, self.engine
+        self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
+        extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
+        self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
+        spec = None if c.speculate == "off" else \
+            Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
+        self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
+                                  spec)
 
     def _publish(self, seq: Sequence):
         """Wake the polls of a sequence that changed (from the loop's thread)."""
@@ -182,41 +191,53 @@ class Service:
         from socllm.actors.runner import Runner
         c = self.config
         base = "gpu" if "gpu" in e.available else "cpu"
-        asked, plan, chunk_ms, source = c.plan, c.plan, {}, "asked"
-        if asked == "auto" and self.slices:
-            # under a policy that slices proactive chunks, they run on the base processor (they
-            # stop between layers there), and reactive prompts run whole, most past the NPU's
-            # static chunk: its graphs would cost memory (~460 MB here) and take little work
-            # (measured: the same reactive TTFT with them, scripts/results/serve-ttft-*.json)
-            plan, source = base, "policy"
-        elif asked == "auto":
-            key = self.plan_key
-            entry = _plan_cache(c.cache_dir).get(key) or {}      # the plan and the times it had
-            cached, chunk_ms = entry.get("plan"), entry.get("chunk_ms", {})
-            plan, source = (cached, "cached") if cached else \
-                ("auto", "timed") if "npu" in e.available else (base, "no npu")
+        plan, source, chunk_ms = self._which_plan(e, base)
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
         chunk = min(c.prefill_chunk, e.context)          # a small model's context is the limit
         runner = Runner(e, base if plan == "auto" else plan, self.precision, chunk if npu else 0)
         if c.warm:
             runner.warm(c.max_seqs)
         if plan == "auto":
-            chunk_ms = _time_chunks(runner, chunk, (base, "npu"))
-            on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
-            runner.chunks_on(on)
-            if on != "npu":
-                e.drop("npu")            # its graphs and its process: memory no step uses
-            runner.plan = plan = "hetero" if on == "npu" else base
-            _plan_cache(c.cache_dir, key, {"plan": plan, "chunk_ms": chunk_ms})
+            plan, chunk_ms = self._time_plan(e, runner, base, chunk)
         if runner.chunk_on == "npu" and chunk_ms.get(base):
             # the NPU's static graph costs its bucket whatever the rows, the base processor's
             # kernels grow with them: the NPU takes the chunks from the rows where it is faster
             runner.npu_from = math.ceil(chunk * chunk_ms["npu"] / chunk_ms[base])
         if runner.chunk_on == "npu" and c.warm:
             runner.warm_npu()
-        return runner, {"asked": asked, "plan": plan, "from": source, "decode": runner.decode_on,
+        return runner, {"asked": c.plan, "plan": plan, "from": source, "decode": runner.decode_on,
                         "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms,
                         "npu_from": runner.npu_from}
+
+    def _which_plan(self, e, base: str) -> tuple:
+        """(the plan to start, why: "asked" | "policy" | "cached" | "timed" | "no npu", the chunk
+        times a cached choice had); "auto" is timed at start."""
+        c = self.config
+        if c.plan != "auto":
+            return c.plan, "asked", {}
+        if self.slices:
+            # under a policy that slices proactive chunks, they run on the base processor (they
+            # stop between layers there), and reactive prompts run whole, most past the NPU's
+            # static chunk: its graphs would cost memory (~460 MB here) and take little work
+            # (measured: the same reactive TTFT with them, scripts/results/serve-ttft-*.json)
+            return base, "policy", {}
+        entry = _plan_cache(c.cache_dir).get(self.plan_key) or {}  # the plan and the times it had
+        if entry.get("plan"):
+            return entry["plan"], "cached", entry.get("chunk_ms", {})
+        return ("auto", "timed", {}) if "npu" in e.available else (base, "no npu", {})
+
+    def _time_plan(self, e, runner, base: str, chunk: int) -> tuple:
+        """auto: a whole chunk timed on the base processor and the NPU; prefill on the NPU where
+        it ran NPU_MARGIN times faster (its graphs otherwise dropped), the choice cached.
+        -> (the plan, the chunk times)."""
+        chunk_ms = _time_chunks(runner, chunk, (base, "npu"))
+        on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
+        runner.chunks_on(on)
+        if on != "npu":
+            e.drop("npu")            # its graphs and its process: memory no step uses
+        runner.plan = plan = "hetero" if on == "npu" else base
+        _plan_cache(self.config.cache_dir, self.plan_key, {"plan": plan, "chunk_ms": chunk_ms})
+        return plan, chunk_ms
 
     async def ready(self, timeout_s: float = 600.0) -> dict:
         """Waits until the model is loaded and the actors run; raises the start-up error."""
@@ -284,21 +305,8 @@ class Service:
         self.loop = asyncio.get_running_loop()
         if self.engine is None:
             raise RuntimeError(self.error or "the service is still starting")
-        for name in set(sampling) - set(SAMPLING_FIELDS):
-            raise BadParam(name, f"is not supported by this service (it takes "
-                                 f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos, "
-                                 f"response_format, grammar, tools, tool_choice, parallel_tool_calls, "
-                                 f"speculate)")
-        check_priority(priority)
-        if speculate is not None:
-            if speculate not in SPECULATE:
-                raise BadParam("speculate", f"must be one of {', '.join(SPECULATE)}, got {speculate!r}")
-            if self.config.speculate == "off" and speculate != "off":
-                raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
-            if speculate == "heads" and not self.core.speculator.heads:
-                raise BadParam("speculate", "heads: this service has no draft heads for its model")
+        self._check_params(priority, speculate, sampling)
         asked = {k: v for k, v in sampling.items() if v is not None}
-        SamplingParams(**asked)                      # raises for a bad value, before tokenizing
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
         ids, rule, tooled = await asyncio.to_thread(self._prompt_ids, prompt, messages, ids, shape)
@@ -312,6 +320,24 @@ class Service:
         self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
         return seq.id
 
+    def _check_params(self, priority, speculate, sampling: dict):
+        """Raise BadParam (ValueError) for a parameter this service does not take or a value it
+        refuses, before anything is tokenized."""
+        for name in set(sampling) - set(SAMPLING_FIELDS):
+            raise BadParam(name, f"is not supported by this service (it takes "
+                                 f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos, "
+                                 f"response_format, grammar, tools, tool_choice, parallel_tool_calls, "
+                                 f"speculate)")
+        check_priority(priority)
+        if speculate is not None:
+            if speculate not in SPECULATE:
+                raise BadParam("speculate", f"must be one of {', '.join(SPECULATE)}, got {speculate!r}")
+            if self.config.speculate == "off" and speculate != "off":
+                raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
+            if speculate == "heads" and not self.core.speculator.heads:
+                raise BadParam("speculate", "heads: this service has no draft heads for its model")
+        SamplingParams(**{k: v for k, v in sampling.items() if v is not None})  # a bad value
+
     def _grammars(self):
         """The mask library on this model's tokenizer, built at the first constrained request."""
         with self.grammar_lock:
@@ -323,27 +349,11 @@ class Service:
 
     def _prompt_ids(self, prompt, messages, ids, shape: dict) -> tuple:
         """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
-        from socllm.models.tools import call_schema, chat_messages, check_tool_choice, check_tools
+        from socllm.models.tools import chat_messages
         e = self.engine
         if sum(x is not None for x in (prompt, messages, ids)) != 1:
             raise ValueError("give exactly one of prompt, messages or ids")
-        schema = self._response_schema(shape["response_format"])
-        tools, choice = None, "none"
-        if shape["tools"] is not None or shape["tool_choice"] not in (None, "none", "auto"):
-            if messages is None:
-                raise BadParam("tools", "are for chat messages only")
-            tools = check_tools(shape["tools"])
-            choice = check_tool_choice(shape["tool_choice"], tools)
-        if shape["grammar"] is not None and (schema is not None or choice != "none"):
-            raise BadParam("grammar", "cannot be combined with response_format or tools")
-        rule = None
-        if choice != "none":
-            rule = self._grammars().compile("tools", "json_schema",
-                                            call_schema(tools, choice, shape["parallel"], schema))
-        elif schema is not None:
-            rule = self._grammars().compile("response_format", "json_schema", schema)
-        elif shape["grammar"] is not None:
-            rule = self._grammars().compile("grammar", "grammar", shape["grammar"])
+        rule, tools, choice = self._reply_rule(shape, chat=messages is not None)
         if ids is not None:
             if not ids or not all(isinstance(t, int) and 0 <= t < e.cfg.vocab for t in ids):
                 raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")
@@ -357,6 +367,28 @@ class Service:
             raise ValueError("the prompt must be a string")
         self._fits(prompt)
         return e.encode_prompt(prompt), rule, False
+
+    def _reply_rule(self, shape: dict, chat: bool) -> tuple:
+        """What constrains the reply (policies/grammar.py): (the compiled rule or None, the
+        tools, the tool choice: "none" without tools)."""
+        from socllm.models.tools import call_schema, check_tool_choice, check_tools
+        schema = self._response_schema(shape["response_format"])
+        tools, choice = None, "none"
+        if shape["tools"] is not None or shape["tool_choice"] not in (None, "none", "auto"):
+            if not chat:
+                raise BadParam("tools", "are for chat messages only")
+            tools = check_tools(shape["tools"])
+            choice = check_tool_choice(shape["tool_choice"], tools)
+        if shape["grammar"] is not None and (schema is not None or choice != "none"):
+            raise BadParam("grammar", "cannot be combined with response_format or tools")
+        if choice != "none":
+            return self._grammars().compile("tools", "json_schema",
+                                            call_schema(tools, choice, shape["parallel"], schema)), tools, choice
+        if schema is not None:
+            return self._grammars().compile("response_format", "json_schema", schema), tools, choice
+        if shape["grammar"] is not None:
+            return self._grammars().compile("grammar", "grammar", shape["grammar"]), tools, choice
+        return None, tools, choice
 
     @staticmethod
     def _response_schema(fmt) -> dict | None:
@@ -410,6 +442,11 @@ class Service:
         finally:
             seq.polls -= 1
             seq.last_poll = time.monotonic()
+        return self._answer(seq, seen, seen_logprobs)
+
+    def _answer(self, seq: Sequence, seen: int, seen_logprobs: int) -> dict:
+        """A poll's answer: the pieces after `seen`, the state, and where asked the logprobs
+        after `seen_logprobs`; an ended reply with tools, its content and tool calls."""
         pieces = seq.pieces[seen:]
         out = {"pieces": pieces, "seen": seen + len(pieces), "state": seq.state,
                "finish_reason": seq.finish_reason, "error": seq.error, "usage": seq.usage()}
