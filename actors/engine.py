@@ -1,459 +1,403 @@
-"""The pool and its actors: load a model into the pool, start the planner and the processor
-actors, revive one that dies, tear it all down.
+"""The engine's step (Agent.xpu §4.1, §4.3; nano-vllm's LLMEngine.step), on the service's loop
+thread: schedule -> run (actors/runner.py) -> postprocess -> publish.
 
-    with Engine(context=256) as eng:            # the default model
-        out = eng.generate_ids(ids, plan="gpu", max_tokens=16)   # one sequence (tests, benchmarks)
-
-The service (actors/service.py) drives its steps through actors/runner.py; so does
-generate_ids, for one sequence at a time, on the same paged programs. The engine starts a local
-Ray instance when none is running (and stops it on close) or joins the running one (`ray start
---head`). It creates the pool, writes the weights into it once, starts the planner and the CPU,
-GPU and NPU actors asked for, and tears all of it down on close, on errors and on Ctrl-C: no
-actor, process or shared-memory segment is left behind.
+Each step runs one prefill chunk of the first request that needs one (prefill runs singly, in
+chunks) and then one decode step of every prefilled request (continuous batching: requests join
+and leave the batch at every step); the sampled tokens become the requests' text, and requests
+end where they end. Every request is one Sequence (policies/request.py); the service
+(actors/service.py) adds them, and tells their clients through `publish`.
 """
 from __future__ import annotations
 
-import ctypes
-import dataclasses
-import os
-import secrets
+import collections
+import threading
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-import ray
+from socllm.policies.request import QueueFull, Sequence
 
-from socllm.graph.build import build_graph
-from socllm.graph.liveness import assign_slots
-from socllm.graph.store import ProgramStore
-from socllm.memory.arena import Arena
-from socllm.memory.blocks import BLOCK_ROWS
-from socllm.memory.layout import KV_DTYPES, Control, plan_layout, write_weights
-from socllm.memory.ready import ReadyWords
-from socllm.models.chat import ChatTemplate, chat_prompt
-from socllm.models.gguf_file import ModelError, model_path, open_gguf, verify_default_model
-from socllm.models.llama import load_config, load_weights, matrix_types
-from socllm.models.tokenizer import Tokenizer
-from socllm.policies.buckets import MAX_CHUNK, bucket_for
-from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS, EngineConfig  # noqa: F401
-from socllm.policies.placement import SERVE_PLANS, weight_problem
-from socllm.policies.rowcut import load_profile
-from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.threads import private_ray_env, ray_env_options
+from socllm.actors.runner import ProcessorLost
 
-from socllm.actors.planner import Planner
-from socllm.actors.processor import ProcessorActor
-
-OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
-
-
-def _trim():
-    """Give freed heap pages back to the OS (the repacked weights were ~100 MB)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def ensure_ray(threads: int, address: str | None = None) -> bool:
-    """Join the running Ray cluster (actors/cluster.py's rules: address, RAY_ADDRESS, Ray's
-    cluster file), else start a private local one. Returns True if we started it. A cluster
-    that is found but does not answer (a stale cluster file) is passed over at once; an
-    explicit `address` that does not answer raises NoCluster."""
-    if ray.is_initialized():
-        return False
-    from socllm.actors.cluster import NoCluster, join
-    try:
-        join(address)
-        return False
-    except NoCluster:
-        if address:
-            raise
-    _start_private_ray(threads)
-    return True
-
-
-def _start_private_ray(threads: int):
-    """A new local Ray instance for this process (never the address of a stale cluster file or
-    RAY_ADDRESS), for a budget of `threads`:
-    - its workers run at nice 0, not Ray's 15: on a 2-core device our actors' kernel threads
-      then yield to Ray's own daemons (at 0, decode measured ~5 % faster and steadier);
-    - no prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
-      (two idle ~80 MB processes on this machine);
-    - the thread budget's variables in its own environment, which every worker inherits: no
-      runtime_env per actor (policies/threads.py ray_env_options); stop_ray() puts them back;
-    - its autoscaler monitor and log monitor stopped as they appear: one machine has no nodes to
-      add and no worker log goes to the driver; they took CPU from everything else's start (~0.2
-      s of the README's command on two cores), and ray.shutdown() waited a second for the first."""
-    import threading
-    env = private_ray_env(threads)
-    _saved_env.update({k: os.environ.get(k) for k in env})
-    os.environ.update(env)
-    started = threading.Event()
-    watcher = threading.Thread(target=_stop_idle_daemons, args=(started,), daemon=True)
-    watcher.start()
-    try:
-        ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
-                 include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                                 "prestart_worker_first_driver": False})
-    finally:
-        started.set()
-        watcher.join()
-
-
-_saved_env: dict = {}          # what ensure_ray's private Ray changed in this process's environment
-
-
-def stop_ray():
-    """Stop the private Ray that ensure_ray started, and undo its environment."""
-    ray.shutdown()
-    for k, v in _saved_env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    _saved_env.clear()
-
-
-IDLE_DAEMONS = {"monitor": "autoscaler/_private/monitor.py", "log_monitor": "_private/log_monitor.py"}
-
-
-def _stop_idle_daemons(started):
-    """Kill the IDLE_DAEMONS among this process's children as they appear, until Ray has
-    started (`started` set); then reap them through Ray's own record (ray.shutdown() passes over
-    a process that is gone)."""
-    import psutil
-    me, left = psutil.Process(), set(IDLE_DAEMONS.values())
-    while left and not started.is_set():
-        for p in me.children():
-            try:
-                cmd = " ".join(p.cmdline())
-            except psutil.Error:
-                continue
-            for tag in [t for t in left if t in cmd]:
-                p.kill()
-                left.discard(tag)
-        started.wait(0.01)
-    node = getattr(ray._private.worker, "_global_node", None)
-    for kind in IDLE_DAEMONS:
-        for info in (getattr(node, "all_processes", None) or {}).get(kind, ()):
-            try:
-                info.process.kill()
-                info.process.wait(timeout=5)
-            except Exception:           # a Ray without this record: ray.shutdown() stops it
-                pass
+KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
+CHECK_S = 1.0                 # how often a busy loop looks for dead actors and gone clients
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None, *,
-                 processors_: tuple = ("cpu", "gpu", "npu"), n_layers: int | None = None,
-                 reader=None, rowcut_profile: str | None = None,
-                 kv_dtype: str = "f32", double_rows: int = 0, **fields):
-        """config: every knob (policies/config.py: model, context, threads, precision, max_seqs,
-        kv_mb and the environment's), passed on to every actor; fields: some of them, as
-        keywords, over `config` or else over EngineConfig.from_env() (the environment's knobs,
-        read in this process). rowcut_profile: the tensor plan's profile
-        (scripts/profile_rowcut.py); default: this device's at policies/rowcut.PROFILE_PATH if
-        there is one, else an even cut. kv_dtype: the KV cache's elements
-        (memory/layout.KV_DTYPES); "f16" runs paged programs on the GPU only (the service below
-        f32). double_rows: the double activation buffer's rows (memory/layout.py; the service's
-        prefill chunk), 0: none."""
-        self._closed = True
-        if config is None:
-            config = EngineConfig.from_env(**fields)
-        elif fields:
-            config = dataclasses.replace(config, **fields)
-        # the machine's budget resolved here, once: every actor gets the same number
-        self.config = config = dataclasses.replace(config, threads=config.budget)
-        self.max_seqs, self.kv_mb, self.threads = config.max_seqs, config.kv_mb, config.threads
-        self.kv_dtype, self.double_rows = kv_dtype, double_rows
-        self.rowcut_profile = load_profile(rowcut_profile)
-        reader = self._open(config.model, config.context, reader)
-        self._started_ray = ensure_ray(self.threads)
-        self._actors, self.arena, self.running = [], None, None
-        self._closed = False
-        # a processor whose kernels cannot read every weight of this model is not started
-        types = matrix_types(reader)
-        self.skipped = {p: why for p in processors_ if p != "cpu"
-                        for why in [weight_problem(p, types)] if why}
-        processors_ = tuple(p for p in processors_ if p not in self.skipped)
-        try:
-            # the repacked weights live only until they are in the pool (no reference kept here)
-            self._start(load_weights(reader, self.cfg), processors_, n_layers, reader)
-            del reader
-            _trim()
-        except BaseException:
-            self.close()
-            raise
+    def __init__(self, config, pool, runner, scheduler, metrics, publish, speculator=None):
+        """pool: actors/pool.py's Pool (the pool and its actors); publish(seq): tell seq's
+        client that it changed (called on this thread); speculator: policies/drafting.py's
+        (None: no drafts)."""
+        self.config, self.pool, self.runner, self.scheduler = config, pool, runner, scheduler
+        self.metrics, self.publish, self.speculator = metrics, publish, speculator
+        # the rows' final hidden states in the pool, for draft heads (None: no heads, or a plan
+        # whose decode steps do not write them)
+        self.hidden = runner.hidden_rows() if speculator and speculator.heads else None
+        self.table: dict = {}                 # id -> Sequence, ended ones too (KEEP_ENDED)
+        self.slots = list(range(config.max_seqs))[::-1]   # free rows of the block tables
+        self.cv = threading.Condition()       # guards the table, the scheduler and the slots
+        self.stopping = False
+        self.part = None             # a prefill chunk stopped between spans (_prefill_spans)
+        self.stage_s = 1e-4          # its seconds per stage and row, learned
+        self.stopped = False         # the last step stopped a chunk for a reactive arrival
+        self.doing = "idle"          # the step now: what a new request waits behind
+        self.last_step = time.monotonic()     # when the last step ended
+        self.next_check = 0.0
+        self.token_times: collections.deque = collections.deque()   # tokens/s over a minute
+        # prefill chunks, decode steps (of which in the step's kernels: the rest is sampling
+        # and text), rows decoded
+        self.times = dict.fromkeys(("prefill_chunks", "prefill_s", "prefill_stops", "decode_steps",
+                                    "decode_rows", "decode_s", "decode_kernels_s"), 0)
+        self.running: list = []      # the sequences of the phase running now (faults end them)
+        self.recoveries: list = []   # processor actors that died and came back
+        self.abandoned = 0           # requests cancelled because their client stopped polling
+        self.masker = ThreadPoolExecutor(1, thread_name_prefix="socllm-masks")   # grammar masks
 
-    def _open(self, model: str | None, context: int, reader=None):
-        """The model's file (None: the default, checked; a packaged model's name: its file) and
-        config, for a context it holds. -> its reader."""
-        path = model_path(model)
-        if model is None:
-            verify_default_model(path)
-        reader = reader or open_gguf(path)
-        self.cfg = load_config(reader)
-        if context > self.cfg.context_length:
-            raise ModelError(f"context must be in [16, {self.cfg.context_length}], got {context}")
-        self.context, self.model_path = context, path
-        return reader
-
-    def _read_text(self, reader):
-        """The tokenizer and the chat template (~0.25 s of the default model's start: done while
-        the processor actors' processes start)."""
-        self.tokenizer = Tokenizer(reader)
-        self.template = ChatTemplate.from_reader(reader)
-        self.stop_ids = self.tokenizer.stop_ids()
-
-    def _start(self, weights, procs, n_layers, reader):
-        # named, so that the control actor looks them up by name: an actor handle among a
-        # restartable actor's constructor arguments sits in the object store, and Ray warns that
-        # the restart fails if that copy is lost
-        tag = f"socllm-{secrets.token_hex(6)}"
-        self._names = {"planner": f"{tag}-planner", **{p: f"{tag}-{p}" for p in procs}}
-        self._n_layers_asked, self._planner, self._compiled, self._ids = n_layers, None, {}, 0
-        lay = self._lay_out(weights, n_layers)
-        del weights
-        env = ray_env_options(self.threads)
-        peers = {p: ProcessorActor.options(**env, name=self._names[p]).remote(
-                     p, self.arena.name, lay.to_dict(), self.config)
-                 for p in procs}
-        self._actors += list(peers.values())
-        self._read_text(reader)
-        if self._planner is not None:
-            ray.get(self._planner.set_layout.remote(lay.to_dict()))     # started beside them
-        if "gpu" in peers and "npu" in peers and ray.get(peers["gpu"].info.remote()).get("discrete"):
-            # a discrete GPU's KV cache lives in its memory: steps of one request must not move
-            # between it and a processor writing the host's (auto would prefill on the NPU)
-            self._actors.remove(peers["npu"])
-            ray.kill(peers.pop("npu"))
-            self.skipped["npu"] = "the GPU is discrete: a request's steps stay on it (its KV cache " \
-                                  "is in the GPU's memory, not in the pool the NPU writes)"
-        self.peers, self.available = peers, set(peers)
-        ray.get([a.pid.remote() for a in peers.values()])              # started and attached
-        self.watches = {p: a.watch.remote() for p, a in self.processors().items()}
-        self._runners: dict = {}      # (plan, precision, chunk) -> Runner (generate_ids)
-        self._check_rowcut_profile()
-
-    def _check_rowcut_profile(self):
-        """A row-cut profile measured on another device would mislead the solver: an even cut
-        instead."""
-        if self.rowcut_profile is None or "gpu" not in self.peers:
-            return
-        if self.rowcut_profile.get("device") != ray.get(self.peers["gpu"].info.remote())["device"]:
-            self.rowcut_profile = None
-            if self._planner is not None:
-                ray.get(self._planner.set_rowcut_profile.remote(None))
-
-    def _lay_out(self, weights: dict, n_layers: int | None):
-        """The pool laid out from the graph's slots and the weights, created and filled; the
-        planner started if programs are to be compiled. -> the layout."""
-        slots = assign_slots(build_graph(self.cfg, n_layers))
-        # the final-normed hidden state's slot (the LM head's input): draft heads read it
-        self.hidden_slot = slots.assign.get("xf")
-        slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
-        if n_layers is not None:      # a truncated model (tests): only the first layers' weights
-            weights = {k: v for k, v in weights.items()
-                       if not k.startswith("blk.") or int(k.split(".")[1]) < n_layers}
-        self.n_layers = layers = self.cfg.n_layers if n_layers is None else n_layers
-        kv_cols = self.cfg.n_kv_heads * self.cfg.head_dim
-        double = (self.double_rows, [slots.nbytes(i, self.double_rows) for i in range(len(slots.sizes))]) \
-            if self.double_rows else ()
-        block_bytes = layers * 2 * BLOCK_ROWS * kv_cols * KV_DTYPES[self.kv_dtype]   # every layer's K, V
-        self.layout = lay = plan_layout(
-            weights, layers, kv_cols, slot_bytes, MAX_CHUNK, self.context, self.cfg.vocab,
-            max(self.cfg.dim, self.cfg.ffn_dim), max_seqs=self.max_seqs,
-            kv_blocks=int(self.kv_mb * 2**20 // block_bytes), block_rows=BLOCK_ROWS,
-            kv_dtype=self.kv_dtype, double=double)
-        self.store = None if self.config.cache_dir is None else ProgramStore(
-            self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
-        if self.store is None or not self.store.known():
-            self.planner    # programs to compile: it builds its graph while the pool is filled
-        self.arena = Arena.create(lay.size, lay.readonly_bytes)
-        write_weights(self.arena.buf, lay, weights)
-        self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
-        self.ctl = Control(self.arena.buf, lay)
-        return lay
-
-    # -- step programs: compiled by the planner actor, kept here and on disk ----------------------
-    def program(self, key: tuple) -> tuple:
-        """The paged program of key = (plan, all_rows, buffer, bucket) (policies/planner.py
-        paged_program) -> (id, msgpack bytes, its processors). Compiled once per engine: from
-        disk (graph/store.py: compiled by an earlier engine of the same code, model and pool
-        layout), else by the planner actor, started for it if it is not running. Ids are this
-        engine's: a processor keeps its programs by id."""
-        if key not in self._compiled:
-            got = self.store.get(key) if self.store is not None else None
-            if got is None:
-                _, blob, procs = ray.get(self.planner.paged_program.remote(*key))
-                if self.store is not None:
-                    self.store.put(key, blob, procs)
-            else:
-                blob, procs = got
-            self._ids += 1
-            self._compiled[key] = (self._ids, blob, list(procs))
-        return self._compiled[key]
-
-    @property
-    def planner(self):
-        """The planner actor (actors/planner.py), started when a program is not compiled yet."""
-        if self._planner is None:
-            self._planner = Planner.options(**ray_env_options(self.threads),
-                                            name=f"{self._names['planner']}-{secrets.token_hex(3)}").remote(
-                self.cfg, self._n_layers_asked, self.rowcut_profile)
-            self._actors.append(self._planner)
-            if self.arena is not None:        # the pool is laid out
-                ray.get(self._planner.set_layout.remote(self.layout.to_dict()))
-        return self._planner
-
-    def release_planner(self) -> bool:
-        """Stop the planner actor (~100 MB) once every program the plan runs is compiled and
-        installed; a program asked for later starts it again. Returns whether one was running."""
-        if self._planner is None:
-            return False
-        self._actors.remove(self._planner)
-        ray.kill(self._planner)
-        self._planner = None
-        return True
-
-    # -- one sequence at a time, on the service's paged programs (tests and benchmarks) --------
-    def encode_prompt(self, prompt: str, chat: bool = False) -> list:
-        if not prompt or not prompt.strip():
-            raise ValueError("the prompt is empty")
-        text = chat_prompt(self.template, prompt) if chat else prompt
-        ids = self.tokenizer.encode(text, bos=self.tokenizer.add_bos)
-        if len(ids) >= self.context:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.context}")
-        return ids
-
-    def runner(self, plan=None, precision=None, chunk: int = 0):
-        """The runner (actors/runner.py) of a plan (policies/placement.py SERVE_PLANS; None:
-        the GPU's, else the CPU's) at a precision, whose static NPU graphs take `chunk` rows."""
-        from socllm.actors.runner import Runner
-        plan = plan or ("gpu" if "gpu" in self.available else "cpu")
-        if plan not in SERVE_PLANS:
-            raise ValueError(f"unknown plan {plan!r} (choose from {', '.join(SERVE_PLANS)})")
-        precision = precision or self.config.precision
-        if precision not in SERVE_PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r} (choose from "
-                             f"{', '.join(SERVE_PRECISIONS)})")
-        key = (plan, precision, chunk)
-        if key not in self._runners:
-            self._runners[key] = Runner(self, plan, precision, chunk)
-        return self._runners[key]
-
-    def generate_ids(self, ids: list, plan=None, precision=None, ignore_eos: bool = False,
-                     **sampling) -> dict:
-        """One sequence: its prompt prefilled in one chunk (static NPU graphs: the bucket that
-        holds it), then decoded a token a step, sampled as `sampling` says (SamplingParams).
-        placement: the programs its prefill chunks and its decode steps ran on (the plan's, or
-        the base processor's where the plan's could not take a chunk; "+"-joined if several)."""
-        params = SamplingParams(**sampling)
-        if not ids or len(ids) >= self.context:
-            raise ValueError(f"a prompt of {len(ids)} tokens (the context holds {self.context})")
-        chunk = bucket_for(min(len(ids), MAX_CHUNK))
-        run = self.runner(plan, precision, chunk)
-        before = dict(run.ran)
-        tokens, pre_s, dec_s = run.generate(ids, params.max_tokens, Sampler(params),
-                                            () if ignore_eos else self.stop_ids, chunk)
-        # where the steps ran: the programs whose step counts grew ("seqcut chunk 300" ->
-        # seqcut); a chunk the plan's program cannot take runs on the base processor
-        ran = {phase: "+".join(sorted({k.split()[0] for k, n in run.ran.items()
-                                      if k.split()[1] == phase and n > before.get(k, 0)}))
-               for phase in ("chunk", "batch")}
-        n_dec = len(tokens) - 1
-        return {"tokens": tokens, "prompt_tokens": list(ids), "plan": run.plan,
-                "placement": {"prefill": ran["chunk"] or run.chunk_on,
-                              "decode": ran["batch"] or run.decode_on},
-                "precision": run.precision,
-                "timings": {"ttft_s": pre_s, "prefill_tok_s": len(ids) / max(pre_s, 1e-9),
-                            "decode_tok_s": n_dec / dec_s if n_dec > 0 else 0.0}}
-
-    def logits_after(self, ids: list, plan=None, precision=None) -> np.ndarray:
-        """Teacher-forced logits [len(ids), V], one decode step a token."""
-        return self.runner(plan, precision).logits_after(ids)
-
-    def text(self, tokens: list) -> str:
-        """The text of generated tokens; a stop token ends the text and is not part of it."""
-        return self.tokenizer.decode([t for t in tokens if t not in self.stop_ids])
-
-    def processors(self) -> dict:
-        """name -> the processor actor."""
-        return dict(self.peers)
-
-    def info(self) -> list:
-        """Each processor actor's engine.info(); one that is being restarted says so."""
-        out = []
-        refs = {name: a.info.remote() for name, a in self.processors().items()}   # asked at once
-        for name, ref in refs.items():
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self):
+        while not self.stopping:
+            batch, self.running = self.schedule(), []
             try:
-                out.append(ray.get(ref, timeout=10))
-            except (ray.exceptions.RayError, TimeoutError) as e:
-                out.append({"processor": name, "pid": None, "steps": 0, "busy_s": 0.0,
-                            "error": f"unavailable ({type(e).__name__}): restarting"})
+                self.watch(batch)
+                if batch:
+                    self.step(batch)
+            except ProcessorLost as ex:     # redone at the next step, once it is back
+                self.recover(ex.names, self.running)
+            except Exception as ex:         # one bad step fails its requests, never the service
+                traceback.print_exc()
+                self.fail(self.running, ex)
+
+    def step(self, batch):
+        """One prefill chunk, then one decode batch (skipped once when the chunk stopped
+        between layers for a reactive arrival: that one is scheduled first)."""
+        self.running = batch.prefill[:1]
+        if batch.prefill and self.prefill(batch.prefill) and not self.stopped:
+            self.stopped, self.last_step = True, time.monotonic()
+            return
+        self.stopped, self.running = False, batch.decode
+        if batch.decode:
+            self.decode(batch.decode)
+        self.last_step = time.monotonic()
+
+    def schedule(self):
+        """End what was cancelled, ask the policy for the next batch, give running sequences a
+        row of the block tables; idle, wait for a request."""
+        with self.cv:
+            for seq in [s for s in self.scheduler.running if s.stop_asked]:
+                self.end(seq, "cancelled", seq.stop_asked)
+            batch = self.scheduler.schedule()
+            for seq in batch.preempted:
+                seq.state = "waiting"
+                self._free_slot(seq)
+            if not batch:
+                self.doing = "idle"
+                self.cv.wait(0.5)
+            for seq in self.scheduler.running:
+                if seq.slot is None:
+                    seq.slot = self.slots.pop()
+        return batch
+
+    def watch(self, batch):
+        """Idle, or every CHECK_S: cancel the requests whose client is gone (no poll open and
+        none for abandon_s) and raise ProcessorLost for an actor that died outside a step."""
+        now = time.monotonic()
+        if batch and now < self.next_check:
+            return
+        self.next_check = now + CHECK_S
+        with self.cv:
+            for seq in self.scheduler.running:
+                if not seq.polls and not seq.stop_asked and now - seq.last_poll > self.config.abandon_s:
+                    seq.stop_asked = "abandoned"
+                    self.abandoned += 1
+        lost = self.pool.lost()
+        if lost:
+            raise ProcessorLost(lost)
+
+    # -- faults --------------------------------------------------------------------------------
+    def fail(self, running: list, ex: Exception):
+        if self.part is not None:
+            running, self.part = [*running, self.part["seq"]], None
+        for seq in running:
+            if not seq.ended:
+                self.end(seq, "failed", "error", f"{type(ex).__name__}: {ex}")
+
+    def recover(self, names: list, running: list):
+        """A processor actor died (DESIGN.md §5): Ray restarts it and its constructor attaches
+        the pool again; the programs are installed in it again and the loop goes on. Nothing of
+        the lost step was accepted, so the next step redoes it: it rewrites the same KV rows with
+        the same values, and the KV of earlier steps is in the pool, which outlived the process.
+        A chunk suspended between layers starts over (a span cut short may have updated its
+        activations in place)."""
+        t0 = time.monotonic()
+        self.part = None
+        try:
+            restart_s = self.pool.revive(names)
+            self.runner.reinstall()
+        except Exception as ex:
+            traceback.print_exc()
+            self.fail(running, ex)
+            return
+        now = time.monotonic()
+        self.recoveries.append({"processors": names, "at": time.time(), "restart_s": round(restart_s, 2),
+                                "recovery_s": round(now - t0, 2),
+                                # from the end of the last step that ran to now: the service's gap
+                                "stalled_s": round(now - self.last_step, 2) if running else None})
+
+    # -- prefill -------------------------------------------------------------------------------
+    def prefill(self, ready: list) -> bool:
+        """One prefill chunk of the first request in `ready` (the policy's order). A policy with
+        a slice_s runs proactive chunks in the second activation buffer, a span of layers at a
+        time, and stops between spans when it says a reactive request waits; the chunk resumes
+        at a later step (unless its request lost its blocks meanwhile). Returns True if the
+        chunk stopped before its end."""
+        seq, part = ready[0], self.part
+        if part is not None and (part["seq"].ended or part["key"] != _chunk_key(part["seq"])
+                                 or part["seq"] not in self.scheduler.running):
+            part = self.part = None          # ended, cancelled or preempted: its rows are gone
+        if part is not None and part["seq"] in ready and seq.priority != "reactive":
+            seq = part["seq"]                # a suspended chunk goes on before newer ones
+        if part is not None and part["seq"] is not seq and seq.priority != "reactive":
+            # an aged chunk while the second buffer holds one the policy defers: the deferred one
+            # gives up its buffer and starts over later (at most one chunk's work), so that no
+            # proactive chunk ever runs whole where a reactive arrival would wait for all of it
+            part = self.part = None
+        # reactive chunks run whole in the first buffer
+        if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:]:
+            self._prefill_chunk(seq)
+            return False
+        return self._prefill_spans(seq)
+
+    def _start_chunk(self, seq: Sequence, rows_max: int) -> tuple:
+        ids = seq.prompt + seq.tokens     # a preempted request prefills its tokens too
+        lo = seq.computed
+        hi = min(len(ids), lo + rows_max)
+        seq.state = "prefilling"
+        if seq.prefill_start is None:
+            seq.prefill_start = time.monotonic()
+            self.metrics.prefill_started(seq)
+        return [(ids[i], i, seq.slot) for i in range(lo, hi)], hi == len(ids)
+
+    def _end_chunk(self, seq: Sequence, rows: list, last: bool, logits, t0: float):
+        seq.computed += len(rows)
+        self._name_blocks(seq)
+        if last:
+            self.accept(seq, self._sample(seq, logits[0]))
+        self.times["prefill_chunks"] += 1
+        self.times["prefill_s"] += time.perf_counter() - t0
+
+    def _prefill_chunk(self, seq: Sequence):
+        t0 = time.perf_counter()
+        rows, last = self._start_chunk(seq, self.config.prefill_chunk)
+        self.doing = f"chunk {seq.priority} {len(rows)}"
+        # the plan's chunk program where it takes these rows (runner.py), else the base processor
+        logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False)
+        self._end_chunk(seq, rows, last, logits, t0)
+
+    def _prefill_spans(self, seq: Sequence) -> bool:
+        """Agent.xpu §4.4 ②: spans of about slice_s (the per-stage time learned from earlier
+        spans), a check for a reactive arrival after each."""
+        t0 = time.perf_counter()
+        if self.part is None:
+            rows, last = self._start_chunk(seq, self.runner.lay.double_rows)
+            self.part = {"seq": seq, "rows": rows, "last": last, "stage": 0, "key": _chunk_key(seq)}
+        part, stages = self.part, self.runner.stages
+        rows = part["rows"]
+        while True:
+            lo = part["stage"]
+            k = max(1, int(self.scheduler.slice_s / max(1e-6, self.stage_s * len(rows))))
+            hi = min(stages, lo + k)
+            t = time.perf_counter()
+            self.doing = f"span {seq.priority} {len(rows)} {lo}-{hi}"
+            logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False, buffer=1,
+                                      span=(lo, hi))
+            per = (time.perf_counter() - t) / ((hi - lo) * len(rows))
+            self.stage_s += 0.3 * (per - self.stage_s)       # seconds per stage and row
+            part["stage"] = hi
+            if hi == stages:
+                break
+            if self.scheduler.preempts_prefill():
+                self.times["prefill_s"] += time.perf_counter() - t0
+                self.times["prefill_stops"] += 1
+                return True
+        self.part = None
+        self._end_chunk(seq, rows, part["last"], logits, t0)
+        return False
+
+    # -- decode and postprocess ----------------------------------------------------------------
+    def decode(self, batch: list):
+        """One decode step of every sequence in the batch, with its drafted tokens as more rows
+        (policies/drafting.py: the step verifies them; the rows of rejected ones are written
+        past the sequence's length, and the next step writes over them)."""
+        drafts = self._drafts(batch)
+        rows = []
+        for s, d in zip(batch, drafts):
+            rows.append((s.tokens[-1], s.computed, s.slot))
+            rows += [(t, s.computed + 1 + j, s.slot) for j, t in enumerate(d)]
+        self.doing = f"decode {len(rows)}"
+        t0 = time.perf_counter()
+        # the constrained rows' masks are computed on a CPU thread while the step runs
+        masks = [s.constraint for s in batch if s.constraint is not None]
+        filling = self.masker.submit(_fill, masks) if masks else None
+        logits = self.runner.step(rows, {s.slot: s.blocks for s in batch}, all_rows=True)
+        if filling is not None:
+            filling.result()
+        t1 = time.perf_counter()
+        r = 0
+        for seq, d in zip(batch, drafts):
+            self._verify(seq, d, logits[r: r + 1 + len(d)], r)
+            r += 1 + len(d)
+        t = self.times
+        t["decode_steps"] += 1
+        t["decode_rows"] += len(rows)
+        t["decode_kernels_s"] += t1 - t0
+        t["decode_s"] += time.perf_counter() - t0
+        if self.speculator:         # a step's cost: its kernels and the verification of its rows
+            self.speculator.costs.observe(len(rows), time.perf_counter() - t0)
+
+    def _drafts(self, batch: list) -> list:
+        """Each sequence's drafted tokens for this step (none without a speculator), as many as
+        the batch has room for."""
+        if not self.speculator:
+            return [[]] * len(batch)
+        drafts = self.speculator.drafts(batch, self.pool.context)
+        if any(drafts):
+            drafts = self._room(batch, drafts)
+            # a constrained row's drafts end where its grammar would refuse one; its masks for
+            # the rows after each drafted token are filled with the step's (policies/grammar.py)
+            drafts = [s.constraint.set_draft(d) if s.constraint is not None else d
+                      for s, d in zip(batch, drafts)]
+        return drafts
+
+    def _room(self, batch: list, drafts: list) -> list:
+        """Drafts cut to the KV blocks the pool can give their rows now."""
+        kv, out = self.scheduler.kv, []
+        with self.cv:
+            for s, d in zip(batch, drafts):
+                k = len(d)
+                while k and not kv.can_grow(s.blocks, s.computed + 1 + k):
+                    k -= 1
+                if k:
+                    kv.grow(s.blocks, s.computed + 1 + k)
+                out.append(d[:k])
         return out
 
-    def pids(self) -> list:
-        pids = [os.getpid()]
-        for ref in [a.pid.remote() for a in self._actors]:           # asked at once
-            try:
-                pids.append(ray.get(ref, timeout=10))
-            except (ray.exceptions.RayError, TimeoutError):
-                pass                     # being restarted
-        return pids
+    def _verify(self, seq: Sequence, drafted: list, logits, row: int):
+        """A sequence's rows of the step (from `row` on): each row's token sampled as plain
+        decoding samples it; the next row counts only while the token sampled equals the one
+        drafted there. The last row's hidden state is kept for the draft heads."""
+        accepted = 0
+        for j in range(len(drafted) + 1):
+            seq.computed += 1
+            self._name_blocks(seq)
+            tok = self._sample(seq, logits[j])
+            self.accept(seq, tok)
+            if seq.ended or j == len(drafted) or tok != drafted[j]:
+                break
+            accepted += 1
+        if self.speculator:
+            self.speculator.verified(seq, len(drafted), accepted)
+            if seq.spec is not None:
+                seq.spec.hidden = None if self.hidden is None else self.hidden[row + j].copy()
 
-    def drop(self, name: str):
-        """Stop a processor actor no plan uses any more (auto timed it and chose another)."""
-        actor = self.peers.pop(name)
-        self.watches.pop(name, None)
-        self.available.discard(name)
-        self._actors.remove(actor)
-        ray.kill(actor)
+    @staticmethod
+    def _sample(seq: Sequence, logits):
+        """The next token from a row's logits [V]: under its grammar's mask, if it has one
+        (policies/grammar.py: this row only), by its own sampler."""
+        c = seq.constraint
+        if c is None:
+            return seq.sampler(logits)
+        tok = seq.sampler(c.apply(logits))
+        c.take(tok)
+        return tok
 
-    # -- a processor actor that died (Ray restarts it: actors/processor.py MAX_RESTARTS) -----------
-    def lost(self) -> list:
-        """Names of the processor actors whose process died since they were last revived (their
-        pending watch() failed)."""
-        refs = list(self.watches.values())
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return [p for p, r in self.watches.items() if r in done]
+    def _name_blocks(self, seq: Sequence):
+        """Its blocks filled by now go into the prefix cache (memory/blocks.py), for later
+        requests that start with the same tokens (a chat's next turn, an agent's next call)."""
+        kv = self.scheduler.kv
+        if seq.computed // kv.block_rows > len(seq.names):
+            kv.publish(seq.blocks, seq.names, seq.ids, seq.computed)
 
-    def revive(self, names: list, timeout_s: float = 60.0) -> float:
-        """Waits until Ray has restarted these actors (their constructors attach the pool again)
-        and watches them anew. Returns the seconds waited; raises if one is not back in time."""
-        t0 = time.monotonic()
-        for p in names:
-            actor = self.processors()[p]
-            while True:
-                try:
-                    ray.get(actor.pid.remote(), timeout=max(1.0, t0 + timeout_s - time.monotonic()))
-                    break
-                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                    if time.monotonic() > t0 + timeout_s:
-                        raise RuntimeError(f"the {p} actor did not come back within {timeout_s:.0f} s")
-                    time.sleep(0.2)
-            self.watches[p] = actor.watch.remote()
-        return time.monotonic() - t0
+    def accept(self, seq: Sequence, tok: int):
+        """Postprocess one sampled token: its text to the client, the request ended where it
+        ends."""
+        now = time.monotonic()
+        if seq.first_token is None:
+            seq.first_token = now
+        seq.state = "decoding"
+        self.metrics.token(seq, now)
+        self.token_times.append(now)
+        seq.tokens.append(tok)
+        pool, stops = self.pool, seq.stops
+        if tok in pool.stop_ids and not seq.ignore_eos:
+            reason = "stop"
+        else:
+            self._emit(seq, stops.feed(seq.decoder.feed(tok)))
+            reason = "stop" if stops.hit else "length" if (
+                len(seq.tokens) >= seq.params.max_tokens or seq.rows >= pool.context) else None
+        if reason:
+            if not stops.hit:
+                self._emit(seq, stops.feed(seq.decoder.flush()) + stops.flush())
+            self.end(seq, "finished", reason)
 
-    # -- teardown ------------------------------------------------------------------------------
-    def close(self):
-        if self._closed:
-            return
-        self._closed = True
-        for a in self._actors:
-            try:
-                ray.kill(a)
-            except Exception:
-                pass
-        self._actors = []
-        if self.arena is not None:
-            self.arena.unlink()
-        if self._started_ray:
-            stop_ray()
+    def _emit(self, seq: Sequence, piece: str):
+        if piece:
+            seq.text += piece
+            seq.pieces.append(piece)
+            self.publish(seq)
 
-    def __enter__(self):
-        return self
+    # -- the table -----------------------------------------------------------------------------
+    def add(self, seq: Sequence, bound: bool = True):
+        """A new request (raises ValueError for one that could never fit, QueueFull for one too
+        many waiting)."""
+        seq.arrived_during = self.doing
+        with self.cv:
+            waiting = sum(s.state == "waiting" for s in self.table.values())
+            if bound and waiting >= self.config.max_waiting:
+                raise QueueFull(f"{waiting} requests are waiting to start, the most this service "
+                                f"queues (--max-waiting): try again later")
+            self.scheduler.add(seq)
+            self.table[seq.id] = seq
+            self.metrics.arrived(seq)
+            self.cv.notify()
 
-    def __exit__(self, *exc):
-        self.close()
+    def cancel(self, seq: Sequence):
+        """A waiting request leaves the queue now; a running one before its next step."""
+        with self.cv:
+            if seq.state == "waiting":
+                self.end(seq, "cancelled", "cancelled")
+            else:
+                seq.stop_asked = "cancelled"
+                self.cv.notify()
+
+    def end(self, seq: Sequence, state: str, reason: str, error: str | None = None):
+        """End a request: its blocks and its row of the block tables are free at once."""
+        with self.cv:
+            seq.end(state, reason, error)
+            self.scheduler.finish(seq)
+            self._free_slot(seq)
+            self.metrics.ended(seq)
+            ended = [s for s in self.table.values() if s.ended]
+            for old in ended[:max(0, len(ended) - KEEP_ENDED)]:
+                del self.table[old.id]
+        self.publish(seq)
+
+    def _free_slot(self, seq: Sequence):
+        if seq.slot is not None:
+            self.slots.append(seq.slot)
+            seq.slot = None
+
+    def stop(self):
+        self.stopping = True
+        with self.cv:
+            self.cv.notify_all()
+
+
+def _fill(constraints: list):
+    for c in constraints:
+        c.fill()
+
+
+def _chunk_key(seq: Sequence) -> tuple:
+    """What a suspended chunk's rows depend on: where its prefill was, its row, its blocks."""
+    return seq.computed, seq.slot, tuple(seq.blocks)
+

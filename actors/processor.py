@@ -19,7 +19,7 @@ BACKENDS = {"cpu": ("socllm.actors.cpu.backend", "CPUBackend"), "gpu": ("socllm.
 
 
 # Ray restarts a processor actor whose process dies (its constructor attaches the same pool
-# again); the service re-installs its programs and redoes the step it lost (actors/loop.py)
+# again); the service re-installs its programs and redoes the step it lost (actors/engine.py)
 MAX_RESTARTS = 8
 
 

@@ -57,7 +57,7 @@ def run_step(lay, ctl, words, predict, pid: int, procs, final: dict, n: int, pos
 
 
 class ProcessorLost(RuntimeError):
-    """A processor actor's process died during a step (Engine.lost): the step did not happen."""
+    """A processor actor's process died during a step (Pool.lost): the step did not happen."""
 
     def __init__(self, names: list):
         super().__init__(f"the {', '.join(names)} actor(s) died")
@@ -285,7 +285,7 @@ class Runner:
             out[n] = best
         return out
 
-    # -- one sequence, offline (Engine.generate_ids / logits_after: tests and benchmarks) ----------
+    # -- one sequence, offline (Pool.generate_ids / logits_after: tests and benchmarks) ----------
     def generate(self, ids: list, max_tokens: int, sample, stop_ids=(), chunk: int = MAX_CHUNK,
                  slot: int = 0) -> tuple:
         """One sequence in `slot` over blocks 0 .. (no request may hold them): its prompt in

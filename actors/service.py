@@ -31,7 +31,7 @@ from socllm.policies.request import QueueFull, Sequence, check_priority  # noqa:
 from socllm.policies.drafting import MODES as SPECULATE, Speculator
 from socllm.policies.sampling import BadParam, Sampler, SamplingParams
 
-from socllm.actors.loop import ServingEngine
+from socllm.actors.engine import Engine
 
 NAMESPACE, NAME = "socllm", "service"
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
@@ -118,7 +118,7 @@ class Service:
         self.config = config
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
-        self.engine, self.core, self.error, self.loop = None, None, None, None
+        self.pool, self.core, self.error, self.loop = None, None, None, None
         self.ready_event = threading.Event()
         self.grammars, self.grammar_lock = None, threading.Lock()   # policies/grammar.py, lazily
         from socllm.actors.metrics import ServiceMetrics
@@ -129,8 +129,8 @@ class Service:
     # -- start-up ------------------------------------------------------------------------------
     def _main(self):
         try:
+            self._start_pool()
             self._start_engine()
-            self._start_core()
         except BaseException as e:    # said by ready(), once; the actor stays for it to be read
             self.error = f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -139,9 +139,10 @@ class Service:
         self.ready_event.set()
         self.core.run()
 
-    def _start_engine(self):
-        """The engine (pool and processor actors) and the runner of the plan, warmed and timed."""
-        from socllm.actors.engine import Engine
+    def _start_pool(self):
+        """The pool (the model, the processor actors) and the runner of the plan, warmed and
+        timed."""
+        from socllm.actors.pool import Pool
         c = self.config
         # the second activation buffer holds proactive chunks that stop between layers
         # (the agent policy's, Agent.xpu §4.4)
@@ -149,7 +150,7 @@ class Service:
         self.plan_key = _plan_key(c)
         plan = c.plan if c.plan != "auto" else "gpu" if spans else \
             _plan_cache(c.cache_dir, self.plan_key) or "auto"
-        self.engine = e = Engine(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
+        self.pool = e = Pool(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
                                  double_rows=c.prefill_chunk if spans else 0)
         self.precision = c.precision
         self.runner, self.placement = self._start_plan(e)
@@ -163,16 +164,16 @@ class Service:
             # is freed (it starts again if a program is ever missing)
             e.release_planner()
 
-    def _start_core(self):
-        """The KV blocks, the scheduling policy, the drafter and the serving loop over them."""
+    def _start_engine(self):
+        """The KV blocks, the scheduling policy, the drafter and the engine's loop over them."""
         from socllm.memory.blocks import BlockPool
-        c, e = self.config, self.engine
+        c, e = self.config, self.pool
         self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
         extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
         self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         spec = None if c.speculate == "off" else \
             Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
-        self.core = ServingEngine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
+        self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
                                   spec)
 
     def _publish(self, seq: Sequence):
@@ -260,7 +261,7 @@ class Service:
         return {"status": "ok", "since_last_step_s": round(time.monotonic() - self.core.last_step, 3)}
 
     def describe(self) -> dict:
-        e = self.engine
+        e = self.pool
         return {"model": os.path.basename(e.model_path), "model_path": e.model_path,
                 "context": e.context, "plan": self.plan, "precision": self.precision,
                 "policy": self.scheduler.name, "max_seqs": self.scheduler.max_seqs,
@@ -303,7 +304,7 @@ class Service:
         --speculate is not off (None: the service's).
         queue_bound False: the 2nd .. nth choice of one request (HTTP's n), past max_waiting."""
         self.loop = asyncio.get_running_loop()
-        if self.engine is None:
+        if self.pool is None:
             raise RuntimeError(self.error or "the service is still starting")
         self._check_params(priority, speculate, sampling)
         asked = {k: v for k, v in sampling.items() if v is not None}
@@ -311,10 +312,10 @@ class Service:
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
         ids, rule, tooled = await asyncio.to_thread(self._prompt_ids, prompt, messages, ids, shape)
         # OpenAI's default max_tokens: up to the context's end
-        params = SamplingParams(**{"max_tokens": max(1, self.engine.context - len(ids)), **asked})
+        params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)), **asked})
         seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop,
                        ignore_eos=bool(ignore_eos), sampler=Sampler(params),
-                       decoder=self.engine.tokenizer.stream(), event=asyncio.Event(),
+                       decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
                        constraint=rule and self._grammars().constraint(rule), tools=tooled,
                        speculate=speculate)
         self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
@@ -343,14 +344,14 @@ class Service:
         with self.grammar_lock:
             if self.grammars is None:
                 from socllm.policies.grammar import Grammars
-                e = self.engine
+                e = self.pool
                 self.grammars = Grammars(e.tokenizer.to_json(), e.cfg.vocab, e.stop_ids)
         return self.grammars
 
     def _prompt_ids(self, prompt, messages, ids, shape: dict) -> tuple:
         """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
         from socllm.models.tools import chat_messages
-        e = self.engine
+        e = self.pool
         if sum(x is not None for x in (prompt, messages, ids)) != 1:
             raise ValueError("give exactly one of prompt, messages or ids")
         rule, tools, choice = self._reply_rule(shape, chat=messages is not None)
@@ -408,14 +409,14 @@ class Service:
                        "{type: json_schema, json_schema: {...}}")
 
     def _within(self, ids: list) -> list:
-        if len(ids) >= self.engine.context:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.engine.context}")
+        if len(ids) >= self.pool.context:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.pool.context}")
         return ids
 
     def _fits(self, text: str):
         """Refuse at once a text that cannot fit the context, however it tokenizes (no token is
         longer than max_token_chars characters): nothing that large is tokenized."""
-        e = self.engine
+        e = self.pool
         if len(text) > e.context * e.tokenizer.max_token_chars:
             raise ValueError(f"the prompt has {len(text)} characters, more than the context "
                              f"({e.context} tokens) can hold")
@@ -464,7 +465,7 @@ class Service:
     def _logprobs(self, seq: Sequence, start: int) -> list:
         """[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}] (OpenAI's chat
         shape) of the tokens chosen from `start` on, a stop token left out as the text leaves it."""
-        tk, stops = self.engine.tokenizer, () if seq.ignore_eos else self.engine.stop_ids
+        tk, stops = self.pool.tokenizer, () if seq.ignore_eos else self.pool.stop_ids
 
         def entry(t: int, lp: float) -> dict:
             text = tk.decode([t])
@@ -505,11 +506,11 @@ class Service:
 
     def pids(self) -> list:
         """Every process socllm runs: this actor, the engine's actors, the front ends."""
-        return sorted({*self.engine.pids(), *(p for p, _ in self.frontends.values())})
+        return sorted({*self.pool.pids(), *(p for p, _ in self.frontends.values())})
 
     def processes(self, info: list) -> dict:
-        """name -> pid of socllm's processes (info: the processor actors' engine.info())."""
-        planner = self.engine._planner       # None: released after start (engine.release_planner)
+        """name -> pid of socllm's processes (info: the processor actors' pool.info())."""
+        planner = self.pool._planner       # None: released after start (pool.release_planner)
         named = {"service": os.getpid(),
                  **({"planner": ray.get(planner.pid.remote())} if planner is not None else {}),
                  **{d["processor"]: d["pid"] for d in info},
@@ -524,7 +525,7 @@ class Service:
         reqs = list(core.table.values())
         procs = []
         uptime = time.time() - self.started
-        info = self.engine.info()
+        info = self.pool.info()
         for d in info:
             procs.append({k: d.get(k) for k in ("processor", "api", "device", "type", "threads", "pid",
                                                 "steps", "error")} | {"busy_share": round(d["busy_s"] / uptime, 4)}
@@ -549,11 +550,11 @@ class Service:
         return self.metrics.text(self.core.table.values(), self.kv, self.core.speculator)
 
     def shutdown(self) -> bool:
-        """Stop the loop and tear the engine down (actors killed, pool unlinked)."""
+        """Stop the loop and tear the pool down (actors killed, segment unlinked)."""
         if self.core is not None:
             self.core.stop()
-        if self.engine is not None:
-            self.engine.close()
+        if self.pool is not None:
+            self.pool.close()
         return True
 
 
@@ -567,6 +568,6 @@ def _heads(c, e):
     if h is None and c.speculate == "heads":
         raise ConfigError("speculate", f"heads: no draft heads for this model file "
                                        f"({heads_path(e.model_path)}; scripts/train_heads.py trains them)")
-    from socllm.actors.engine import _trim
+    from socllm.actors.pool import _trim
     _trim()                   # the embedding's rows were read through a copy of its table
     return h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])

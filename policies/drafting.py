@@ -193,7 +193,7 @@ class StepCosts:
 
 
 class Speculator:
-    """The drafts of a decode batch's sequences (actors/loop.py asks before each decode step)."""
+    """The drafts of a decode batch's sequences (actors/engine.py asks before each decode step)."""
 
     def __init__(self, mode: str, max_rows: int, draft_max: int, profile: dict | None = None,
                  heads: Heads | None = None):
@@ -288,7 +288,7 @@ class Speculator:
 
 @dataclass
 class Speculation:
-    """One sequence's drafting state (actors/loop.py keeps it on the Sequence)."""
+    """One sequence's drafting state (actors/engine.py keeps it on the Sequence)."""
     mode: str
     lookup: PromptLookup = field(default_factory=PromptLookup)
     # acceptance by the length of the n-gram that found the draft (a longer match predicts more)

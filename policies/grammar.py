@@ -5,7 +5,7 @@ the tools' call schema, models/tools.py) or a grammar (Lark or GBNF). llguidance
 llama.cpp, vLLM and SGLang also use) compiles it against the model's tokenizer and, at each step,
 gives the set of tokens that keep the text inside the language as a bitmask [ceil(V/32)] int32.
 The serving loop fills the masks of the next step's constrained rows on a CPU thread while the
-processors run the step (actors/loop.py), then sets every other token's logit to -inf on that row
+processors run the step (actors/engine.py), then sets every other token's logit to -inf on that row
 only, samples, and feeds the token back. Once the text is complete the mask lets only an end
 token through, so the request ends there. An invalid schema or grammar is refused when the
 request arrives (a 400 naming the field), never served unconstrained (llama.cpp #19051).

@@ -131,7 +131,7 @@ class StopText:
 
 @dataclass(eq=False)
 class Sequence(Request):
-    """A request as the service serves it (actors/loop.py): pure data, no Ray."""
+    """A request as the service serves it (actors/engine.py): pure data, no Ray."""
     sampler: object = None                # policies/sampling.Sampler(params): logits [V] -> id
     decoder: object = None                # the tokenizer's stream decoder: ids -> text pieces
     stops: StopText | None = None         # the text up to the first stop string

@@ -7,7 +7,7 @@ engine's first greedy tokens equal the numpy oracle's.
                  [--plans gpu,hetero/q8] [--peers llama.cpp,openvino-genai] [--json FILE] [--plot FILE.png]
 
 A plan is a serving plan (policies/placement.py SERVE_PLANS: cpu, gpu, npu, hetero, tensor, seqcut,
-hybrid), run one request at a time through Engine.generate_ids on the service's paged programs.
+hybrid), run one request at a time through Pool.generate_ids on the service's paged programs.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def stats(xs):
 
 
 def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=print) -> dict:
-    """engine: a running socllm Engine. Returns the report dict (see README)."""
+    """engine: a running socllm Pool. Returns the report dict (see README)."""
     runners, missing, mem = [Socllm(engine, p) for p in plans], {}, {}
     mem["socllm"] = pss_mb(engine.pids())
     me = psutil.Process()
@@ -209,8 +209,8 @@ def main(argv=None) -> int:
         print(f"socllm bench: error: unknown plan/precision {', '.join(bad)} (plans: "
               f"{', '.join(SERVE_PLANS)}; precisions: {', '.join(SERVE_PRECISIONS)})", file=sys.stderr)
         return 2
-    from socllm.actors.engine import Engine
-    eng = Engine(model=a.model, context=max(2048, max(prompts) + a.decode + 8))
+    from socllm.actors.pool import Pool
+    eng = Pool(model=a.model, context=max(2048, max(prompts) + a.decode + 8))
     try:
         oracle = None
         if not a.no_oracle:

@@ -64,7 +64,8 @@ def main(argv=None):
     ap.add_argument("--inner", type=int, default=200)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    from socllm.actors.gpu.kernels import CLKernels, make_context, wrap_arena
+    from socllm.actors.gpu.device import make_context, wrap_arena
+    from socllm.actors.gpu.kernels import CLKernels
     from socllm.actors.gpu.e0m4 import E0M4Kernels
     tensors = {t.name: t for t in open_gguf(default_model_path()).tensors}
     ctx, queue, device = make_context()

@@ -4,7 +4,7 @@ the last token and n-1 drafted ones, every row's logits), against a step of one 
     python -m socllm.scripts.gpu_rows [--precision q16,q8] [--rows 1,2,3,4,6,8,12,16] [--reps 9]
                                       [--kernels]
 
-Through the engine (Engine.runner("gpu", precision).step(rows, tables, all_rows=True)), the
+Through the engine (Pool.runner("gpu", precision).step(rows, tables, all_rows=True)), the
 prompt's last n positions of one sequence, after one step of each n to build and record its
 launches. The precisions alternate rep by rep (on a shared machine, load moves between them);
 prints each n's min and median ms. --kernels: also the kernels' own times per n, in this process
@@ -22,8 +22,8 @@ PROMPT = "Summarize: The quick brown fox jumps over the lazy dog. The dog sleeps
 
 def steps(precisions: list, ns: list, reps: int) -> dict:
     """(precision, n) -> seconds of each rep's step of n rows."""
-    from socllm.actors.engine import Engine
-    eng = Engine(processors_=("gpu",), context=640, max_seqs=max(ns))
+    from socllm.actors.pool import Pool
+    eng = Pool(processors_=("gpu",), context=640, max_seqs=max(ns))
     try:
         ids = eng.encode_prompt(PROMPT, chat=True)
         L = len(ids)

@@ -28,7 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2000)
     n = ap.parse_args().n
-    from socllm.actors.gpu.kernels import make_context
+    from socllm.actors.gpu.device import make_context
     from socllm.actors.gpu.device import cl
     ctx, queue, device = make_context()
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 64)

@@ -42,9 +42,9 @@ def main(argv=None):
     ap.add_argument("--prompts", default="128,512")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args(argv)
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     t0 = time.perf_counter()
-    eng = Engine(context=2048)
+    eng = Pool(context=2048)
     out = {"engine_start_s": time.perf_counter() - t0, "threads": eng.threads, "plans": {}}
     try:
         info = eng.info()

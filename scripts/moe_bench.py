@@ -3,7 +3,7 @@ prompt with the NPU's grouped expert graphs (NPUMoE §4), against its two baseli
 graph per expert at the chunk's full size; one graph running every row through every expert), the
 MoE layers on the CPU (the GPU actor's OpenCL kernels, which PoCL runs on this machine's CPU) and
 llama.cpp on the same file; decode tokens/s against llama.cpp. One request at a time through
-Engine.generate_ids (the service's paged programs), greedy; engines and peers alternate within a
+Pool.generate_ids (the service's paged programs), greedy; engines and peers alternate within a
 repetition, each repetition on new prompt ids.
 
     python -m socllm.scripts.moe_bench --model F.gguf [--prompt 1024] [--decode 64] [--reps 3]
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import ray
 
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.metrics import pss_mb
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     names = [v for v in a.variants.split(",") if v]
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     for name in names:
         plan, graphs = VARIANTS[name]
         if graphs not in engines:
-            engines[graphs] = Engine(model=a.model, context=a.prompt + a.decode + 64, threads=2,
+            engines[graphs] = Pool(model=a.model, context=a.prompt + a.decode + 64, threads=2,
                                      moe_graphs=graphs, moe_overflow=a.overflow)
         r = Socllm(engines[graphs], f"{plan}/{a.precision}")
         r.name = f"socllm:{name}"

@@ -19,9 +19,9 @@ Engines (--runs, a comma list; the same windows and token ids for each):
   oracle            the numpy fp32 oracle on the GGUF's weights (the variants above: --variants)
   llama.cpp         llama_cpp.Llama (logits_all, n_ctx = window, n_threads 2) on the same GGUF, fed
                     socllm's token ids: every window evaluated from an empty KV cache
-  local:P           socllm.actors.engine.Engine (cpu + gpu actors), one window at a time:
+  local:P           socllm.actors.pool.Pool (cpu + gpu actors), one window at a time:
                     teacher-forced through the GPU's one-row paged decode steps at precision P
-                    (Engine.logits_after: what a precision changes; prefill computes in f32),
+                    (Pool.logits_after: what a precision changes; prefill computes in f32),
                     f32 KV cache
   served:P          the service's paged steps (actors/runner.py Runner, KV dtype of P as the
                     service picks it): --rows windows teacher-forced together, one row each per
@@ -138,7 +138,7 @@ def llama_greedy(llm, prompt: list[int], n: int) -> list[int]:
 def start_ray(threads: int = 2):
     """A private local Ray instance (never a cluster found on this machine)."""
     import ray
-    from socllm.actors.engine import OBJECT_STORE_BYTES
+    from socllm.actors.pool import OBJECT_STORE_BYTES
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
                  include_dashboard=False, log_to_driver=False, logging_level="ERROR",
@@ -147,9 +147,9 @@ def start_ray(threads: int = 2):
 
 
 def local_engine(reader, context: int, threads: int = 2):
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     start_ray(threads)
-    return Engine(reader=reader, context=context, processors_=("cpu", "gpu"), threads=threads)
+    return Pool(reader=reader, context=context, processors_=("cpu", "gpu"), threads=threads)
 
 
 def local_logits(eng, precision: str):
@@ -160,14 +160,14 @@ def local_logits(eng, precision: str):
 
 def served_engine(reader, precision: str, context: int, rows: int, threads: int = 2):
     """An engine laid out as the service lays its own out (paged KV of the precision's dtype)."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.service import KV_DTYPE
     from socllm.memory.blocks import BLOCK_ROWS
     start_ray(threads)
     cfg = load_config(reader)
     per_row = cfg.n_layers * 2 * cfg.kv_dim * (2 if KV_DTYPE[precision] == "f16" else 4)
     blocks = rows * -(-context // BLOCK_ROWS) + 2
-    return Engine(reader=reader, context=context, processors_=("cpu", "gpu"), threads=threads,
+    return Pool(reader=reader, context=context, processors_=("cpu", "gpu"), threads=threads,
                   max_seqs=rows, kv_mb=blocks * BLOCK_ROWS * per_row / 2**20 + 1,
                   kv_dtype=KV_DTYPE[precision])
 
@@ -232,7 +232,7 @@ GREEDY_SETS = {12: PROMPTS, 48: PROMPTS + MORE_PROMPTS}
 
 
 def prompt_ids(reader, tok: Tokenizer, prompts=PROMPTS) -> list[list[int]]:
-    """The prompts as the engine encodes them (Engine.encode_prompt)."""
+    """The prompts as the engine encodes them (Pool.encode_prompt)."""
     from socllm.models.chat import ChatTemplate, chat_prompt
     tmpl = ChatTemplate.from_reader(reader)
     return [tok.encode(chat_prompt(tmpl, p) if chat else p, bos=tok.add_bos) for p, chat in prompts]
@@ -295,7 +295,7 @@ def decode_speed(reader, precisions: list, batches: list, reps: int, steps: int 
                  threads: int = 2) -> dict:
     """Decode tok/s per precision: served (the runner's paged decode steps of B rows, each row
     at position 256 onward of its own sequence; the service's kernels without its loop) and
-    local (Engine.generate_ids, 64 greedy tokens after a 7-token prompt, its decode_tok_s).
+    local (Pool.generate_ids, 64 greedy tokens after a 7-token prompt, its decode_tok_s).
     Precisions alternate inside each repetition, so drift on a shared machine hits them alike.
     -> {precision: {"served": {B: [tok/s per rep]}, "local": [tok/s per rep]}}"""
     from socllm.actors.runner import Runner
@@ -473,7 +473,7 @@ def main(argv=None):
         precs = a.speed.split(",")
         batches = [int(b) for b in a.batches.split(",")]
         res = {"what": "decode tok/s, 2 cores (PoCL), in process; served: runner steps of B rows; "
-                       "local: Engine.generate_ids", "machine": platform.processor() or platform.machine(),
+                       "local: Pool.generate_ids", "machine": platform.processor() or platform.machine(),
                "reps": a.reps, "speed": decode_speed(reader, precs, batches, a.reps, threads=a.threads),
                "command": "python -m socllm.scripts.perplexity " + " ".join(sys.argv[1:] if argv is None else argv)}
         lines = [res["command"], "", res["what"] + f"; tok/s of each of {a.reps} repetitions",

@@ -7,7 +7,7 @@ at once, against the best single processor.
 In this process, on the default model's layer-0 weights in a pool laid out as the engine lays it
 out (scripts/profile_decode.pool_program). Decode is one row (GPU-dominant); prefill is `--bucket`
 rows (NPU-dominant). The JSON it writes is the profile policies/rowcut.plan_rows reads
-(`Engine(rowcut_profile=FILE)`; by default the engine loads policies/rowcut.PROFILE_PATH, where
+(`Pool(rowcut_profile=FILE)`; by default the engine loads policies/rowcut.PROFILE_PATH, where
 this script writes, when it exists). Both halves at once are measured, not only predicted: on a machine
 whose "GPU" and "NPU" are the same cores (PoCL and OpenVINO's CPU device) they contend, which a
 profile of each alone cannot see.

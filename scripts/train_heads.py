@@ -94,9 +94,9 @@ def answer(convs: list, max_tokens: int, model) -> list:
 def hidden_states(seqs: list, model) -> list:
     """[hidden [T, D] f32] of each sequence's rows (prompt and answer): socllm's prefill chunks
     at f32 on the GPU plan, each row's final-normed hidden state read from the pool."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     out = []
-    with Engine(processors_=("gpu",), model=model, context=1024, max_seqs=1) as eng:
+    with Pool(processors_=("gpu",), model=model, context=1024, max_seqs=1) as eng:
         run = eng.runner("gpu", "f32")
         hidden = run.hidden_rows()
         chunk = run.lay.max_rows

@@ -73,13 +73,13 @@ def _own_agent_port(port: int):
 def ray_session():
     """The test session's one Ray instance (its own, even when the user runs a cluster and a
     service here), with the dashboard that `ray job submit` needs, started by the first test that
-    asks for it (or for `engine`). Yields (GCS address, dashboard URL); an Engine a test makes
+    asks for it (or for `engine`). Yields (GCS address, dashboard URL); an Pool a test makes
     joins it in process, and every subprocess (the CLI) through RAY_ADDRESS, which stays set for
     the rest of the session once it started."""
     import os
 
     import ray
-    from socllm.actors.engine import OBJECT_STORE_BYTES
+    from socllm.actors.pool import OBJECT_STORE_BYTES
     with _own_agent_port(free_port()):
         ctx = ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES,
                        include_dashboard=True,
@@ -99,8 +99,8 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def engine(model_path, gguf_reader, ray_session):
-    from socllm.actors.engine import Engine
-    eng = Engine(reader=gguf_reader, context=640)     # a 600-row prompt fits (test_seqcut)
+    from socllm.actors.pool import Pool
+    eng = Pool(reader=gguf_reader, context=640)     # a 600-row prompt fits (test_seqcut)
     yield eng
     eng.close()
 
@@ -129,9 +129,9 @@ def short_tmp():
 @pytest.fixture(scope="module")
 def engine_npu(gguf_reader, ray_session):
     """An engine with all three processor actors over an f16 paged KV cache (the service's)."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.service import KV_DTYPE
-    eng = Engine(reader=gguf_reader, context=256, processors_=("cpu", "gpu", "npu"), max_seqs=4,
+    eng = Pool(reader=gguf_reader, context=256, processors_=("cpu", "gpu", "npu"), max_seqs=4,
                  kv_mb=8, kv_dtype=KV_DTYPE["q8"])
     yield eng
     eng.close()

@@ -20,7 +20,8 @@ def forced(monkeypatch):
 
 
 def test_a_discrete_buffer_is_a_copy_until_ranges_move(forced):
-    from socllm.actors.gpu.kernels import CLKernels, make_context, wrap_arena
+    from socllm.actors.gpu.device import make_context, wrap_arena
+    from socllm.actors.gpu.kernels import CLKernels
     ctx, queue, _ = make_context()
     arena = np.zeros(1 << 16, np.uint8)
     arena[:256].view(np.float32)[:] = 1.0
@@ -79,14 +80,14 @@ def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced
     which never moves a request's steps to the NPU: its actor is not started) and the service's
     paged steps (chunks over a block table, then a decode batch) copy only the control plane's
     writes up and the logits down."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.runner import Runner
     path = write_tiny(tmp_path / "m.gguf", dim=64, ffn=128, head_dim=32, matrix="Q5_0", layers=2)
     reader = open_gguf(path)
     cfg = load_config(reader)
     oracle = Oracle(cfg, load_weights(reader, cfg))
     prompts = [[5, 9, 33, 70, 100, 2, 3], [40, 41, 42]]
-    eng = Engine(model=path, context=64, threads=2, max_seqs=2,
+    eng = Pool(model=path, context=64, threads=2, max_seqs=2,
                  kv_mb=1, kv_dtype="f32")
     try:
         assert eng.available == {"cpu", "gpu"} and "discrete" in eng.skipped["npu"]

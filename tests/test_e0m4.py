@@ -151,7 +151,7 @@ def q4_weights(gguf_reader):
 @pytest.fixture(scope="module")
 def cl_dev():
     import pyopencl as cl
-    from socllm.actors.gpu.kernels import make_context, wrap_arena
+    from socllm.actors.gpu.device import make_context, wrap_arena
     ctx, queue, _ = make_context()
     raw = np.zeros((8 << 20) + 4096, np.uint8)
     start = -raw.ctypes.data % 4096                                 # page-aligned, as the pool's

@@ -93,11 +93,11 @@ def _engine_greedy(path, plans, n=8):
     These tiny random models repeat one to three tokens (an engine stuck on one would match
     their greedy text), so each plan's logits are also checked here: fed the prompt and the
     oracle's tokens, one decode step each, within LOGITS_TOL of the oracle's."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     reader = open_gguf(path)
     cfg = load_config(reader)
     oracle = Oracle(cfg, load_weights(reader, cfg))
-    eng = Engine(model=path, context=64, threads=2)
+    eng = Pool(model=path, context=64, threads=2)
     try:
         ids = eng.encode_prompt("Hello, world! 123")
         want = oracle.greedy(ids, n)
@@ -148,11 +148,11 @@ def test_a_mixed_k_quant_model_runs_on_the_gpu_and_the_npu_with_the_oracle_token
 
 def test_a_q4_0_model_runs_on_every_processor(tmp_path, ray_session):
     path = write_tiny(tmp_path / "q40.gguf", matrix="Q4_0", layers=2, dim=64, ffn=128, head_dim=32)
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     reader = open_gguf(path)
     cfg = load_config(reader)
     oracle = Oracle(cfg, load_weights(reader, cfg))
-    eng = Engine(model=path, context=64, threads=2)
+    eng = Pool(model=path, context=64, threads=2)
     try:
         assert eng.skipped == {}
         every_plan_gives_the_oracles_tokens_and_logits(eng, oracle, LOGITS_TOL)
@@ -179,7 +179,7 @@ def test_other_families_give_the_oracle_tokens_on_every_processor(tmp_path, ray_
 def runner_engines(tmp_path_factory, ray_session):
     """kind -> (engine, oracle): one engine per model, started when a test first asks for it and
     shared by both precisions' runners (each its own Runner, over a zeroed KV cache)."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     blocks_only = {k: v for k, v in MIXED.items() if v not in ("F16", "BF16")}
     made = {}
 
@@ -192,7 +192,7 @@ def runner_engines(tmp_path_factory, ray_session):
                                layers=3 if kind == "gemma3" else 2, matrix="Q8_0"))
             reader = open_gguf(path)
             cfg = load_config(reader)
-            made[kind] = (Engine(model=path, context=64, processors_=("cpu", "gpu"), max_seqs=4,
+            made[kind] = (Pool(model=path, context=64, processors_=("cpu", "gpu"), max_seqs=4,
                                  kv_mb=1, kv_dtype="f16", double_rows=8),
                           Oracle(cfg, load_weights(reader, cfg)))
         return made[kind]

@@ -122,7 +122,7 @@ def shaped(request):
     a GPU's (kernels_cl.GPU_SHAPED: a GEMV row pair over a group, epilogues over the last group,
     attention a group per head), both on PoCL"""
     from socllm.actors.gpu.backend import GPUBackend
-    from socllm.actors.gpu.kernels import GPU_SHAPED
+    from socllm.actors.gpu.device import GPU_SHAPED
     made = {}
 
     def backend(pool):
@@ -178,7 +178,7 @@ def test_bound_fused_units_follow_the_position_word_from_step_to_step(pool, shap
     position word begin_step writes (copied up on a discrete device), not from their pre-bound
     arguments; both steps' logits and KV rows equal the op-by-op steps'."""
     from socllm.actors.gpu.backend import GPUBackend
-    from socllm.actors.gpu.kernels import GPU_SHAPED
+    from socllm.actors.gpu.device import GPU_SHAPED
     monkeypatch.setenv("SOCLLM_CL_DISCRETE", discrete)
     arena, lay, prog, _ = pool
     opts = GPU_SHAPED if shaped(pool) is not pool[3] else ""

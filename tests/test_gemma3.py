@@ -68,10 +68,10 @@ GREEDY = {"gpu": 12, "npu": 12}
 
 
 def test_the_gpu_and_the_npu_give_the_oracles_greedy_tokens(gemma, oracle, ray_session):
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     prompt = FIX["prompt"][:12]
     want = oracle.greedy(prompt, max(GREEDY.values()))
-    eng = Engine(model=gemma[0], context=64, threads=2, processors_=tuple(GREEDY))  # no CPU actor
+    eng = Pool(model=gemma[0], context=64, threads=2, processors_=tuple(GREEDY))  # no CPU actor
     try:
         for plan, n in GREEDY.items():
             got = eng.generate_ids(prompt, plan=plan, precision="f32", max_tokens=n, ignore_eos=True)

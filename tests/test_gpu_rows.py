@@ -22,10 +22,10 @@ MAX_ERR = 1e-3          # largest |error| / largest |logit|
 
 @pytest.fixture(scope="module")
 def runner(gguf_reader, ray_session):
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.runner import Runner
     from socllm.actors.service import KV_DTYPE
-    eng = Engine(reader=gguf_reader, context=128, processors_=("gpu",), max_seqs=8, kv_mb=8,
+    eng = Pool(reader=gguf_reader, context=128, processors_=("gpu",), max_seqs=8, kv_mb=8,
                  kv_dtype=KV_DTYPE["q16"])
     yield Runner(eng, "gpu", "q16")
     eng.close()

@@ -18,7 +18,8 @@ import pytest
 
 import pyopencl  # noqa: F401  (a hard dependency: missing or broken, this file fails)
 
-from socllm.actors.gpu.kernels import GPU_SHAPED, CLKernels, Mirror, discrete, make_context, wrap_arena
+from socllm.actors.gpu.device import GPU_SHAPED, Mirror, discrete, make_context, wrap_arena
+from socllm.actors.gpu.kernels import CLKernels
 from socllm.actors.cpu.kernels import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1

@@ -129,10 +129,10 @@ def test_the_engine_computes_what_llamacpp_computes(tmp_path, ray_session, name,
     weights), quantized ones on the GPU. Each position's logits (one decode step each) agree with
     llama.cpp's as the oracle's do, and with the oracle's (the same dequantized weights, f32
     activations) to 1e-4; 16 greedy tokens are llama.cpp's where its reference varies."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     want, greedy = FIX[f"{name}/logits"], FIX[f"{name}/greedy"].tolist()
     path = model_path(name, str(tmp_path))
-    eng = Engine(model=path, context=64, threads=2)
+    eng = Pool(model=path, context=64, threads=2)
     try:
         out = eng.generate_ids(PROMPT, plan=plan, precision="f32", max_tokens=len(greedy), ignore_eos=True)
         got = eng.logits_after(PROMPT, plan, "f32")

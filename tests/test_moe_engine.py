@@ -62,9 +62,9 @@ def test_an_moe_file_loads_with_its_experts_and_a_wrong_one_is_refused(moe, tmp_
 
 
 def test_every_processor_runs_moe_layers_with_the_oracles_routing(moe, ray_session):
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     path, oracle = moe
-    eng = Engine(model=path, context=64, threads=2, moe_graphs="grouped")
+    eng = Pool(model=path, context=64, threads=2, moe_graphs="grouped")
     try:
         every_plan_gives_the_oracles_tokens_and_logits(eng, oracle, LOGITS_TOL)
         npu = next(i for i in eng.info() if i["processor"] == "npu")["moe"]
@@ -80,13 +80,13 @@ def test_qwen3moe_and_olmoe_files_run_on_every_processor(tmp_path, ray_session, 
     """The other MoE families llama.cpp runs (its own logits for them: tests/test_llamacpp.py):
     Qwen3-MoE's per-head Q/K norms and experts of expert_feed_forward_length, OLMoE's Q/K norms
     over the whole projections and routing weights left unrenormalized, on every processor."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     path = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, dim=64, ffn=64, head_dim=32,
                       matrix="Q4_1", layers=2, top_k=2, vocab=300)
     reader = open_gguf(path)
     cfg = load_config(reader)
     assert (cfg.n_experts, cfg.ffn_dim, cfg.qk_norm, cfg.moe_norm) == (8, 64, qk_norm, moe_norm)
-    eng = Engine(model=path, context=64, threads=2)
+    eng = Pool(model=path, context=64, threads=2)
     try:
         every_plan_gives_the_oracles_tokens_and_logits(eng, Oracle(cfg, load_weights(reader, cfg)),
                                                        LOGITS_TOL)
@@ -98,10 +98,10 @@ def test_qwen3moe_and_olmoe_files_run_on_every_processor(tmp_path, ray_session, 
 def test_the_npus_other_moe_graphs_give_the_oracles_logits(moe, ray_session, monkeypatch, graphs):
     """NPUMoE's baselines, kept for measuring against: a graph per expert at the chunk's full
     size, and one graph running every row through every expert."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     monkeypatch.setenv("SOCLLM_MOE_GRAPHS", graphs)
     path, oracle = moe
-    eng = Engine(model=path, context=64, threads=2, processors_=("cpu", "npu"))
+    eng = Pool(model=path, context=64, threads=2, processors_=("cpu", "npu"))
     try:
         ids = eng.encode_prompt("Hello, world! 123")
         ref = oracle.logits_for(ids)
@@ -123,10 +123,10 @@ def test_the_service_runner_batches_moe_rows_across_sequences(moe, ray_session, 
     """Prefill chunks over an f16 paged KV cache, then decode batches whose rows (three
     sequences) take different experts, then one sequence alone (the GPU's fused one-row decode):
     teacher-forced logits against the oracle at every precision."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.runner import Runner
     path, oracle = moe
-    eng = Engine(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=4, kv_mb=1,
+    eng = Pool(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=4, kv_mb=1,
                  kv_dtype="f16", double_rows=8, moe_graphs="grouped")
     rng = [np.random.default_rng(s) for s in range(3)]
     prompts = [[int(t) for t in r.integers(1, 250, n)] for r, n in zip(rng, (9, 3, 14))]
@@ -154,7 +154,7 @@ def test_the_npus_pruned_expert_graphs_compute_the_policys_layer(moe, ray_sessio
     the oracle whose MoE layers dispatch as policies/moe.py says (Oracle.moe_assemble, what
     scripts/moe_ppl.py measures perplexity with), and those differ from exact routing's."""
     import json
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.runner import Runner
     from socllm.models.gguf_file import _sha256
     from socllm.policies import moe as policy
@@ -172,7 +172,7 @@ def test_the_npus_pruned_expert_graphs_compute_the_policys_layer(moe, ray_sessio
     plan = policy.plan(calib, profile, "prune", 8)
     assert all(lp.layout()[1].all() for lp in plan.layers)            # every expert resident
     ids = [int(t) for t in np.random.default_rng(7).integers(1, 250, T)]
-    eng = Engine(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=2, kv_mb=1,
+    eng = Pool(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=2, kv_mb=1,
                  moe_graphs="grouped", moe_overflow="prune", cache_dir=str(tmp_path))
     try:
         runner = Runner(eng, "npu", "f32", npu_chunk=T)

@@ -39,14 +39,14 @@ BOUNDS = {"q16": (3e-3, 2e-3, 2e-5, 64, 1e-3), "q8": (0.1, 0.065, 1e-2, 60, 0.02
 def served(gguf_reader, ray_session):
     """precision -> an engine laid out as the service lays out its own for it (its KV dtype),
     one per KV dtype, made when first asked for."""
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     from socllm.actors.service import KV_DTYPE
     made: dict = {}
 
     def get(precision):
         kv = KV_DTYPE[precision]
         if kv not in made:
-            made[kv] = Engine(reader=gguf_reader, context=128, processors_=("cpu", "gpu"),
+            made[kv] = Pool(reader=gguf_reader, context=128, processors_=("cpu", "gpu"),
                               max_seqs=2, kv_mb=8, kv_dtype=kv)
         return made[kv]
     yield get

@@ -1,4 +1,4 @@
-"""Speculative decoding in the one engine (policies/drafting.py, actors/loop.py): drafts verified
+"""Speculative decoding in the one engine (policies/drafting.py, actors/engine.py): drafts verified
 as more rows of a decode step give exactly the tokens plain decoding gives (greedy at f32, and
 seeded sampling), with several sequences drafting in one step, and the oracle's greedy tokens."""
 from __future__ import annotations

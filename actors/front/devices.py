@@ -18,7 +18,7 @@ def describe_devices() -> dict:
                  "note": "PoCL runs OpenCL on the CPU: a real OpenCL run, not a GPU" if "Portable" in p.name else ""}
                 for d in p.get_devices()]})
         out["opencl"] = plats
-        from socllm.actors.gpu.kernels import make_context
+        from socllm.actors.gpu.device import make_context
         _, _, dev = make_context(config=config)
         out["gpu_actor"] = f"{dev.platform.name}: {dev.name}"
     except Exception as e:

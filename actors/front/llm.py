@@ -40,7 +40,7 @@ class LLM:
         from socllm.policies.config import ServeConfig
         from socllm.policies.threads import ray_env_options
         from socllm.actors.front.client import Client
-        from socllm.actors.engine import ensure_ray
+        from socllm.actors.pool import ensure_ray
         from socllm.actors.service import Service
         bad = {"http_host", "http_port"} & set(knobs)
         if bad:
@@ -86,7 +86,7 @@ class LLM:
             ray.kill(self._service)
             self._service = None
         if self._started_ray:
-            from socllm.actors.engine import stop_ray
+            from socllm.actors.pool import stop_ray
             stop_ray()
             self._started_ray = False
 

@@ -55,7 +55,7 @@ def spec(a) -> int:
 
     from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS
     from socllm.policies.drafting import MAX_DRAFT, choose, expected
-    from socllm.actors.engine import Engine
+    from socllm.actors.pool import Pool
     precision = a.precision or DEFAULT_PRECISION
     if precision not in SERVE_PRECISIONS:         # before the progress line: one line, exit 2
         raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(SERVE_PRECISIONS)})")
@@ -66,7 +66,7 @@ def spec(a) -> int:
     from socllm.models.llama import read_config
     # 256 positions, or all a smaller model has (a fixed 256 refused those: context must be in ...)
     context = min(256, read_config(open_gguf(model_path(a.plan_model))).context_length)
-    with Engine(processors_=("gpu",), model=a.plan_model, max_seqs=rows, context=context) as eng:
+    with Pool(processors_=("gpu",), model=a.plan_model, max_seqs=rows, context=context) as eng:
         run = eng.runner("gpu", precision)
         run.warm(rows, chunks=())
         prof = run.profile_batches(rows, reps=5)

@@ -35,7 +35,8 @@ class GPUBackend:
         environment's (scripts and tests that make a backend in process)."""
         from socllm.policies.config import EngineConfig
 
-        from socllm.actors.gpu.kernels import CLKernels, make_context, wrap_arena
+        from socllm.actors.gpu.device import make_context, wrap_arena
+        from socllm.actors.gpu.kernels import CLKernels
         config = EngineConfig.from_env() if config is None else config
         self.ctx, self.queue, self.device = make_context(profile=profile, config=config)
         from socllm.actors.gpu.fused import counter_at, pos_word_at

@@ -1,4 +1,6 @@
-"""pyopencl, with PoCL able to compile kernels for this CPU.
+"""The GPU actor's OpenCL device: a context and queue (make_context), the pool's arena as one
+buffer (wrap_arena: zero-copy where memory is shared, else a copy), the kernels' tuning macros per
+device kind; and pyopencl with PoCL able to compile kernels for this CPU (below).
 
 The PoCL that PyPI's pyopencl wheels carry (pocl-binary-distribution 3.0) has LLVM 14 built in.
 LLVM 14 does not know AMD's family-26 CPUs (Zen 5). It names such a host "generic", and PoCL 3.0
@@ -14,15 +16,17 @@ actors/gpu/cl/decode.cl and batch.cl take one vpdpbusd instead of two instructio
 before). The config's pocl_cpu (SOCLLM_POCL_CPU) names one of them instead; pocl_as_is
 (SOCLLM_POCL_AS_IS=1) leaves PoCL as it is. The copy is kept under ~/.cache/socllm, beside a link
 to PoCL's own resources, which PoCL finds relative to its library. pyopencl's ICD loader is
-pointed at it (PYOPENCL_HOME) by `name_the_cpu`, which kernels_cl.make_context calls before the
+pointed at it (PYOPENCL_HOME) by `name_the_cpu`, which make_context calls before the
 first platform query. On any other CPU, or with another PoCL build, nothing changes.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 
+import numpy as np
 import pyopencl as cl
 
 # libpocl of pocl-binary-distribution 3.0 in pyopencl 2026.1.4's wheel:
@@ -138,3 +142,79 @@ def name_the_cpu(config=None):
         return
     if home:
         os.environ["PYOPENCL_HOME"] = home    # read by the loader at its first platform query
+
+
+# tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
+# a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
+# rows (LIN_R rows a group; 16 measured worse than 8 on 2 threads) and vectorizes inside them
+_KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4, "ATT_WG": 64},
+          "cpu": {"LIN_T": 1, "LIN_R": 8, "GEMM_TN": 8, "ATT_WG": 1}}
+# a GPU's work shapes, small enough for PoCL: the tests build the GPU forms of the kernels with
+# these options (a GEMV row pair over LIN_T work-items, epilogues over the last work-group,
+# attention over ATT_WG), so those forms run on this machine too
+GPU_SHAPED = "-DSOCLLM_PORTABLE -DLIN_T=8 -DLIN_R=2 -DATT_WG=4"
+_KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN|ATT_WG)=(\d+)")
+
+
+def tuning(device, build_options: str = "") -> tuple:
+    """-> (knobs, compiler options): the device kind's _KNOBS, overridden by -DKNOB=n in
+    build_options, followed by build_options' other flags."""
+    knobs = dict(_KNOBS["gpu" if device.type & cl.device_type.GPU else "cpu"])
+    knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
+    options = " ".join([f"-D{k}={v}" for k, v in knobs.items()] + [_KNOB.sub("", build_options).strip()])
+    return knobs, options
+
+
+def make_context(device_kind: str = "any", profile: bool = False, config=None):
+    """-> (ctx, queue, device). "any": the first GPU of any platform, else a CPU device (PoCL's
+    first); "gpu" / "cpu": only that kind, RuntimeError if there is none. profile: a queue that
+    times every kernel (CLKernels.kernel_times). config: the PoCL knobs of this process's first
+    context (opencl.name_the_cpu; None: the environment's)."""
+    name_the_cpu(config)
+    gpus, cpus = [], []
+    for p in cl.get_platforms():
+        for d in p.get_devices():
+            if d.type & cl.device_type.GPU:
+                gpus.append(d)
+            elif d.type & cl.device_type.CPU:
+                cpus.append(d)
+    cpus.sort(key=lambda d: "Portable Computing Language" not in d.platform.name)
+    pick = {"any": gpus + cpus, "gpu": gpus, "cpu": cpus}[device_kind]
+    if not pick:
+        raise RuntimeError(f"no OpenCL {device_kind} device")
+    device = pick[0]
+    ctx = cl.Context([device])
+    props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
+    return ctx, cl.CommandQueue(ctx, device, properties=props), device
+
+
+def discrete(ctx: cl.Context, forced: bool | None = None) -> bool:
+    """Device memory apart from the host's (a discrete GPU), or `forced` (the config's
+    cl_discrete, SOCLLM_CL_DISCRETE=1; None: the environment's): the copying path on a unified
+    device (PoCL), to test it where no discrete GPU is."""
+    if forced is None:
+        from socllm.policies.config import EngineConfig
+        forced = EngineConfig.from_env().cl_discrete
+    return forced or not all(d.host_unified_memory for d in ctx.devices)
+
+
+def wrap_arena(ctx: cl.Context, arena: np.ndarray, forced: bool | None = None) -> cl.Buffer:
+    """The arena (uint8 [bytes]) as one cl.Buffer: zero-copy (USE_HOST_PTR) on host-unified memory,
+    else an uploaded copy (COPY_HOST_PTR), whose outputs the caller must copy back. forced:
+    discrete()'s."""
+    mf = cl.mem_flags
+    if not discrete(ctx, forced):
+        if arena.ctypes.data % 64:   # PoCL uses the pointer as is: a misaligned vector load faults
+            raise ValueError("the arena must start 64-byte aligned to be wrapped zero-copy")
+        return cl.Buffer(ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=arena)
+    return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arena)
+
+
+class Mirror:
+    """A host arena and a discrete buffer holding its copy, kept whole in step: the host's is
+    uploaded before the first launch after a finish() (the caller may have written it), and the
+    device's downloaded by finish(). The kernel tests' harness on a discrete device; the engine
+    copies only live ranges."""
+
+    def __init__(self, host: np.ndarray):
+        self.host, self.stale = host, True

@@ -15,7 +15,8 @@ from socllm.actors.gpu.device import cl
 
 from socllm.models.quant import QK
 
-from socllm.actors.gpu.kernels import SRC as CL_SRC, check_aligned, round_up, tuning
+from socllm.actors.gpu.device import tuning
+from socllm.actors.gpu.kernels import SRC as CL_SRC, check_aligned, round_up
 
 SRC = Path(__file__).parent / "cl" / "e0m4.cl"   # built after kernels.cl, whose helpers it uses
 

@@ -26,7 +26,8 @@ import re
 from pathlib import Path
 
 import numpy as np
-from socllm.actors.gpu.device import cl, name_the_cpu
+from socllm.actors.gpu.device import Mirror, cl, discrete, tuning
+from socllm.actors.gpu.launches import Replay
 from socllm.actors.gpu.moe import MOE_SCALARS, MoELaunches
 # a program's tensor refs as kernel arguments (re-exported: gpu/fused.py, gpu/e0m4.py import them here)
 from socllm.actors.gpu.refs import (check_aligned, out_offset, prepared_row_bytes,  # noqa: F401
@@ -97,82 +98,6 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
     **MOE_SCALARS,
 }
-# tuning macros of kernels.cl: a GPU splits a GEMV row over a warp and an attention row's keys over
-# a work-group (split-K); PoCL-on-CPU runs a work-group on one thread, so a work-item gets whole
-# rows (LIN_R rows a group; 16 measured worse than 8 on 2 threads) and vectorizes inside them
-_KNOBS = {"gpu": {"LIN_T": 32, "LIN_R": 4, "GEMM_TN": 4, "ATT_WG": 64},
-          "cpu": {"LIN_T": 1, "LIN_R": 8, "GEMM_TN": 8, "ATT_WG": 1}}
-# a GPU's work shapes, small enough for PoCL: the tests build the GPU forms of the kernels with
-# these options (a GEMV row pair over LIN_T work-items, epilogues over the last work-group,
-# attention over ATT_WG), so those forms run on this machine too
-GPU_SHAPED = "-DSOCLLM_PORTABLE -DLIN_T=8 -DLIN_R=2 -DATT_WG=4"
-_KNOB = re.compile(r"-D\s*(LIN_T|LIN_R|GEMM_TN|ATT_WG)=(\d+)")
-
-
-def tuning(device, build_options: str = "") -> tuple:
-    """-> (knobs, compiler options): the device kind's _KNOBS, overridden by -DKNOB=n in
-    build_options, followed by build_options' other flags."""
-    knobs = dict(_KNOBS["gpu" if device.type & cl.device_type.GPU else "cpu"])
-    knobs.update({k: int(v) for k, v in _KNOB.findall(build_options)})
-    options = " ".join([f"-D{k}={v}" for k, v in knobs.items()] + [_KNOB.sub("", build_options).strip()])
-    return knobs, options
-
-
-def make_context(device_kind: str = "any", profile: bool = False, config=None):
-    """-> (ctx, queue, device). "any": the first GPU of any platform, else a CPU device (PoCL's
-    first); "gpu" / "cpu": only that kind, RuntimeError if there is none. profile: a queue that
-    times every kernel (CLKernels.kernel_times). config: the PoCL knobs of this process's first
-    context (opencl.name_the_cpu; None: the environment's)."""
-    name_the_cpu(config)
-    gpus, cpus = [], []
-    for p in cl.get_platforms():
-        for d in p.get_devices():
-            if d.type & cl.device_type.GPU:
-                gpus.append(d)
-            elif d.type & cl.device_type.CPU:
-                cpus.append(d)
-    cpus.sort(key=lambda d: "Portable Computing Language" not in d.platform.name)
-    pick = {"any": gpus + cpus, "gpu": gpus, "cpu": cpus}[device_kind]
-    if not pick:
-        raise RuntimeError(f"no OpenCL {device_kind} device")
-    device = pick[0]
-    ctx = cl.Context([device])
-    props = cl.command_queue_properties.PROFILING_ENABLE if profile else 0
-    return ctx, cl.CommandQueue(ctx, device, properties=props), device
-
-
-def discrete(ctx: cl.Context, forced: bool | None = None) -> bool:
-    """Device memory apart from the host's (a discrete GPU), or `forced` (the config's
-    cl_discrete, SOCLLM_CL_DISCRETE=1; None: the environment's): the copying path on a unified
-    device (PoCL), to test it where no discrete GPU is."""
-    if forced is None:
-        from socllm.policies.config import EngineConfig
-        forced = EngineConfig.from_env().cl_discrete
-    return forced or not all(d.host_unified_memory for d in ctx.devices)
-
-
-def wrap_arena(ctx: cl.Context, arena: np.ndarray, forced: bool | None = None) -> cl.Buffer:
-    """The arena (uint8 [bytes]) as one cl.Buffer: zero-copy (USE_HOST_PTR) on host-unified memory,
-    else an uploaded copy (COPY_HOST_PTR), whose outputs the caller must copy back. forced:
-    discrete()'s."""
-    mf = cl.mem_flags
-    if not discrete(ctx, forced):
-        if arena.ctypes.data % 64:   # PoCL uses the pointer as is: a misaligned vector load faults
-            raise ValueError("the arena must start 64-byte aligned to be wrapped zero-copy")
-        return cl.Buffer(ctx, mf.READ_WRITE | mf.USE_HOST_PTR, hostbuf=arena)
-    return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arena)
-
-
-class Mirror:
-    """A host arena and a discrete buffer holding its copy, kept whole in step: the host's is
-    uploaded before the first launch after a finish() (the caller may have written it), and the
-    device's downloaded by finish(). The kernel tests' harness on a discrete device; the engine
-    copies only live ranges."""
-
-    def __init__(self, host: np.ndarray):
-        self.host, self.stale = host, True
-
-
 class CLKernels(MoELaunches):
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, arena_buf: cl.Buffer,
                  build_options: str = "", kv_dtype: str = "f32", mirror: "Mirror | None" = None,
@@ -269,7 +194,7 @@ class CLKernels(MoELaunches):
                 self._recording, self._rope_table, self._prepared = None, None, None
         bound = []
         for (name, gsize, lsize, a0, ks), (_, _, _, a1, _) in zip(*recs):
-            knl = self._clone(ks, name, a0)
+            knl = self.clone(ks, name, a0)
             moving = [(i + 1, _SCALARS[name][i], v0, v1 - v0)
                       for i, (v0, v1) in enumerate(zip(a0, a1)) if v0 != v1]
             bound.append((name, knl, gsize, lsize, moving))
@@ -286,7 +211,7 @@ class CLKernels(MoELaunches):
                     events.append((name, ev))
         return run
 
-    def _clone(self, ks, name: str, args) -> "cl.Kernel":
+    def clone(self, ks, name: str, args) -> "cl.Kernel":
         """A kernel of its own for one recorded launch, its arguments set once. Arguments go
         one by one as numpy scalars: set_scalar_arg_dtypes on every clone generated pyopencl's
         invoker anew through its on-disk cache (~0.2 ms a launch, most of a recording's cost)."""
@@ -298,106 +223,9 @@ class CLKernels(MoELaunches):
 
     def replay(self, tasks: list, rows_act: tuple | None = None, keep: int | None = None,
                rope_rows: tuple | None = None, stages: list | None = None):
-        """Tasks that depend on no pos0 (a paged program: positions are data in the pool) as
-        run(n): the launches for n rows are recorded once, each with its own cl.Kernel and its
-        arguments set once, and only enqueued at later steps of n rows (no Python per op).
-        rows_act = (offset, bytes, bits): the linears of more than one row take their rows
-        prepared in int16 (bits 16) or int8 (8) in that scratch (decode batches at q16 / q8).
-        keep: recordings kept at most, the least recently used dropped (each is a few hundred
-        kernel objects); 0: none, every step walks its tasks (prefill chunks: in every length,
-        and the walk's ~2 ms of Python is within 1-3 % of a recording's time for 20-128 rows,
-        where recording a length costs ~100 ms, which a reactive arrival behind it waited for).
-        rope_rows: (offset, bytes) of the step's cos / sin table (default: the kernels' own).
-        stages: each task's stage (graph/program.py stage_of): run(n, span=(lo, hi)) enqueues
-        only the launches of stages lo .. hi-1 (every stage prepares its own inputs)."""
-        recorded: dict = {}
-        queue, events, profile = self.queue, self.events, self.profile
-        stages = stages or [0] * len(tasks)
-        table = rope_rows or self.rope_rows
-        last = max(stages)
-
-        class Recording:
-            """The launches for n rows, recorded up to some stage: a span records only as far as
-            it runs (recording every stage of a 128-row chunk took ~200 ms of Python, which a
-            reactive arrival waited for behind the chunk's first span)."""
-
-            def __init__(self):
-                self.bound, self.next = [], 0           # launches; the next task to record
-                self.starts = {}                        # stage -> index of its first launch
-                self.state = (None, None)               # (_prepared, _rope_table) between parts
-
-        def walk(n: int, state: tuple, select) -> tuple:
-            """Runs the tasks select(i, stage) takes, in order, for n rows (launches go to
-            self._recording where one is open), from the carried (_prepared, _rope_table) state;
-            -> that state after them."""
-            saved = (self.rows_act, self._prepared, self._rope_table, self.rope_rows, self._one_step)
-            self.rows_act, self.rope_rows, self._one_step = rows_act, table, True
-            self._prepared, self._rope_table = state
-            try:
-                for i, (t, stage) in enumerate(zip(tasks, stages)):
-                    if not select(i, stage):
-                        continue
-                    self.run(t.op, t.args, n, 0)
-                    if self._prepared and t.args.get("out", (None, None))[1] == self._prepared[0]:
-                        self._prepared = None          # its input was overwritten
-                return self._prepared, self._rope_table
-            finally:
-                self.rows_act, self._prepared, self._rope_table, self.rope_rows, self._one_step = saved
-
-        def record(rec: Recording, n: int, upto: int):
-            """Records tasks until the first of stage >= upto (the same launches, in the same
-            order, as recording them all at once: the state carries from one part to the next)."""
-            saved, self._recording = self._recording, []
-            first = len(rec.bound)
-
-            def select(i, stage):
-                if i < rec.next or stage >= upto:
-                    return False
-                rec.starts.setdefault(stage, first + len(self._recording))
-                rec.next = i + 1
-                return True
-            try:
-                rec.state = walk(n, rec.state, select)
-                recs = self._recording
-            finally:
-                self._recording = saved
-            for name, gsize, lsize, args, ks in recs:
-                rec.bound.append((name, self._clone(ks, name, args), gsize, lsize))
-
-        def bound_of(rec: Recording, k: int) -> int:
-            """Index of stage k's first launch (a stage without launches: the next one's)."""
-            while k <= last and k not in rec.starts:
-                k += 1
-            return rec.starts[k] if k <= last else len(rec.bound)
-
-        mirror = self.mirror
-
-        walked: dict = {}          # n -> (_prepared, _rope_table) between a walked chunk's spans
-
-        def run(n, pos0=0, span=None):
-            if mirror is not None:
-                self.upload()
-            lo, hi = (0, last + 1) if span is None else (min(k, last + 1) for k in span)
-            if keep == 0:
-                walked[n] = walk(n, walked.get(n, (None, None)) if lo else (None, None),
-                                 lambda i, stage: lo <= stage < hi)
-                return
-            rec = recorded.pop(n, None) or Recording()
-            recorded[n] = rec                          # the most recently used last
-            if keep is not None and len(recorded) > keep:
-                del recorded[next(iter(recorded))]
-            if rec.next < len(tasks) and stages[rec.next] < hi:
-                try:
-                    record(rec, n, hi)
-                except Exception:          # a part recorded half-way: none of it is kept
-                    recorded.pop(n, None)
-                    raise
-            launches = rec.bound if span is None else rec.bound[bound_of(rec, lo): bound_of(rec, hi)]
-            for name, knl, gsize, lsize in launches:
-                ev = cl.enqueue_nd_range_kernel(queue, knl, gsize, lsize)
-                if profile:
-                    events.append((name, ev))
-        return run
+        """A paged program's tasks as run(n, pos0=0, span=None): their launches for n rows
+        recorded once and replayed (gpu/launches.py Replay, which says what the arguments do)."""
+        return Replay(self, tasks, rows_act, keep, rope_rows, stages)
 
     def kernel_times(self) -> dict:
         """kernel name -> (launches, seconds inside the kernel) over the events recorded so far."""

@@ -96,7 +96,7 @@ def serve(soc, planner, items: list, how: str, chunk: int = 128, weights: str = 
         batch = policy.schedule()
         prefill = [r for r in batch.prefill if not any(r in v[1] for v in inflight.values())]
         decode = [r for r in batch.decode if not any(r in v[1] for v in inflight.values())]
-        # one pipeline takes turns: a chunk, then a decode step of everyone (actors/loop.py)
+        # one pipeline takes turns: a chunk, then a decode step of everyone (actors/engine.py)
         turn = pre != dec or not (decode and last == "prefill")
         if prefill and pre not in inflight and turn:
             r = prefill[0]
