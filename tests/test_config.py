@@ -30,8 +30,8 @@ def test_cli_defaults_are_the_config_fields():
 
 
 def test_engine_and_service_share_one_default_precision():
-    from socllm.actors import engine, service
-    assert EngineConfig().precision == ServeConfig().precision == engine.DEFAULT_PRECISION \
+    from socllm.actors import pool, service
+    assert EngineConfig().precision == ServeConfig().precision == pool.DEFAULT_PRECISION \
         == service.DEFAULT_PRECISION == "q16"
 
 

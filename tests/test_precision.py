@@ -55,9 +55,9 @@ def served(gguf_reader, ray_session):
 
 
 def test_one_default_precision_for_generate_and_serve():
-    from socllm.actors import engine, service
+    from socllm.actors import pool, service
     from socllm.actors.front.cli import _parser
-    assert engine.DEFAULT_PRECISION == service.DEFAULT_PRECISION
+    assert pool.DEFAULT_PRECISION == service.DEFAULT_PRECISION
     assert _parser().parse_args(["serve"]).precision == service.DEFAULT_PRECISION
     from socllm.policies.config import ServeConfig       # the service's knobs (its one argument)
     assert ServeConfig().precision == service.DEFAULT_PRECISION
