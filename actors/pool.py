@@ -38,7 +38,7 @@ from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS, EngineCo
 from socllm.policies.placement import SERVE_PLANS, weight_problem
 from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.threads import private_ray_env, ray_env_options
+from socllm.policies.threads import actor_env
 
 from socllm.actors.planner import Planner
 from socllm.actors.processor import ProcessorActor
@@ -52,6 +52,30 @@ def _trim():
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def ray_env_options(threads: int) -> dict:
+    """Ray options that give an actor policies/threads.py's actor_env: none where the Ray itself
+    started with it (a private Ray socllm started: every worker inherits the raylet's
+    environment, and an actor with a runtime_env of its own started ~0.2 s later), else a
+    runtime_env that carries it."""
+    env = actor_env(threads)
+    if os.environ.get(INHERITED) == _stamp(env):
+        return {}
+    return {"runtime_env": {"env_vars": env}}
+
+
+INHERITED = "SOCLLM_RAY_ENV"       # set in a private Ray's environment: what its workers inherit
+
+
+def _stamp(env: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
+def private_ray_env(threads: int) -> dict:
+    """The environment variables a private Ray is started with (and so every actor in it)."""
+    env = actor_env(threads)
+    return env | {INHERITED: _stamp(env)}
 
 
 def ensure_ray(threads: int, address: str | None = None) -> bool:
@@ -80,7 +104,7 @@ def _start_private_ray(threads: int):
     - no prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
       (two idle ~80 MB processes on this machine);
     - the thread budget's variables in its own environment, which every worker inherits: no
-      runtime_env per actor (policies/threads.py ray_env_options); stop_ray() puts them back;
+      runtime_env per actor (ray_env_options); stop_ray() puts them back;
     - its autoscaler monitor and log monitor stopped as they appear: one machine has no nodes to
       add and no worker log goes to the driver; they took CPU from everything else's start (~0.2
       s of the README's command on two cores), and ray.shutdown() waited a second for the first."""

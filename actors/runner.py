@@ -319,7 +319,7 @@ class Runner:
 
     def reinstall(self):
         """Installs every program again where an actor lost them (a restarted actor; the others
-        keep theirs), from the bytes the engine keeps (the planner may be stopped)."""
+        keep theirs), from the bytes the pool keeps (the planner may be stopped)."""
         self.programs = {key: self._install(*key) for key in self.programs}
 
     def _check_errors(self, procs, waiting: bool = False):

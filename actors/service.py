@@ -151,7 +151,7 @@ class Service:
         plan = c.plan if c.plan != "auto" else "gpu" if spans else \
             _plan_cache(c.cache_dir, self.plan_key) or "auto"
         self.pool = e = Pool(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
-                                 double_rows=c.prefill_chunk if spans else 0)
+                             double_rows=c.prefill_chunk if spans else 0)
         self.precision = c.precision
         self.runner, self.placement = self._start_plan(e)
         self.plan = self.runner.plan
@@ -173,8 +173,7 @@ class Service:
         self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         spec = None if c.speculate == "off" else \
             Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
-        self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish,
-                                  spec)
+        self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish, spec)
 
     def _publish(self, seq: Sequence):
         """Wake the polls of a sequence that changed (from the loop's thread)."""

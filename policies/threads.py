@@ -28,30 +28,6 @@ def actor_env(threads: int) -> dict:
             "POCL_MAX_PTHREAD_COUNT": t}
 
 
-def ray_env_options(threads: int) -> dict:
-    """Ray options that give an actor the environment of actor_env: none where the Ray itself
-    started with it (a private Ray socllm started: every worker inherits the raylet's
-    environment, and an actor with a runtime_env of its own started ~0.2 s later), else a
-    runtime_env that carries it."""
-    env = actor_env(threads)
-    if os.environ.get(INHERITED) == _stamp(env):
-        return {}
-    return {"runtime_env": {"env_vars": env}}
-
-
-INHERITED = "SOCLLM_RAY_ENV"       # set in a private Ray's environment: what its workers inherit
-
-
-def _stamp(env: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(env.items()))
-
-
-def private_ray_env(threads: int) -> dict:
-    """The environment variables a private Ray is started with (and so every actor in it)."""
-    env = actor_env(threads)
-    return env | {INHERITED: _stamp(env)}
-
-
 def split(budget: int, shares: dict) -> dict:
     """Split a budget between processors that run at the same time, at least one thread each."""
     total = sum(shares.values())

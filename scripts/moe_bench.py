@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         plan, graphs = VARIANTS[name]
         if graphs not in engines:
             engines[graphs] = Pool(model=a.model, context=a.prompt + a.decode + 64, threads=2,
-                                     moe_graphs=graphs, moe_overflow=a.overflow)
+                                   moe_graphs=graphs, moe_overflow=a.overflow)
         r = Socllm(engines[graphs], f"{plan}/{a.precision}")
         r.name = f"socllm:{name}"
         runners.append(r)

@@ -168,8 +168,8 @@ def served_engine(reader, precision: str, context: int, rows: int, threads: int 
     per_row = cfg.n_layers * 2 * cfg.kv_dim * (2 if KV_DTYPE[precision] == "f16" else 4)
     blocks = rows * -(-context // BLOCK_ROWS) + 2
     return Pool(reader=reader, context=context, processors_=("cpu", "gpu"), threads=threads,
-                  max_seqs=rows, kv_mb=blocks * BLOCK_ROWS * per_row / 2**20 + 1,
-                  kv_dtype=KV_DTYPE[precision])
+                max_seqs=rows, kv_mb=blocks * BLOCK_ROWS * per_row / 2**20 + 1,
+                kv_dtype=KV_DTYPE[precision])
 
 
 def served_score(eng, precision: str, ids: list[int], window: int, rows: int):

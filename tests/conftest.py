@@ -132,6 +132,6 @@ def engine_npu(gguf_reader, ray_session):
     from socllm.actors.pool import Pool
     from socllm.actors.service import KV_DTYPE
     eng = Pool(reader=gguf_reader, context=256, processors_=("cpu", "gpu", "npu"), max_seqs=4,
-                 kv_mb=8, kv_dtype=KV_DTYPE["q8"])
+               kv_mb=8, kv_dtype=KV_DTYPE["q8"])
     yield eng
     eng.close()

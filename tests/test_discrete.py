@@ -88,7 +88,7 @@ def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced
     oracle = Oracle(cfg, load_weights(reader, cfg))
     prompts = [[5, 9, 33, 70, 100, 2, 3], [40, 41, 42]]
     eng = Pool(model=path, context=64, threads=2, max_seqs=2,
-                 kv_mb=1, kv_dtype="f32")
+               kv_mb=1, kv_dtype="f32")
     try:
         assert eng.available == {"cpu", "gpu"} and "discrete" in eng.skipped["npu"]
         for plan in ("gpu", None):

@@ -193,7 +193,7 @@ def runner_engines(tmp_path_factory, ray_session):
             reader = open_gguf(path)
             cfg = load_config(reader)
             made[kind] = (Pool(model=path, context=64, processors_=("cpu", "gpu"), max_seqs=4,
-                                 kv_mb=1, kv_dtype="f16", double_rows=8),
+                               kv_mb=1, kv_dtype="f16", double_rows=8),
                           Oracle(cfg, load_weights(reader, cfg)))
         return made[kind]
     yield get

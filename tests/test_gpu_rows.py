@@ -26,7 +26,7 @@ def runner(gguf_reader, ray_session):
     from socllm.actors.runner import Runner
     from socllm.actors.service import KV_DTYPE
     eng = Pool(reader=gguf_reader, context=128, processors_=("gpu",), max_seqs=8, kv_mb=8,
-                 kv_dtype=KV_DTYPE["q16"])
+               kv_dtype=KV_DTYPE["q16"])
     yield Runner(eng, "gpu", "q16")
     eng.close()
 

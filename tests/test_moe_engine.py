@@ -127,7 +127,7 @@ def test_the_service_runner_batches_moe_rows_across_sequences(moe, ray_session, 
     from socllm.actors.runner import Runner
     path, oracle = moe
     eng = Pool(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=4, kv_mb=1,
-                 kv_dtype="f16", double_rows=8, moe_graphs="grouped")
+               kv_dtype="f16", double_rows=8, moe_graphs="grouped")
     rng = [np.random.default_rng(s) for s in range(3)]
     prompts = [[int(t) for t in r.integers(1, 250, n)] for r, n in zip(rng, (9, 3, 14))]
     forced = [oracle.greedy(p, 10) for p in prompts]
@@ -173,7 +173,7 @@ def test_the_npus_pruned_expert_graphs_compute_the_policys_layer(moe, ray_sessio
     assert all(lp.layout()[1].all() for lp in plan.layers)            # every expert resident
     ids = [int(t) for t in np.random.default_rng(7).integers(1, 250, T)]
     eng = Pool(model=path, context=64, processors_=("cpu", "gpu", "npu"), max_seqs=2, kv_mb=1,
-                 moe_graphs="grouped", moe_overflow="prune", cache_dir=str(tmp_path))
+               moe_graphs="grouped", moe_overflow="prune", cache_dir=str(tmp_path))
     try:
         runner = Runner(eng, "npu", "f32", npu_chunk=T)
         got = runner.step([(t, i, 0) for i, t in enumerate(ids)], {0: list(range(T // eng.layout.block_rows))},

@@ -47,7 +47,7 @@ def served(gguf_reader, ray_session):
         kv = KV_DTYPE[precision]
         if kv not in made:
             made[kv] = Pool(reader=gguf_reader, context=128, processors_=("cpu", "gpu"),
-                              max_seqs=2, kv_mb=8, kv_dtype=kv)
+                            max_seqs=2, kv_mb=8, kv_dtype=kv)
         return made[kv]
     yield get
     for eng in made.values():

@@ -38,7 +38,7 @@ class LLM:
 
         from socllm.models.gguf_file import model_path
         from socllm.policies.config import ServeConfig
-        from socllm.policies.threads import ray_env_options
+        from socllm.actors.pool import ray_env_options
         from socllm.actors.front.client import Client
         from socllm.actors.pool import ensure_ray
         from socllm.actors.service import Service

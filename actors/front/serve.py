@@ -45,7 +45,7 @@ def serve(a) -> int:
     import ray
 
     from socllm.policies.config import ServeConfig
-    from socllm.policies.threads import ray_env_options
+    from socllm.actors.pool import ray_env_options
     from socllm.actors.front.cli import config_of
     from socllm.actors.service import Service
     if a.model is not None and not os.path.isfile(a.model):
