@@ -7,7 +7,7 @@ import openvino as ov
 import pytest
 
 from socllm.actors.cpu.kernels import NumpyKernels
-from socllm.actors.npu.segment import OVSegment
+from socllm.actors.npu.segment import OVSegment, _block_runs
 from socllm.graph.program import cut_rows
 
 from ov_layout import (CAP, CONFIG, D, EPS, F, H, HD, KVH, V, Layout, close, decoder_layer,
@@ -268,3 +268,16 @@ def test_block_format_weights_match_numpy(fmt, const_weights):
               const_weights=const_weights).run(20, 0)
     close(f32(arena, s["o"], 20, 96), f32(ref, s["o"], 20, 96))
     close(f32(arena, s["l"], 1, Vs), f32(ref, s["l"], 1, Vs))
+
+
+def test_a_chunks_kv_rows_go_in_runs_of_consecutive_blocks():
+    """A paged NPU chunk's staged K/V rows are copied one run of consecutive blocks at a time;
+    rows that do not start a block, stop inside one or leave the region are refused."""
+    rows = np.r_[np.arange(32, 64), np.arange(96, 112), np.arange(16, 21)].astype(np.int32)
+    assert _block_runs(rows, 16, 128) == [[0, 32, 32], [32, 96, 16], [48, 16, 5]]
+    with pytest.raises(ValueError, match="start a block"):
+        _block_runs(np.arange(3, 19, dtype=np.int32), 16, 128)
+    with pytest.raises(ValueError, match="start a block"):
+        _block_runs(np.r_[np.arange(16), np.arange(40, 56)].astype(np.int32), 16, 128)
+    with pytest.raises(ValueError, match="outside the region"):
+        _block_runs(np.arange(128, 144, dtype=np.int32), 16, 128)

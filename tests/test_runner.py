@@ -125,8 +125,8 @@ def test_a_chunk_stopped_between_layers_resumes_without_recomputing(engine16, or
 
 def test_npu_prefill_chunks_and_gpu_decode_share_the_paged_cache(engine_npu, oracle, tokenizer):
     """Agent.xpu §4.3: a prompt prefilled in the NPU's static 32-row chunk graphs (its K/V
-    written in place, block by block, through a block table out of order; attention gathering
-    its rows through it), the last chunk padded; then decoded on the GPU over the same f16
+    written to their blocks through a block table out of order; attention gathering its rows
+    through it), the last chunk padded (no padding row reaches a KV row); then decoded on the GPU over the same f16
     blocks. Every logit follows the oracle's (f32 linears: as the GPU's own chunks do), and a
     chunk that does not start a block, or spans two sequences, is refused."""
     from socllm.actors.runner import Runner
@@ -140,9 +140,19 @@ def test_npu_prefill_chunks_and_gpu_decode_share_the_paged_cache(engine_npu, ora
     assert len(ids) > 64 and len(ids) % 32
     ref = oracle.logits_for(ids + want)[len(ids) - 1:]
     blocks = [int(b) for b in np.random.default_rng(1).permutation(runner.lay.kv_blocks)[:8]]
+    lay, buf = runner.lay, runner.eng.arena.buf
+    regions = [buf[off: off + lay.kv_rows * lay.kv_cols * lay.kv_bytes].reshape(lay.kv_rows, -1)
+               for off in lay.kv.values()]
+    for region in regions:
+        region[:] = 0x55
     for lo in range(0, len(ids), 32):
         rows = [(t, lo + i, 1) for i, t in enumerate(ids[lo: lo + 32])]
         got = [runner.step(rows, {1: blocks}, all_rows=False, on="npu")[0].copy()]
+    br = lay.block_rows       # the padding rows of the last chunk reached no KV row
+    written = {blocks[p // br] * br + p % br for p in range(len(ids))}
+    others = [r for r in range(lay.kv_rows) if r not in written]
+    assert all((region[others] == 0x55).all() and (region[sorted(written)] != 0x55).any(axis=1).all()
+               for region in regions)
     for i, t in enumerate(want[:-1]):
         got.append(runner.step([(t, len(ids) + i, 1)], {1: blocks}, all_rows=True)[0].copy())
     assert [int(g.argmax()) for g in got] == want

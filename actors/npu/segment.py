@@ -16,8 +16,9 @@ only in their layer share one compiled graph. Only the lm-head table is a Consta
 Graph.w8_const). Slots read before being written are Parameters over arena views; slots in
 `live_out` and all KV writes are Results whose output tensors are arena views, so OpenVINO writes
 straight into the pool. KV rows go to rows pos0..pos0+B of the cache, rebound each run
-(Transformer-Lite §2.3: in place, no concatenation); a paged step's go to its rows' KV rows, a
-block at a time (a prefill chunk) or a row at a time (a decode batch, per_row).
+(Transformer-Lite §2.3: in place, no concatenation); a paged step's go to its rows' KV rows: a
+prefill chunk's through a stage, copied a run of blocks at a time, a decode batch's a row at a
+time in place (per_row).
 """
 from __future__ import annotations
 
@@ -167,23 +168,26 @@ class _Variant:
                 (self._copies if racy else self._at).append((len(results), view))
                 results.append(ops.result(val))
         self._kv_pieces = []      # paged K/V writes: (first result, off, cols, rows' io offset)
-        # a chunk's pieces are its blocks of rows; a batch's, its rows (each of its own sequence)
+        # a chunk's K/V is one result (staged, then copied to its blocks); a batch's, one result
+        # per row (each of its own sequence), bound to its KV row
         self.per_row = seg.per_row
         self.block_rows = 1 if seg.per_row else (seg.pool or {}).get("block_rows")
         for off, (val, _) in g.kv_new.items():
             cols = val.get_shape()[1]
-            if off in g.kv_at_rows:   # one result per piece of rows, bound to its KV rows (run)
+            if off in g.kv_at_rows:
                 val = ops.convert(val, g.kv_type) if g.kv_type != F32 else val
                 self._kv_pieces.append((len(results), off, cols, g.kv_at_rows[off]))
-                results += [ops.result(p) for p in
-                            ops.split(val, np.int64(0), g.B // self.block_rows).outputs()]
+                if self.per_row:
+                    results += [ops.result(p) for p in ops.split(val, np.int64(0), g.B).outputs()]
+                else:         # a chunk's rows: staged whole, then copied to their blocks (run)
+                    results.append(ops.result(val))
                 continue
             self._kv_outs.append((len(results), off, cols))
             results.append(ops.result(val))
         if self._kv_pieces:
             self.kv_esize, self.kv_rows = np.dtype(g.kv_type).itemsize, seg.pool["kv_rows"]
-            self._spare = {c: np.empty((self.block_rows, c), g.kv_type)    # where a piece of
-                           for _, _, c, _ in self._kv_pieces}                   # padding rows goes
+            self._spare = {c: np.empty((1, c), g.kv_type)          # where a batch's padding
+                           for _, _, c, _ in self._kv_pieces}       # rows' K/V goes
         config = tuple(sorted((seg.config or {}).items()))
         # a batch's graph and a chunk's of one bucket have the same tasks, not the same graph
         key = (signature(seg.tasks, seg.live_out, seg.const), g.B, kv_len, seg.precision, config,
@@ -208,6 +212,13 @@ class _Variant:
         self._inputs = [view if isinstance(view, ov.Tensor) else ov.Tensor(view, shared_memory=True)
                         for view in [self._pos0, self._n] + g.inputs[2:]]
         self._outputs = [(i, ov.Tensor(view, shared_memory=True)) for i, view in self._at]
+        if self._kv_pieces and not self.per_row:
+            # a chunk's K/V rows [B, cols] land in a stage every segment of the graph shares (they
+            # run one at a time); 1,920 results bound block by block cost ~35 ms a 512-row chunk
+            self._stage = self._slot.setdefault("stage", {
+                first: np.empty((g.B, cols), g.kv_type) for first, _, cols, _ in self._kv_pieces})
+            self._outputs += [(first, ov.Tensor(a, shared_memory=True))
+                              for first, a in self._stage.items()]
 
     def _own_request(self):
         """Bind this segment's pool tensors to the shared request (skipped when already bound)."""
@@ -226,31 +237,27 @@ class _Variant:
         for i, off, cols in self._kv_outs:  # this step's rows of the cache, in place
             view = self.arena[off + pos0 * cols * 4: off + (pos0 + B) * cols * 4].view(F32)
             self._req.set_output_tensor(i, ov.Tensor(view.reshape(B, cols), shared_memory=True))
-        if self._kv_pieces:
-            (self._bind_rows if self.per_row else self._bind_blocks)(N)
+        if self._kv_pieces and self.per_row:
+            self._bind_rows(N)
         self._req.infer()
+        if self._kv_pieces and not self.per_row:
+            self._scatter_blocks(N)
         for i, dst in self._copies:
             np.copyto(dst, self._req.get_output_tensor(i).data)
 
-    def _bind_blocks(self, N: int):
-        """A paged step's K/V rows go to their blocks in place (Transformer-Lite §2.3): result
-        piece p (rows p*br ..) to the block holding row p*br's KV row. The rows must start a
-        block and run on within it (a chunk that starts at a block boundary); pieces of padding
-        rows only go to a spare buffer."""
-        br, esize = self.block_rows, self.kv_esize
+    def _scatter_blocks(self, N: int):
+        """A paged chunk's K/V rows, staged whole by the graph, go to their blocks: one copy per
+        run of consecutive KV rows (a fresh sequence's blocks are mostly consecutive). Padding
+        rows stay in the stage, so they never touch a real sequence's cache."""
+        esize, runs = self.kv_esize, None
         for first, off, cols, rows_off in self._kv_pieces:
-            rows = self.arena[rows_off: rows_off + 4 * N].view(np.int32)
-            for p in range(self.bucket // br):
-                lo = p * br
-                if lo >= N:
-                    view = self._spare[cols]
-                else:
-                    start, n = int(rows[lo]), min(br, N - lo)
-                    if start % br or rows[lo + n - 1] != start + n - 1:
-                        raise ValueError("an NPU chunk's rows must start a block and fill it in order")
-                    view = self.arena[off + start * cols * esize: off + (start + br) * cols * esize
-                                      ].view(self._spare[cols].dtype).reshape(br, cols)
-                self._req.set_output_tensor(first + p, ov.Tensor(view, shared_memory=True))
+            if runs is None:                       # every layer's rows are the step's rows
+                runs = _block_runs(self.arena[rows_off: rows_off + 4 * N].view(np.int32),
+                                   self.block_rows, self.kv_rows)
+            stage = self._stage[first]
+            for lo, start, n in runs:
+                dst = self.arena[off + start * cols * esize: off + (start + n) * cols * esize]
+                np.copyto(dst.view(stage.dtype).reshape(n, cols), stage[lo: lo + n])
 
     def _bind_rows(self, N: int):
         """A decode batch's K/V rows go to their KV rows in place: result piece i (row i, of its
@@ -303,3 +310,21 @@ def _compile(core, model, precision, config, cache_dir) -> tuple:
     t = time.perf_counter()
     compiled = core.compile_model(model, device, props)
     return compiled, time.perf_counter() - t
+
+
+def _block_runs(rows: np.ndarray, block_rows: int, kv_rows: int) -> list:
+    """A chunk's KV rows [N] -> [[first row of the chunk, first KV row, rows]], one per run of
+    consecutive KV rows. Every block must start at a block boundary and run on within it."""
+    N = len(rows)
+    runs = []
+    for lo in range(0, N, block_rows):
+        start, n = int(rows[lo]), min(block_rows, N - lo)
+        if start % block_rows or rows[lo + n - 1] != start + n - 1:
+            raise ValueError("an NPU chunk's rows must start a block and fill it in order")
+        if not 0 <= start <= kv_rows - n:
+            raise ValueError(f"KV rows {start}..{start + n} are outside the region's {kv_rows}")
+        if runs and runs[-1][1] + runs[-1][2] == start:
+            runs[-1][2] += n
+        else:
+            runs.append([lo, start, n])
+    return runs
