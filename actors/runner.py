@@ -68,7 +68,8 @@ class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32", npu_chunk: int = 0):
         """plan: a serving plan (policies/placement.py SERVE_PLANS): what runs decode batches and
         what runs prefill chunks. precision: of a decode step's linears (policies/config.py
-        SERVE_PRECISIONS); prefill chunks run in f32, or in int8 weight tiles at q8.
+        SERVE_PRECISIONS); prefill chunks run in the same integer weight tiles at q16 and q8
+        (gpu/backend.py tiles_take_all), in f32 at f32.
         npu_chunk: the rows of the static chunk graphs of a plan the NPU takes part in
         (Agent.xpu §4.3; 0: the plan's chunks run on its base processor); a plan without the
         NPU ("gpu") may still take it, for step(on="npu")."""

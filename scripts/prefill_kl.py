@@ -8,7 +8,7 @@ precision; with the chunk's speed.
 Each window is one paged prefill chunk of --rows rows at position 0 (the serving chunk program,
 in this process on a pool laid out as the engine lays it out, no Ray), against the numpy oracle
 in f64 softmax. A run is PROC:PRECISION; npu's q16 and q8 chunks compute in bf16
-(policies/buckets.NPU_PREFILL_ACT), the GPU's q8 chunks in int8 weight tiles, f32 everywhere on
+(policies/buckets.NPU_PREFILL_ACT), the GPU's q16 and q8 chunks in int16 and int8 weight tiles, f32 on
 the oracle's path. tok/s: the median chunk of the windows (its rows / its wall time).
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=256, help="a window's rows: one prefill chunk")
     ap.add_argument("--windows", type=int, default=20)
-    ap.add_argument("--runs", default="npu:f32,npu:q16,npu:q8,gpu:f32,gpu:q8")
+    ap.add_argument("--runs", default="npu:f32,npu:q16,npu:q8,gpu:f32,gpu:q16,gpu:q8")
     ap.add_argument("--json", dest="json_path")
     a = ap.parse_args(argv)
     res = measure(a.runs.split(","), a.rows, a.windows)

@@ -1,8 +1,8 @@
 """The default precision (one for `socllm serve` and `generate`: service.DEFAULT_PRECISION) holds
 the oracle's numerics, through the path the service runs.
 
-Two varied texts (prose, code) are each prefilled in one chunk (the service's chunk kernels: int8
-weight tiles at q8, f32 otherwise), then teacher-forced through 32 decode steps that hold both
+Two varied texts (prose, code) are each prefilled in one chunk (the service's chunk kernels: int16
+weight tiles at q16, int8 at q8), then teacher-forced through 32 decode steps that hold both
 rows in one batch (the batched kernels: int16 rows at q16, int8 weight tiles at q8), over the
 paged KV cache the service gives the precision (f16 for q16 and q8). Each of the 33 positions'
 logits is compared with the numpy oracle's: the largest error relative to the largest logit, the

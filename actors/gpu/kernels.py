@@ -38,7 +38,7 @@ from socllm.models.quant import QK
 SRC = Path(__file__).parent / "cl" / "kernels.cl"
 # appended to kernels.cl: the fused decode kernels, and the paged (serving) variants
 DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl", "batch.cl", "moe.cl")]
-# A decode batch's linears over prepared rows (q16, q8): Q4_1 / Q4_0 weights ("w4") with M a
+# A decode batch's (and a prefill chunk's) linears over prepared rows (q16, q8): Q4_1 / Q4_0 weights ("w4") with M a
 # multiple of 8 and no bias run in weight tiles (linear_tile, cl/batch.cl), int8 at q8 and int16
 # at q16, for any N > 1 (q16: while its rows, padded to whole tiles, fit the scratch). The 210
 # linears of a SmolLM2-135M step (weights streaming from memory), 2 Zen 5 cores with AVX-512 VNNI,
