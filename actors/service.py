@@ -52,9 +52,14 @@ def _processors(plan: str) -> tuple:
     return tuple(sorted(need | ({"gpu"} if plan != "cpu" else set())))
 
 
+KERNELS = ("actors/cpu", "actors/gpu", "actors/npu")   # the processors' kernels (_plan_key)
+
+
 def _plan_key(c) -> str:
     """What an auto plan's choice depends on: the model file, this machine (its CPU, its OpenCL
-    drivers, an NPU's device node), the knobs, the rule."""
+    drivers, an NPU's device node), the knobs, the rule, and the processors' kernels (a kernel
+    made faster changes the timings the choice was made from)."""
+    from socllm.graph.store import code_version
     from socllm.models.gguf_file import model_path
     path = os.path.realpath(model_path(c.model))
     st = os.stat(path)
@@ -65,7 +70,8 @@ def _plan_key(c) -> str:
     npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))
     return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
            f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}|" \
-           f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}"
+           f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}|" \
+           f"kernels {code_version(KERNELS, ('.py', '.cl'))[:16]}"
 
 
 def _plan_cache(cache_dir: str | None, key: str | None = None,

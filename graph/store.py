@@ -14,23 +14,24 @@ import shutil
 import msgpack
 
 KEEP = 64        # folders kept (each code change, model and layout has its own: ~100 KB each)
-_code = None
+_digests: dict = {}
 
 
-def code_version() -> str:
-    """A digest of the code that compiles step programs (graph/, models/, memory/, policies/)."""
-    global _code
-    if _code is None:
+def code_version(pkgs=("graph", "models", "memory", "policies"), exts=(".py",)) -> str:
+    """A digest of the source under these folders of the project (by default the code that
+    compiles step programs; the service's plan cache names the processors' kernels too)."""
+    key = (tuple(pkgs), tuple(exts))
+    if key not in _digests:
         h = hashlib.sha256()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        for pkg in ("graph", "models", "memory", "policies"):
+        for pkg in pkgs:
             for dirpath, dirs, files in sorted(os.walk(os.path.join(root, pkg))):
                 dirs.sort()
-                for name in sorted(f for f in files if f.endswith(".py")):
+                for name in sorted(f for f in files if f.endswith(exts)):
                     with open(os.path.join(dirpath, name), "rb") as f:
                         h.update(name.encode() + b"\0" + f.read())
-        _code = h.hexdigest()
-    return _code
+        _digests[key] = h.hexdigest()
+    return _digests[key]
 
 
 class ProgramStore:

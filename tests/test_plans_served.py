@@ -88,6 +88,7 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         started = {p["processor"] for p in llm.status()["processors"]}
         assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
     # other knobs: another key, so a start with them is timed anew (as the first one was)
+    from socllm.actors import service
     from socllm.actors.service import _plan_key
     from socllm.policies.config import ServeConfig
     from socllm.models.gguf_file import default_model_path
@@ -95,6 +96,14 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
                                  threads=ServeConfig.from_env().budget)
     assert _plan_key(config) == key
     assert _plan_key(dataclasses.replace(config, max_seqs=2)) not in (key, None)
+    # and other kernels another: a kernel made faster must not keep a choice timed before it
+    from socllm.graph import store
+    saved = dict(store._digests)
+    try:
+        store._digests = {k: ("0" * 64 if k[0] == service.KERNELS else v) for k, v in saved.items()}
+        assert _plan_key(config) != key
+    finally:
+        store._digests = saved
     # the agent policy's proactive chunks stop between layers on the GPU and its reactive
     # prompts run whole: auto keeps the GPU there, untimed, with no NPU actor
     with socllm.LLM(**{**knobs, "policy": "agent"}) as llm:
