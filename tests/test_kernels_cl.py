@@ -657,7 +657,7 @@ def test_batch_linear_tiles_compute_the_integer_reference(dev, lay, rng, build, 
     assert not got[np.setdiff1d(np.arange(40), kv_rows)].any()
 
 
-@pytest.mark.parametrize("N", [2, 3, 5, 8])
+@pytest.mark.parametrize("N", [2, 3, 5, 8, 12, 16])
 @pytest.mark.parametrize("K,M", MODEL_LINEARS)
 def test_q16_tiles_equal_the_int16_rows_kernel(dev, lay, rng, build, N, K, M):
     """A decode batch's linear at q16 (speculative decoding's verification rows): the weight

@@ -56,9 +56,12 @@ DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl",
 INT_ROWS_MAX = 2
 TILE_ROWS = (4, 8, 16)      # activation rows a q8 linear_tile work-item may take (cl/batch.cl)
 # q16 tiles: any number of rows up to this (N dealt evenly: CLKernels._tile_rows). Each (rows, K)
-# is a program build (~0.5-0.8 s cold, then PoCL's disk cache), 7 row counts at most a K; one tile
-# of 9-16 rows measured within ~10 % of two, either way (2 shared cores): not worth 8 more.
-TILE16_MAX = 8
+# is a program build (~0.5-0.8 s cold, then PoCL's disk cache), 16 row counts at most a K. 16
+# against 8, 2 Zen 5 cores (AVX-512), two alternating rounds: decode batches of 12 rows 15.5-16.8
+# vs 18.1-19.8 ms a step, 16 rows 20.1-20.6 vs 20.4-21.9; prefill chunks (kernels) of 64 rows
+# 30.2-30.3 vs 32.6-33.8 ms, 128 rows 58.5-61.1 vs 62.6-65.7. (On a 2-core Zen 3 with AVX2, one
+# tile of 9-16 rows measured within ~10 % of two.) MoE tiles keep 8 (CLKernels.tile_max).
+TILE16_MAX = 16
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
@@ -131,7 +134,7 @@ class CLKernels(MoELaunches):
         # gives one (a one-row decode unit: its precision's; gpu/backend.py _fused_units)
         self.moe_scratch: tuple | None = None
         self.moe_bits = 32
-        self.tile_max = TILE16_MAX    # rows a q16 weight tile takes (moe_tile too)
+        self.tile_max = 8             # rows a q16 MoE weight tile takes (moe_tile; not re-measured)
 
     def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None,
                  extra: str = "") -> dict:
