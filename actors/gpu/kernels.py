@@ -55,13 +55,17 @@ DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl",
 # 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192.
 INT_ROWS_MAX = 2
 TILE_ROWS = (4, 8, 16)      # activation rows a q8 linear_tile work-item may take (cl/batch.cl)
-# q16 tiles: any number of rows up to this (N dealt evenly: CLKernels._tile_rows). Each (rows, K)
-# is a program build (~0.5-0.8 s cold, then PoCL's disk cache), 16 row counts at most a K. 16
-# against 8, 2 Zen 5 cores (AVX-512), two alternating rounds: decode batches of 12 rows 15.5-16.8
-# vs 18.1-19.8 ms a step, 16 rows 20.1-20.6 vs 20.4-21.9; prefill chunks (kernels) of 64 rows
-# 30.2-30.3 vs 32.6-33.8 ms, 128 rows 58.5-61.1 vs 62.6-65.7. (On a 2-core Zen 3 with AVX2, one
-# tile of 9-16 rows measured within ~10 % of two.) MoE tiles keep 8 (CLKernels.tile_max).
-TILE16_MAX = 16
+# q16 tiles: fewer than TILE16_WIDE rows dealt evenly over the fewest tiles of at most TILE16_MAX
+# (CLKernels._tile_rows); TILE16_WIDE rows or more (prefill chunks, large batches) in whole tiles of
+# TILE16_WIDE, the last padded. Each (rows, K) is a program build (~0.5-0.8 s cold, then PoCL's disk
+# cache, and ~4-5 MB of the GPU actor's memory): 9 row counts at most a K. 16-row tiles, 2 Zen 5
+# cores (AVX-512), two alternating rounds: 128-row prefill chunks 58.5-61.1 ms of kernels against
+# 62.6-65.7 in tiles of 8, 64 rows 30.2-30.3 against 32.6-33.8; decode batches of 12 rows in one
+# tile of 12, 15.5-16.8 ms a step against 18.1-19.8 in two of 6, but every row count from 9 to 16
+# built: +73 MB idle (657 MB PSS for the default service, against 586), so batches keep tiles of 8.
+# (On a 2-core Zen 3 with AVX2, one tile of 9-16 rows measured within ~10 % of two.)
+TILE16_MAX = 8
+TILE16_WIDE = 16
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
@@ -346,13 +350,16 @@ class CLKernels(MoELaunches):
         tiles do not serve. q8: TILE_ROWS' fewest that cover N (at most the last). q16: N rows
         dealt evenly over the fewest tiles of at most TILE16_MAX rows (5 rows: one tile of 5; 12:
         two of 6), more tiles while the rows padded to whole tiles do not fit the scratch (the
-        pool sizes it for max_seqs int16 rows); None if none fits."""
+        pool sizes it for its chunk's or max_seqs' rows); from TILE16_WIDE rows on, whole tiles
+        of TILE16_WIDE rows (85 rows: six, the last with 5); None if none fits."""
         off, nbytes, bits = self.rows_act
         row_bytes = prepared_row_bytes(bits, K)
         if bits == 8:
             return next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1]), row_bytes
         if bits != 16:
             return None
+        if N >= TILE16_WIDE and round_up(N, TILE16_WIDE) * row_bytes <= nbytes:
+            return TILE16_WIDE, row_bytes
         for tiles in range(-(-N // TILE16_MAX), N + 1):
             tn = -(-N // tiles)
             if round_up(N, tn) * row_bytes <= nbytes:
