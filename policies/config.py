@@ -33,7 +33,8 @@ DEFAULT_PRECISION = "q16"
 # a serving decode step's linears: q16 int16 (Q4_1 / Q4_0 in weight tiles for any rows; other
 # formats for one or two rows, f32 for more: actors/gpu/kernels.py INT_ROWS_MAX says why); q8 int8 activations per 32-block, llama.cpp's own
 # for these weights (one row: the fused decode kernels; more: int8 weight tiles, cl/batch.cl);
-# f32 the numpy oracle's path. Prefill chunks run in the same tiles, int16 at q16 (KL from the
+# f32 the numpy oracle's path. Prefill chunks run in the same tiles (at q16 on a CPU's OpenCL; a
+# GPU's keep the f32 GEMM, unmeasured against them), int16 at q16 (KL from the
 # oracle 3e-8 over 20 windows of 256 tokens, 2.3x f32's tok/s), int8 at q8 (1.4e-3), f32 at f32
 # (scripts/results/prefill-kl-2core-zen5.json).
 SERVE_PRECISIONS = ("q8", "q16", "f32")

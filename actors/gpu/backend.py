@@ -78,9 +78,10 @@ class GPUBackend:
             # a serving step on this processor alone: its launches recorded once per row count;
             # a decode batch of one row runs the fused decode kernels (at this precision); q8
             # prefill chunks run their linears in int8 as batches do, q16 chunks in the int16
-            # weight tiles where those take every linear (tiles_take_all), else in f32
+            # weight tiles where those take every linear (tiles_take_all) on a CPU's OpenCL
+            # (measured there; a GPU's chunks keep the f32 GEMM, not measured against them)
             bits = ACT_BITS.get(precision) if prog.phase == "batch" or precision == "q8" or \
-                precision == "q16" and tiles_take_all(tasks) else None
+                precision == "q16" and self.kernels.on_cpu and tiles_take_all(tasks) else None
             rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
             # a chunk in the second activation buffer has its own rope table there (its stages
             # may run apart, with other steps between them)

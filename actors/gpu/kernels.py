@@ -120,6 +120,7 @@ class CLKernels(MoELaunches):
         self.mirror, self.copies = mirror, discrete(ctx, forced_discrete)
         self.kv_half = kv_dtype == "f16"
         knobs, self.options = tuning(queue.device, build_options + " -DKV_HALF" * self.kv_half)
+        self.on_cpu = not queue.device.type & cl.device_type.GPU      # an OpenCL CPU device (PoCL)
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
         self.att_wg = knobs["ATT_WG"]
         self.group = 64               # work-group size of the element-wise kernels
