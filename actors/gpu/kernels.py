@@ -63,7 +63,8 @@ TILE_ROWS = (4, 8, 16)      # activation rows a q8 linear_tile work-item may tak
 # 62.6-65.7 in tiles of 8, 64 rows 30.2-30.3 against 32.6-33.8; decode batches of 12 rows in one
 # tile of 12, 15.5-16.8 ms a step against 18.1-19.8 in two of 6, but every row count from 9 to 16
 # built: +73 MB idle (657 MB PSS for the default service, against 586), so batches keep tiles of 8.
-# (On a 2-core Zen 3 with AVX2, one tile of 9-16 rows measured within ~10 % of two.)
+# (On a 2-core Zen 3 with AVX2, one tile of 9-16 rows measured within ~10 % of two.) A GPU keeps
+# tiles of at most 8 (not measured there).
 TILE16_MAX = 8
 TILE16_WIDE = 16
 
@@ -351,15 +352,15 @@ class CLKernels(MoELaunches):
         tiles do not serve. q8: TILE_ROWS' fewest that cover N (at most the last). q16: N rows
         dealt evenly over the fewest tiles of at most TILE16_MAX rows (5 rows: one tile of 5; 12:
         two of 6), more tiles while the rows padded to whole tiles do not fit the scratch (the
-        pool sizes it for its chunk's or max_seqs' rows); from TILE16_WIDE rows on, whole tiles
-        of TILE16_WIDE rows (85 rows: six, the last with 5); None if none fits."""
+        pool sizes it for its chunk's or max_seqs' rows); on a CPU, from TILE16_WIDE rows on,
+        whole tiles of TILE16_WIDE rows (85 rows: six, the last with 5); None if none fits."""
         off, nbytes, bits = self.rows_act
         row_bytes = prepared_row_bytes(bits, K)
         if bits == 8:
             return next((t for t in TILE_ROWS if t >= N), TILE_ROWS[-1]), row_bytes
         if bits != 16:
             return None
-        if N >= TILE16_WIDE and round_up(N, TILE16_WIDE) * row_bytes <= nbytes:
+        if self.on_cpu and N >= TILE16_WIDE and round_up(N, TILE16_WIDE) * row_bytes <= nbytes:
             return TILE16_WIDE, row_bytes
         for tiles in range(-(-N // TILE16_MAX), N + 1):
             tn = -(-N // tiles)
