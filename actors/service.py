@@ -125,6 +125,8 @@ class Service:
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
         self.pool, self.core, self.error, self.loop = None, None, None, None
+        self.hubs: dict = {}       # a PollHub's id -> the event its poll_many call waits on
+        self.poked: dict = {}      # hubs poked while no call of theirs waited
         self.ready_event = threading.Event()
         self.grammars, self.grammar_lock = None, threading.Lock()   # policies/grammar.py, lazily
         from socllm.actors.metrics import ServiceMetrics
@@ -184,7 +186,7 @@ class Service:
     def _publish(self, seq: Sequence):
         """Wake the polls of a sequence that changed (from the loop's thread)."""
         if seq.event is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(seq.event.set)
+            self.loop.call_soon_threadsafe(_wake, seq)
 
     def _start_plan(self, e) -> tuple:
         """The runner of the plan asked for (policies/placement.py SERVE_PLANS), warmed. auto:
@@ -450,6 +452,50 @@ class Service:
             seq.last_poll = time.monotonic()
         return self._answer(seq, seen, seen_logprobs)
 
+    async def poll_many(self, hub: str, asks: dict, timeout_s: float = 10.0) -> dict:
+        """The polls of many requests in one call: every stream of a client's event loop (an
+        HTTP replica's: actors/front/client.py PollHub). asks: id -> (seen, seen_logprobs).
+        Returns id -> poll's answer for each request with something new (pieces or logprobs
+        after its seen, or its end; {"missing": True} for an id the service does not know),
+        waiting up to timeout_s for one, or until poke(hub) (a new stream of the hub waits)."""
+        seqs = {rid: self.core.table.get(rid) for rid in asks}
+        def news():
+            return [rid for rid, s in seqs.items()
+                    if s is None or s.ended or len(s.pieces) > asks[rid][0]]
+        poked = self.poked.pop(hub, None) is not None
+        wake = self.hubs[hub] = asyncio.Event()
+        live = [s for s in seqs.values() if s is not None]
+        for s in live:
+            s.polls += 1
+            s.watchers.add(wake)
+        try:
+            ready = news()
+            if not ready and not poked:
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout_s)
+                except asyncio.TimeoutError:
+                    pass
+                ready = news()
+        finally:
+            self.hubs.pop(hub, None)
+            self.poked.pop(hub, None)
+            now = time.monotonic()
+            for s in live:
+                s.polls -= 1
+                s.last_poll = now
+                s.watchers.discard(wake)
+        return {rid: {"missing": True} if seqs[rid] is None else self._answer(seqs[rid], *asks[rid])
+                for rid in ready}
+
+    def poke(self, hub: str):
+        """A hub's call in flight returns now (its new stream is not in it); a call not yet
+        begun returns at once."""
+        wake = self.hubs.get(hub)
+        if wake is not None:
+            wake.set()
+        else:
+            self.poked[hub] = True
+
     def _answer(self, seq: Sequence, seen: int, seen_logprobs: int) -> dict:
         """A poll's answer: the pieces after `seen`, the state, and where asked the logprobs
         after `seen_logprobs`; an ended reply with tools, its content and tool calls."""
@@ -576,3 +622,10 @@ def _heads(c, e):
     from socllm.actors.pool import _trim
     _trim()                   # the embedding's rows were read through a copy of its table
     return h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])
+
+
+def _wake(seq: Sequence):
+    """On the service's event loop: a sequence changed; its polls and hubs return."""
+    seq.event.set()
+    for wake in seq.watchers:
+        wake.set()

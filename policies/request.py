@@ -139,6 +139,7 @@ class Sequence(Request):
     event: object = None                  # set (on the service's event loop) when it changes
     slot: int | None = None               # its row of the block tables while it runs
     polls: int = 0                        # its client's polls open now
+    watchers: set = field(default_factory=set)    # the events of poll_many calls that wait on it
     last_poll: float = field(default_factory=time.monotonic)   # when the last one returned
     stop_asked: str | None = None         # "cancelled" | "abandoned": ended before the next step
     constraint: object = None             # policies/grammar.Constraint: the allowed next tokens

@@ -62,12 +62,14 @@ def main(argv=None) -> int:
         run = {"wall_s": round(wall, 3), "tokens": sum(outs), "tok_s": round(sum(outs) / wall, 1),
                "loop": loop,
                "decode_ms_a_step": round(1e3 * loop["decode_s"] / max(1, loop["decode_steps"]), 2),
+               "kernels_ms_a_step": round(1e3 * loop["decode_kernels_s"] / max(1, loop["decode_steps"]), 2),
                "rows_a_step": round(loop["decode_rows"] / max(1, loop["decode_steps"]), 2)}
         runs.append(run)
         print(f"{run['tokens']} tokens in {wall:.2f} s ({run['tok_s']} tok/s): prefill "
               f"{loop['prefill_s']:.2f} s in {loop['prefill_chunks']} chunks, decode "
               f"{loop['decode_s']:.2f} s in {loop['decode_steps']} steps "
-              f"({run['decode_ms_a_step']} ms, {run['rows_a_step']} rows a step)")
+              f"({run['decode_ms_a_step']} ms, {run['kernels_ms_a_step']} in the step's kernels, "
+              f"{run['rows_a_step']} rows a step)")
     if a.json:
         st = client.status()
         with open(a.json, "w") as f:

@@ -227,6 +227,45 @@ def test_asyncio_stream_and_task_cancellation(client, oracle, tokenizer):
     assert st["kv"]["blocks_used"] == 0 and st["kv"]["sequences_used"] == 0
 
 
+def test_asyncio_streams_at_once_each_get_their_oracle_text(client, oracle, tokenizer):
+    """Streams of one event loop are polled together (client.py PollHub: one call for all):
+    each still gets its own text, whole and in order, and one that joins while the others'
+    call waits is answered."""
+    prompts = [FRANCE, STORY, COUNT]
+
+    async def one(prompt, delay):
+        await asyncio.sleep(delay)
+        return "".join([p async for p in client.agenerate(prompt, max_tokens=10)])
+
+    async def main():
+        return await asyncio.gather(*(one(p, 0.05 * i) for i, p in enumerate(prompts)))
+    assert asyncio.run(main()) == [_want(oracle, tokenizer, p, 10) for p in prompts]
+
+
+def test_poll_many_answers_news_a_poke_and_missing_ids(client):
+    """poll_many (PollHub's call): it waits while none of its requests has anything new, and
+    returns at once when its hub is poked (a new stream of the hub is not in the call), even
+    while no step can run (the GPU actor held stopped); an id the service does not know answers
+    "missing"; a poke before the call makes it return at once."""
+    import ray
+    svc = client.service
+    rid = ray.get(svc.submit.remote(prompt=COUNT, max_tokens=400, ignore_eos=True))
+    try:
+        first = ray.get(svc.poll_many.remote("h1", {rid: (0, 0)}, 60.0), timeout=60)
+        assert first[rid]["seen"] >= 1 and first[rid]["pieces"]
+        with _paused(_pid(client, "gpu")):
+            call = svc.poll_many.remote("h1", {rid: (10 ** 6, 0)}, 600.0)   # nothing new can come
+            ready, _ = ray.wait([call], timeout=0.5)
+            assert not ready
+            ray.get(svc.poke.remote("h1"))
+            assert ray.get(call, timeout=60) == {}
+            ray.get(svc.poke.remote("h2"))
+            assert ray.get(svc.poll_many.remote("h2", {rid: (10 ** 6, 0)}, 600.0), timeout=60) == {}
+        assert ray.get(svc.poll_many.remote("h3", {"guess": (0, 0)}, 1.0)) == {"guess": {"missing": True}}
+    finally:
+        client.cancel(rid)
+
+
 def test_breaking_out_of_a_stream_cancels_and_the_next_request_runs(client, oracle, tokenizer):
     before = client.status()["requests"]["cancelled"]
     for i, _ in enumerate(client.generate(COUNT, max_tokens=400, stream=True)):

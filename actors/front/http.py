@@ -445,11 +445,8 @@ class OpenAIServer:
             """The chunks of one poll of choice i."""
             if shape["hold"]:
                 pass
-            elif out.get("logprobs"):
-                yield event(i, "".join(out["pieces"]), lps=out["logprobs"])
-            else:
-                for piece in out["pieces"]:
-                    yield event(i, piece)
+            elif out["pieces"] or out.get("logprobs"):    # one chunk a poll: each costs CPU
+                yield event(i, "".join(out["pieces"]), lps=out.get("logprobs"))
             if out["state"] in ENDED and out.get("message"):
                 msg = out["message"]
                 if msg["tool_calls"]:
