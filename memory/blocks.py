@@ -16,9 +16,10 @@ request's next ones is taken over (`_take_over`): a chat's next turn reuses the 
 turn's partly filled block, token by token.
 One cache for every request of every client (llama.cpp's per-slot caches miss across agents,
 llama.cpp #22942); a hit is checked token by token, never on a hash alone (#27148).
-Eviction order: blocks never hit go first, tail blocks of a sequence before its head (released in
-reverse), least recently used first; blocks that were hit (a system prompt, a tool list, a chat's
-history: what every call resends) go only when no other is left (mlx-lm's and SGLang's orders).
+Eviction order: blocks never hit go first, least recently released first (a sequence's blocks
+from the first of its run on: `_take`); blocks that were hit (a system prompt, a tool list, a
+chat's history: what every call resends) go only when no other is left (mlx-lm's and SGLang's
+orders). Blocks are taken in runs of consecutive ids, for the attention kernels' reads (`_take`).
 
 This is the bookkeeping only (no Ray, no kernels): the tables themselves are written into the
 pool by the runner each step, where every processor's attention reads them.
@@ -45,9 +46,12 @@ class BlockPool:
         if n_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {n_blocks}")
         self.n_blocks, self.block_rows, self.cache = n_blocks, block_rows, cache
-        # never named (or evicted): a stack, so that the pages a busy service touches stay the
-        # few it needs at its peak (a queue would walk through every page of the region)
-        self.free: list = list(range(n_blocks))[::-1]
+        # never named (or evicted): a stack (a dict in order, its last key the top), so that the
+        # pages a busy service touches stay the few it needs at its peak (a queue would walk
+        # through every page of the region)
+        self.free: dict = dict.fromkeys(range(n_blocks - 1, -1, -1))
+        self.released = [0] * n_blocks            # which release() left each block idle
+        self.releases = 0
         # named blocks no sequence holds, least recently released first: never hit, then hit
         self.idle: tuple = (OrderedDict(), OrderedDict())
         self.refs = [0] * n_blocks                # sequences holding each block
@@ -84,18 +88,52 @@ class BlockPool:
         n = self.need(table, rows)
         if n > self.n_free:
             raise RuntimeError(f"{n} KV blocks needed, {self.n_free} free")
-        for _ in range(n):
-            b = self._take()
+        for k in range(n):
+            b = self._take(table[-1] if table else None, n - k)
             self.refs[b] = 1
             table.append(b)
 
-    def _take(self) -> int:
+    def _take(self, after: int | None, n: int) -> int:
+        """A block for a sequence whose last block is `after` (None: its first) and that takes
+        n now. Locality: a sequence's blocks are taken in runs of consecutive ones, the block
+        after its last where that one is free, so that attention reads each sequence's K/V as
+        a few long runs. On PoCL a decode batch of 16 rows at position 192 took 23.5 ms with
+        every block at random against 19.5 in runs (attention 9.1 against 5.2 ms), which is
+        what interleaved growth and then an LRU's evictions make of a service's tables (runs
+        taken backwards: 21.6 ms, attention 7.3). Once no blank block is left, the blocks of the
+        least recently released sequence go first, as before, but from the first of its run on
+        (its head before its tail: the cost, its tail's cache is worth nothing without it)."""
         if self.free:
-            return self.free.pop()
-        b = next(iter(self.idle[0] or self.idle[1]))      # least recently released
+            b = after + 1 if after is not None else None
+            if b is None or b not in self.free:
+                b = self._run_start(n)
+            del self.free[b]
+            return b
+        idle = self.idle[0] or self.idle[1]
+        head = next(iter(idle))                        # least recently released
+        b = after + 1 if after is not None else None
+        # the block after its last if it went idle with the least recently released ones, else
+        # the first block of their run (the LRU order holds between releases, not inside one)
+        if b is None or b not in idle or self.released[b] > self.released[head]:
+            b = head
+            while b - 1 in idle and self.released[b - 1] == self.released[head]:
+                b -= 1
         self._forget(b)
         self.evicted += 1
         return b
+
+    def _run_start(self, n: int, gap: int = 8, scan: int = 512) -> int:
+        """A free block to start a run at: near the top of the stack (pages touched lately), with
+        n - 1 free blocks after it and none of the `gap` before it held (the room a running
+        sequence there grows into); the top itself if none of the first `scan` is."""
+        free, refs = self.free, self.refs
+        for k, b in enumerate(reversed(free)):
+            if k == scan:
+                break
+            if not any(b - j >= 0 and refs[b - j] for j in range(1, gap + 1)) and \
+                    all(b + j in free for j in range(1, n)):
+                return b
+        return next(reversed(free))
 
     def _forget(self, b: int):
         """Block b leaves the cache (evicted, or taken over by one sequence): no name, not idle."""
@@ -185,11 +223,13 @@ class BlockPool:
         br = self.block_rows
         tail = computed // br if self.cache and ids is not None and computed % br and names is not None \
             and len(names) == computed // br else None
+        self.releases += 1
         for i in range(len(table) - 1, -1, -1):
             b = table[i]
             self.refs[b] -= 1
             if self.refs[b] > 0:
                 continue
+            self.released[b] = self.releases
             if self.name[b] is not None:
                 self.idle[self.hit_count[b] > 0][b] = None
             elif i == tail:
@@ -198,7 +238,7 @@ class BlockPool:
                 self.children.setdefault(parent, set()).add(b)
                 self.idle[0][b] = None
             else:
-                self.free.append(b)
+                self.free[b] = None
         table.clear()
         if names is not None:
             names.clear()

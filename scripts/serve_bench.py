@@ -111,10 +111,12 @@ def pct(xs, q) -> float:
 
 # -- one streaming request over HTTP ----------------------------------------------------------
 def stream_one(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
+    """Its tokens are the usage's where the server sends one (a chunk may carry several tokens:
+    socllm's carry what was made since its last), else one a chunk."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0,
-            "ignore_eos": True, **extra}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **extra}
     t0 = time.perf_counter()
-    times = []
+    times, tokens = [], None
     with requests.post(url + "/v1/completions", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -123,10 +125,14 @@ def stream_one(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
             chunk = json.loads(line[6:])
             if chunk.get("choices") and chunk["choices"][0].get("text"):
                 times.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
     if not times:
         raise RuntimeError(f"no tokens from {url}")
+    tokens = tokens or len(times)
     return {"ttft_s": times[0] - t0, "itl_s": [b - a for a, b in zip(times, times[1:])],
-            "tokens": len(times)}
+            "tokens": tokens,
+            "tpot_s": (times[-1] - times[0]) / (tokens - 1) if tokens > 1 else None}
 
 
 def http_level(url: str, n: int, per_client: int, words: int, max_tokens: int, salt: int,
@@ -150,11 +156,13 @@ def http_level(url: str, n: int, per_client: int, words: int, max_tokens: int, s
 
 
 def summarize(results: list, wall: float, errors=()) -> dict:
-    itl = [g for r in results for g in r["itl_s"]]
+    itl = [g for r in results for g in r["itl_s"]]       # between chunks, not tokens
     ttft = [r["ttft_s"] for r in results]
-    # time per output token of each request (its gaps' mean): unlike single gaps, it does not
-    # depend on how a server groups tokens into events (socllm hands them out every 20 ms)
-    tpot = [sum(r["itl_s"]) / len(r["itl_s"]) for r in results if r["itl_s"]]
+    # time per output token of each request (first to last chunk over its tokens): unlike the
+    # gaps between chunks, it does not depend on how a server groups tokens into chunks
+    # (socllm's carry what its streams made in the last 20-50 ms, actors/front/client.py)
+    tpot = [r.get("tpot_s") or sum(r["itl_s"]) / len(r["itl_s"]) for r in results
+            if r.get("tpot_s") or r["itl_s"]]
     tokens = sum(r["tokens"] for r in results)
     return {"requests": len(results), "errors": list(errors), "output_tokens": tokens,
             "wall_s": wall, "tok_s": tokens / wall if wall else 0.0,

@@ -129,6 +129,47 @@ def test_blocks_that_were_hit_are_evicted_after_those_that_were_not():
     assert a_blocks(s, range(16)) != [] and a_blocks(s, range(100, 116)) == []
 
 
+def _runs(table: list) -> int:
+    """How many runs of consecutive ascending block ids a block table is."""
+    return 1 + sum(b != a + 1 for a, b in zip(table, table[1:]))
+
+
+def test_sequences_growing_at_once_each_take_a_run_of_blocks():
+    """Four sequences take their prompt's 2 blocks, then grow a block each in turn (decode
+    steps of a batch): each table is one run, no two runs collide, and the runs start near
+    the start of the region (the pages touched stay few)."""
+    kv = BlockPool(200, BR)
+    tables = [[] for _ in range(4)]
+    for t in tables:
+        kv.grow(t, 2 * BR)
+    for rows in range(3 * BR, 9 * BR + 1, BR):          # 7 more blocks each, interleaved
+        for t in tables:
+            kv.grow(t, rows)
+    assert [_runs(t) for t in tables] == [1, 1, 1, 1], tables
+    assert len({b for t in tables for b in t}) == 36 and max(max(t) for t in tables) < 64
+
+
+def test_blocks_evicted_in_lru_order_come_back_as_ascending_runs():
+    """With no blank block left, a new sequence takes the least recently released sequence's
+    blocks from the first of its run on, and grows into the next of them: its table is a run
+    again, not that run backwards (a release hands its blocks back tail first)."""
+    kv = BlockPool(32, BR)
+    old = [[] for _ in range(4)]
+    for t in old:
+        kv.grow(t, 8 * BR)
+    ids = list(range(8 * BR))
+    for k, t in enumerate(old):
+        names = []
+        kv.publish(t, names, [k * 1000 + i for i in ids], 8 * BR)    # named: cached on release
+        kv.release(t, names)
+    assert not kv.free and kv.n_cached == 32
+    new = []
+    kv.grow(new, 3 * BR)
+    for rows in range(4 * BR, 8 * BR + 1, BR):
+        kv.grow(new, rows)
+    assert _runs(new) == 1 and kv.evicted == 8, new
+
+
 def test_the_cache_off_finds_nothing():
     s = FCFS(4, 10_000, BlockPool(20, BR, cache=False))
     s.finish(served(s, req(1, range(40))))
