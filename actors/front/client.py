@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 import weakref
 from contextlib import aclosing, closing
@@ -31,12 +32,13 @@ HUB_EVERY_S = (0.02, 0.01, 0.05)   # a hub's calls at most every max(a, b * stre
 
 
 class PollHub:
-    """Every stream of one event loop (an HTTP replica's) polled together: one poll_many call
-    at a time for all of them instead of a Ray call per stream and piece, and while they make
-    pieces at most every 20 ms (one or two streams) to 50 ms (five or more; never while one
-    waits for its first piece). At 16 streams on 2 cores the calls per piece (their gRPC in
-    the service, the replica and Serve's proxy, an SSE chunk each) took CPU from the kernels:
-    decode steps of 31-34 ms, 23-25 with the hub (docs/serving.md)."""
+    """Every stream of one event loop (an HTTP replica's; Client.polls runs every thread's on
+    one loop) polled together: one poll_many call at a time for all of them instead of a Ray
+    call per stream and piece, and while they make pieces at most every 20 ms (one or two
+    streams) to 50 ms (five or more; never while one waits for its first piece). At 16 streams
+    on 2 cores the calls per piece (their gRPC in the service, the replica and Serve's proxy,
+    an SSE chunk each) took CPU from the kernels: decode steps of 31-34 ms, 23-25 with the hub
+    (docs/measured.md)."""
 
     def __init__(self, service):
         self.svc, self.id = service, secrets.token_hex(8)
@@ -97,6 +99,21 @@ class PollHub:
 
 
 _hubs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # event loop -> {actor id: hub}
+_polling: list = []           # the event loop of this process's synchronous streams, its thread
+
+
+def _polling_loop() -> asyncio.AbstractEventLoop:
+    """An event loop on a thread of its own, where Client.polls runs apolls for every thread."""
+    with _polling_lock:
+        if not _polling or not _polling[1].is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="socllm-polls", daemon=True)
+            thread.start()
+            _polling[:] = [loop, thread]
+        return _polling[0]
+
+
+_polling_lock = threading.Lock()
 
 
 def _hub(service) -> PollHub:
@@ -171,17 +188,24 @@ class Client:
 
     def polls(self, rid: str):
         """Yields each poll's answer until the request ends (raising if it did not finish);
-        leaving early cancels the request."""
-        seen, lp, done = 0, 0, False
+        leaving early cancels the request. apolls on this process's polling thread: the
+        streams of every thread are polled together (PollHub)."""
+        loop = _polling_loop()
+        agen, fut, out = self.apolls(rid), None, None
         try:
-            while not done:
-                out = ray.get(self.service.poll.remote(rid, seen, POLL_S, seen_logprobs=lp))
-                seen, lp, done = out["seen"], out.get("seen_logprobs", 0), out["state"] in ENDED
+            while True:
+                fut = asyncio.run_coroutine_threadsafe(agen.__anext__(), loop)
+                try:
+                    out = fut.result()
+                except StopAsyncIteration:
+                    break
                 yield out
             _raise_unless_finished(rid, out)
-        finally:
-            if not done:
-                self.service.cancel.remote(rid)
+        finally:              # apolls' own `finally` cancels a request left before its end
+            if fut is not None and not fut.done():
+                fut.cancel()                  # interrupted while waiting (KeyboardInterrupt)
+            else:
+                asyncio.run_coroutine_threadsafe(agen.aclose(), loop).result()
 
     def pieces(self, rid: str):
         """Yields the request's text pieces; closing the generator early cancels it."""
