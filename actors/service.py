@@ -11,6 +11,7 @@ DESIGN.md §5), and cancel it by id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -459,31 +460,21 @@ class Service:
         after its seen, or its end; {"missing": True} for an id the service does not know),
         waiting up to timeout_s for one, or until poke(hub) (a new stream of the hub waits)."""
         seqs = {rid: self.core.table.get(rid) for rid in asks}
-        def news():
-            return [rid for rid, s in seqs.items()
-                    if s is None or s.ended or len(s.pieces) > asks[rid][0]]
+        news = lambda: [rid for rid, s in seqs.items()
+                        if s is None or s.ended or len(s.pieces) > asks[rid][0]]
         poked = self.poked.pop(hub, None) is not None
         wake = self.hubs[hub] = asyncio.Event()
         live = [s for s in seqs.values() if s is not None]
-        for s in live:
-            s.polls += 1
-            s.watchers.add(wake)
+        _watched(live, wake, True)
         try:
-            ready = news()
-            if not ready and not poked:
-                try:
+            if not (ready := news()) and not poked:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout_s)
-                except asyncio.TimeoutError:
-                    pass
                 ready = news()
         finally:
             self.hubs.pop(hub, None)
             self.poked.pop(hub, None)
-            now = time.monotonic()
-            for s in live:
-                s.polls -= 1
-                s.last_poll = now
-                s.watchers.discard(wake)
+            _watched(live, wake, False)
         return {rid: {"missing": True} if seqs[rid] is None else self._answer(seqs[rid], *asks[rid])
                 for rid in ready}
 
@@ -629,3 +620,17 @@ def _wake(seq: Sequence):
     seq.event.set()
     for wake in seq.watchers:
         wake.set()
+
+
+def _watched(seqs: list, wake, on: bool):
+    """A poll_many call starts (on) or ends watching these sequences: an open poll each (no
+    abandoning them meanwhile), woken by any change."""
+    now = time.monotonic()
+    for s in seqs:
+        if on:
+            s.polls += 1
+            s.watchers.add(wake)
+        else:
+            s.polls -= 1
+            s.last_poll = now
+            s.watchers.discard(wake)
