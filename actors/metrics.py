@@ -30,6 +30,10 @@ class ServiceMetrics:
                                  "latency)", ["priority"], buckets=LATENCY_BUCKETS, registry=r)
         self.kv = Gauge("socllm_kv_blocks_used", "KV cache blocks held by requests", registry=r)
         self.kv_total = Gauge("socllm_kv_blocks", "KV cache blocks in the pool", registry=r)
+        self._last: dict = {}             # request id -> time of its last token
+        self._cache_and_spec(r)
+
+    def _cache_and_spec(self, r):
         # the prefix cache (memory/blocks.py), in prompt tokens: vLLM's names
         self.cache_queries = Counter("socllm_prefix_cache_queries", "prompt tokens looked up in "
                                      "the prefix cache", registry=r)
@@ -46,7 +50,6 @@ class ServiceMetrics:
         self.spec_steps = Counter("socllm_spec_decode_verify_steps", "decode steps of a sequence "
                                   "that verified drafts", registry=r)
         self._spec = (0, 0, 0)
-        self._last: dict = {}             # request id -> time of its last token
 
     def arrived(self, req):
         self.requests.labels(req.priority).inc()

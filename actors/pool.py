@@ -168,34 +168,34 @@ def _stop_idle_daemons(started):
                 pass
 
 
+def _resolved(config: EngineConfig | None, fields: dict) -> EngineConfig:
+    """The engine's config: `fields` over `config` or else over the environment's, with the
+    machine's thread budget resolved here, once (every actor gets the same number)."""
+    if config is None:
+        config = EngineConfig.from_env(**fields)
+    elif fields:
+        config = dataclasses.replace(config, **fields)
+    return dataclasses.replace(config, threads=config.budget)
+
+
 class Pool:
     def __init__(self, config: EngineConfig | None = None, *,
                  processors_: tuple = ("cpu", "gpu", "npu"), n_layers: int | None = None,
                  reader=None, rowcut_profile: str | None = None,
                  kv_dtype: str = "f32", double_rows: int = 0, **fields):
-        """config: every knob (policies/config.py: model, context, threads, precision, max_seqs,
-        kv_mb and the environment's), passed on to every actor; fields: some of them, as
-        keywords, over `config` or else over EngineConfig.from_env() (the environment's knobs,
-        read in this process). rowcut_profile: the tensor plan's profile
-        (scripts/profile_rowcut.py); default: this device's at policies/rowcut.PROFILE_PATH if
-        there is one, else an even cut. kv_dtype: the KV cache's elements
-        (memory/layout.KV_DTYPES); "f16" runs paged programs on the GPU only (the service below
-        f32). double_rows: the double activation buffer's rows (memory/layout.py; the service's
-        prefill chunk), 0: none."""
+        """config: every knob (policies/config.py), passed on to every actor; fields: some, over
+        `config` or else EngineConfig.from_env(). rowcut_profile: the tensor plan's (default:
+        policies/rowcut.PROFILE_PATH's, else an even cut). kv_dtype: the KV cache's elements
+        (memory/layout.KV_DTYPES; "f16": paged programs on the GPU only). double_rows: the double
+        activation buffer's rows (memory/layout.py; the service's prefill chunk), 0: none."""
         self._closed = True
-        if config is None:
-            config = EngineConfig.from_env(**fields)
-        elif fields:
-            config = dataclasses.replace(config, **fields)
-        # the machine's budget resolved here, once: every actor gets the same number
-        self.config = config = dataclasses.replace(config, threads=config.budget)
+        self.config = config = _resolved(config, fields)
         self.max_seqs, self.kv_mb, self.threads = config.max_seqs, config.kv_mb, config.threads
-        self.kv_dtype, self.double_rows = kv_dtype, double_rows
+        self.kv_dtype, self.double_rows, self._actors, self.arena = kv_dtype, double_rows, [], None
         self.rowcut_profile = load_profile(rowcut_profile)
         reader = self._open(config.model, config.context, reader)
         self._started_ray = ensure_ray(self.threads)
-        self._actors, self.arena, self.running = [], None, None
-        self._closed = False
+        self.running, self._closed = None, False
         # a processor whose kernels cannot read every weight of this model is not started
         types = matrix_types(reader)
         self.skipped = {p: why for p in processors_ if p != "cpu"

@@ -67,12 +67,10 @@ class ProcessorLost(RuntimeError):
 class Runner:
     def __init__(self, engine, plan: str, precision: str = "f32", npu_chunk: int = 0):
         """plan: a serving plan (policies/placement.py SERVE_PLANS): what runs decode batches and
-        what runs prefill chunks. precision: of a decode step's linears (policies/config.py
-        SERVE_PRECISIONS); prefill chunks run in the same integer weight tiles at q16 and q8
-        (gpu/backend.py tiles_take_all), in f32 at f32.
-        npu_chunk: the rows of the static chunk graphs of a plan the NPU takes part in
-        (Agent.xpu §4.3; 0: the plan's chunks run on its base processor); a plan without the
-        NPU ("gpu") may still take it, for step(on="npu")."""
+        prefill chunks. precision: a decode step's linears' (policies/config.py SERVE_PRECISIONS;
+        chunks: the same integer tiles at q16 and q8, gpu/backend.py tiles_take_all). npu_chunk:
+        the rows of the static chunk graphs of a plan the NPU takes part in (Agent.xpu §4.3; 0:
+        its base processor's), or of the NPU's alone for step(on="npu") in another plan."""
         self.eng, self.plan, self.precision = engine, plan, precision
         self.decode_on, self.chunk_on = SERVE_PLANS[plan]
         # the processor of what the plan's own programs cannot take: a chunk that does not start
@@ -95,15 +93,21 @@ class Runner:
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
         self.steps = collections.Counter()   # program key -> steps run (named by `ran`)
+        self._install_first(npu_chunk)
+        self.stages = engine.n_layers + 2        # graph/program.py stage_of
+
+    def _install_first(self, npu_chunk: int):
+        """The programs every step needs from the start: a decode batch, a chunk on the base
+        processor (and in the second buffer), the plan's static chunk graphs (or the NPU's alone,
+        for step(on="npu"))."""
         for key in {(self.decode_on, True, 0, self._batch_bucket(1)), (self.base, False, 0, 0)}:
             self._program(key)
-        if lay.double:
+        if self.lay.double:
             self._program((self.base, False, 1, 0))
         if self.chunk_on in ("npu", "tensor"):
             self._program((self.chunk_on, False, 0, self.npu_chunk))
-        elif npu_chunk and "npu" in engine.available:
-            self._program(("npu", False, 0, npu_chunk))      # for step(on="npu")
-        self.stages = engine.n_layers + 2        # graph/program.py stage_of
+        elif npu_chunk and "npu" in self.eng.available:
+            self._program(("npu", False, 0, npu_chunk))
 
     def _map_io(self, buf, lay):
         """Views of the pool's step inputs and outputs: each activation buffer's rows (ids, pos,

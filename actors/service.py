@@ -301,15 +301,12 @@ class Service:
                      grammar: str | None = None, tools: list | None = None, tool_choice=None,
                      parallel_tool_calls: bool | None = None, queue_bound: bool = True,
                      speculate: str | None = None, **sampling) -> str:
-        """A new request; bad input raises ValueError here, before it queues, and one too many
-        waiting QueueFull. Returns its handle: unguessable (a client reads and cancels only the
-        requests it was handed). The prompt is tokenized beside the serving loop, in a thread
-        that lets go of the GIL (models/tokenizer.py): a huge prompt stalls no one else.
-        response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema":
-        {"schema": ...}}), grammar (Lark or GBNF text) and tools (OpenAI's, with tool_choice and
-        parallel_tool_calls; chat only) constrain the reply (policies/grammar.py).
-        speculate (policies/drafting.py MODES): this request's drafting, where the service's
-        --speculate is not off (None: the service's).
+        """A new request: bad input raises ValueError before it queues, one too many waiting
+        QueueFull. Returns an unguessable handle (a client reads and cancels only its own). The
+        prompt is tokenized beside the loop in a thread without the GIL (models/tokenizer.py): a
+        huge one stalls no one. response_format (OpenAI's), grammar (Lark or GBNF) and tools
+        (with tool_choice, parallel_tool_calls; chat only) constrain the reply (policies/
+        grammar.py); speculate: its drafting (policies/drafting.py MODES; None: the service's);
         queue_bound False: the 2nd .. nth choice of one request (HTTP's n), past max_waiting."""
         self.loop = asyncio.get_running_loop()
         if self.pool is None:

@@ -66,3 +66,14 @@ def test_every_import_follows_the_arrows():
                     (found.add((rel, mod)) if (rel, mod) in KNOWN else wrong.append(f"{rel} imports {mod}"))
     assert not wrong, "imports against DESIGN.md's arrows:\n" + "\n".join(wrong)
     assert found == KNOWN, f"listed arrows that are gone (take them off KNOWN): {KNOWN - found}"
+
+
+def test_the_serving_core_reads_in_short_methods():
+    """Issue 26's bar for the Ray processes at actors/ (engine, service, runner, pool, worker,
+    ...): no function or method over 30 lines, docstring included (STYLE.md: nano-vllm's)."""
+    long = [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted((ROOT / "actors").glob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > 30]
+    assert not long, long
