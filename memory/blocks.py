@@ -124,14 +124,15 @@ class BlockPool:
 
     def _run_start(self, n: int, gap: int = 8, scan: int = 512) -> int:
         """A free block to start a run at: near the top of the stack (pages touched lately), with
-        n - 1 free blocks after it and none of the `gap` before it held (the room a running
+        n - 1 free blocks after it (at most 2 gap are looked at: a long prompt's start costs no
+        more than a short one's) and none of the `gap` before it held (the room a running
         sequence there grows into); the top itself if none of the first `scan` is."""
-        free, refs = self.free, self.refs
+        free, refs, ahead = self.free, self.refs, min(n, 2 * gap)
         for k, b in enumerate(reversed(free)):
             if k == scan:
                 break
             if not any(b - j >= 0 and refs[b - j] for j in range(1, gap + 1)) and \
-                    all(b + j in free for j in range(1, n)):
+                    all(b + j in free for j in range(1, ahead)):
                 return b
         return next(reversed(free))
 
