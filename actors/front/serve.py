@@ -98,11 +98,34 @@ def _remove(svc):
 
     from socllm.memory.arena import reap_orphans
     try:
+        pids = _pids(ray.get(svc.status.remote(), timeout=30))
+    except Exception:
+        pids = []
+    try:
         ray.get(svc.shutdown.remote(), timeout=60)
     except Exception:
         pass
     ray.kill(svc)
+    _gone(pids)
     reap_orphans()
+
+
+def _pids(st: dict) -> list[int]:
+    """The service's process and its processors' (a status answer)."""
+    return [p for p in [st.get("pid")] + [q.get("pid") for q in st.get("processors", [])] if p]
+
+
+def _gone(pids: list[int], timeout: float = 60.0):
+    """`ray.kill` returns before the process has ended: wait until the processes on this host have
+    (so `stop` means stopped, and a `serve` right after it finds their memory free)."""
+    import psutil
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def stop(a) -> int:
