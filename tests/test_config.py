@@ -121,3 +121,25 @@ def test_knobs_set_where_serve_runs_reach_a_cluster_started_before(ray_session):
     assert set(procs) == {"gpu", "npu"}          # the plan's processors only
     assert procs["gpu"].get("fuse") is False and procs["npu"].get("whole_graph") is False
     assert all(p.get("sleep_fraction") == 0.5 for p in procs.values()), procs
+
+
+def test_the_cpus_llvm_14_cannot_name_get_a_target_and_the_rest_keep_theirs():
+    """actors/gpu/device.py named_cpu: Zen 5, Emerald Rapids and Granite Rapids get the best target
+    whose features the host has; a CPU LLVM 14 names (Zen 4, Sapphire Rapids, Ice Lake) keeps it."""
+    from socllm.actors.gpu.device import TARGETS, named_cpu
+    avx512 = " ".join(TARGETS["icelake-server"])
+    avx2 = " ".join(TARGETS["znver3"])
+
+    def cpu(vendor, family, model, flags):
+        return {"vendor_id": vendor, "cpu family": str(family), "model": str(model), "flags": flags}
+    assert named_cpu(cpu("AuthenticAMD", 26, 2, avx512)) == "icelake-server"        # Zen 5
+    assert named_cpu(cpu("AuthenticAMD", 26, 2, avx2)) == "znver3"
+    assert named_cpu(cpu("AuthenticAMD", 25, 17, avx512)) is None                   # Zen 4
+    assert named_cpu(cpu("GenuineIntel", 6, 0xcf, avx512)) == "icelake-server"      # Emerald Rapids
+    assert named_cpu(cpu("GenuineIntel", 6, 0xad, avx512)) == "icelake-server"      # Granite Rapids
+    assert named_cpu(cpu("GenuineIntel", 6, 0x8f, avx512)) is None                  # Sapphire Rapids
+    assert named_cpu(cpu("GenuineIntel", 6, 0x6a, avx512)) is None                  # Ice Lake server
+    assert named_cpu(cpu("GenuineIntel", 6, 0x97, avx2)) is None                    # Alder Lake
+    assert named_cpu(cpu("AuthenticAMD", 26, 2, avx512), asked="znver3") == "znver3"
+    assert named_cpu(cpu("GenuineIntel", 6, 0xcf, avx512), asked="znver3") == "icelake-server"
+    assert named_cpu(cpu("GenuineIntel", 6, 0xb7, avx2)) is None                    # Raptor Lake

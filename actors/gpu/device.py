@@ -6,7 +6,9 @@ The PoCL that PyPI's pyopencl wheels carry (pocl-binary-distribution 3.0) has LL
 LLVM 14 does not know AMD's family-26 CPUs (Zen 5). It names such a host "generic", and PoCL 3.0
 passes that name on as the target CPU. Clang then refuses every kernel: "unknown target CPU
 'generic'" (pocl issue #1049). Newer PoCL reads POCL_LLVM_CPU_NAME for this case; 3.0 does not,
-and PyPI has no newer PoCL.
+and PyPI has no newer PoCL. An Intel CPU newer than LLVM 14's table (Emerald or Granite Rapids)
+it does not refuse but guesses from its features, "icelake-client", for which the same kernels
+compile ~1.9x slower than for "icelake-server".
 
 On such a CPU, socllm uses a copy of that exact library (checked by size and sha256) in which
 `llvm::sys::getHostCPUName` returns a CPU that LLVM 14 knows and whose features the host has:
@@ -40,6 +42,13 @@ TARGETS = {"icelake-server": {"avx512f", "avx512dq", "avx512cd", "avx512bw", "av
                               "f16c", "bmi2"},
            "znver3": {"avx2", "fma", "f16c", "bmi2"}}
 LLVM14_AMD_FAMILY_MAX = 25        # Zen 3 / 4: the newest AMD family LLVM 14 names
+# Intel family 6: LLVM 14 names models up to Sapphire Rapids (0x8f) and, past it, Alder Lake (0x97,
+# 0x9a) and Rocket Lake (0xa7). A newer one (Emerald Rapids 0xcf, Granite Rapids 0xad / 0xae) it
+# guesses from its features: "icelake-client" for an AVX-512 server, whose kernels ran 1.9x slower
+# than the same PoCL naming "icelake-server" (a 16-row decode step 89 ms against 47-61 on a 2-core
+# Emerald Rapids VM, profile_decode; the f32 LM head 34-37 ms against 7.3-7.5)
+LLVM14_INTEL_LAST = 0x8f
+LLVM14_INTEL_LATER = {0x97, 0x9a, 0xa7}
 
 
 def _cpu() -> dict:
@@ -51,17 +60,19 @@ def _cpu() -> dict:
 
 
 def named_cpu(info: dict | None = None, asked: str | None = None) -> str | None:
-    """For an AMD CPU that LLVM 14 cannot name: the best of TARGETS whose features it has (or
-    `asked`, the config's pocl_cpu, if it has those); None for any other CPU."""
+    """For a CPU that LLVM 14 cannot name (a newer AMD or Intel one): the best of TARGETS whose
+    features it has (or `asked`, the config's pocl_cpu, if it has those); None for any other CPU."""
     info = _cpu() if info is None else info
     flags = set(info.get("flags", "").split())
     try:
         family = int(info.get("cpu family", "0"))
     except ValueError:
         return None
-    if info.get("vendor_id") != "AuthenticAMD" or family <= LLVM14_AMD_FAMILY_MAX:
+    if not _unnamed(info.get("vendor_id"), family, info.get("model", "0")):
         return None
-    fits = [cpu for cpu, needs in TARGETS.items() if needs <= flags]
+    fits = [cpu for cpu, needs in TARGETS.items() if needs <= flags
+            and (cpu != "znver3" or info.get("vendor_id") == "AuthenticAMD")]   # LLVM 14 guesses an
+    # Intel CPU without AVX-512 (Raptor Lake) from its features: left to it, not tuned for AMD's
     if asked and asked not in fits:
         import sys
         print(f"socllm: SOCLLM_POCL_CPU={asked!r} is not one of this CPU's targets "
@@ -70,6 +81,19 @@ def named_cpu(info: dict | None = None, asked: str | None = None) -> str | None:
     elif asked:
         return asked
     return fits[0] if fits else None
+
+
+def _unnamed(vendor: str | None, family: int, model: str) -> bool:
+    """Whether LLVM 14 has no name for this CPU (and guesses, or says "generic")."""
+    if vendor == "AuthenticAMD":
+        return family > LLVM14_AMD_FAMILY_MAX
+    if vendor != "GenuineIntel" or family != 6:
+        return False
+    try:
+        m = int(model)
+    except ValueError:
+        return False
+    return m > LLVM14_INTEL_LAST and m not in LLVM14_INTEL_LATER
 
 
 def _patched(lib: str, cache: str, cpu: str) -> str | None:
