@@ -515,10 +515,23 @@ def paged_meta(lay, rng, lengths, n_blocks=40):
             ("a", lay.put(btab)), phys, MB)
 
 
+@pytest.mark.parametrize("group", [True, False], ids=["per-kv-head", "per-head"])
 @pytest.mark.parametrize("window", [0, 13])
 @pytest.mark.parametrize("lengths", [[1], [37, 5, 16, 17, 300], [16, 32, 48]])
-def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rng, lengths, window):
+def test_paged_attention_equals_contiguous_attention_per_sequence(kvdev, lay, rng, lengths, window,
+                                                                  group):
+    """per-kv-head: attention_paged_g, a work-item for the 3 query heads of a KV head (a CPU
+    device's form); per-head: attention_paged, a work-item a head (a model without GQA)."""
     arena, clk, kv = kvdev
+    saved, clk.att_group = clk.att_group, group
+    try:
+        _paged_attention_case(arena, clk, kv, lay, rng, lengths, window)
+    finally:
+        clk.att_group = saved
+
+
+def _paged_attention_case(arena, clk, kv, lay, rng, lengths, window):
+    kvdev = (arena, clk, kv)
     kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
     n_blocks, cols = 40, KVH * HD
     pos, rows_, seq, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)

@@ -98,6 +98,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "rope_rows": [u64] * 4 + [i32, i32, f32, u64, i32, u64],
     "rope_rows_table": [u64] * 2 + [i32, f32, u64],
     "attention_paged": [u64] * 7 + [i32] * 5,
+    "attention_paged_g": [u64] * 7 + [i32] * 5,     # builds with ATT_G (GQA) only
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
     "lm_head_rows2": [u64] * 4 + [i32, i32, i32],    # AVX-512 builds only
     "prep_rows": [u64] * 2 + [i32, i32, i32],
@@ -124,6 +125,7 @@ class CLKernels(MoELaunches):
         self.on_cpu = not queue.device.type & cl.device_type.GPU      # an OpenCL CPU device (PoCL)
         self.lin_t, self.lin_r, self.gemm_tn = knobs["LIN_T"], knobs["LIN_R"], knobs["GEMM_TN"]
         self.att_wg = knobs["ATT_WG"]
+        self.att_group = True         # paged attention a KV head at a time (GQA; ATT_WG 1 only)
         self.group = 64               # work-group size of the element-wise kernels
         self._by_head_dim = {}        # (head_dim, act_bits) -> kernels: attention is compiled per
         self.k = self._kernels(64)    # head size, decode.cl per prepared-activation format
@@ -418,9 +420,15 @@ class CLKernels(MoELaunches):
             br = a["block_rows"]
             if br % 8 or br & (br - 1):
                 raise ValueError(f"attention: block_rows {br} is not a power of two >= 8")
-            self._go("attention_paged", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1],
-                     a["out"][1], a["pos"][1], a["seq"][1], a["btab"][1], H, KVH,
-                     a["block_rows"], a["max_blocks"], a.get("window", 0), ks=self._kernels(a["head_dim"]))
+            args = (a["q"][1], a["k"][1], a["v"][1], a["out"][1], a["pos"][1], a["seq"][1],
+                    a["btab"][1], H, KVH, a["block_rows"], a["max_blocks"], a.get("window", 0))
+            g = H // KVH
+            if wg == 1 and g > 1 and self.att_group:
+                # a work-item for the g query heads of a KV head: K and V converted once for them
+                self._go("attention_paged_g", (1, KVH, N), (1, 1, 1), *args,
+                         ks=self._kernels(a["head_dim"], 32, None, f"-DATT_G={g}"))
+                return
+            self._go("attention_paged", (wg, H, N), (wg, 1, 1), *args, ks=self._kernels(a["head_dim"]))
             return
         self._go("attention", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
                  H, KVH, pos0, a.get("window", 0), ks=self._kernels(a["head_dim"]))

@@ -106,6 +106,122 @@ inline void att_rows(const __global float8* q, const __global kv8* k, const __gl
     }
 }
 
+#if ATT_WG == 1 && defined(ATT_G)
+// att_rows for the ATT_G query heads that share one KV head (GQA), a work-item for them all: each
+// key's K and V are read and converted from f16 once for the ATT_G heads, not once a head (their
+// scores and weights are the heads' own; each head's online softmax as att_rows keeps it).
+// q: head g's row at q + g HC; mx, sum [ATT_G]; acc [ATT_G HC]
+inline void att_rows_g(const __global float8* q, const __global kv8* k, const __global kv8* v,
+                       const __global int* bt, int kw, int lo, int L, int BR, float rsq, float* mx,
+                       float* sum, float8* acc)
+{
+    const int sh = __builtin_ctz(BR);
+    for (int l0 = lo & ~7; l0 < L; l0 += ATT_CH) {
+        const int groups = (min(ATT_CH, L - l0) + 7) / 8;
+        float8 sc[ATT_G][ATT_CH / 8];
+        int base[ATT_CH / 8];
+        float8 m8[ATT_G];
+#pragma unroll
+        for (int g = 0; g < ATT_G; g++) m8[g] = -INFINITY;
+        for (int j = 0; j < groups; j++) {
+            const int l = l0 + 8 * j;
+            base[j] = (bt[l >> sh] << sh) + (l & (BR - 1));
+            const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l;
+            const int8 live = key < (int8)L && key >= (int8)lo;
+            for (int h4 = 0; h4 < 8; h4 += 4) {          // keys l+h4 .. l+h4+3
+                const __global kv8* kr[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++)              // tail: re-read the last key (masked)
+                    kr[t] = k + (size_t)(base[j] + (l + h4 + t < L ? h4 + t : L - 1 - l)) * kw;
+                float8 d[ATT_G][4];
+#pragma unroll
+                for (int g = 0; g < ATT_G; g++)
+#pragma unroll
+                    for (int t = 0; t < 4; t++) d[g][t] = 0.0f;
+#pragma unroll
+                for (int c = 0; c < HC; c++) {
+                    const float8 k0 = KV8(kr[0] + c), k1 = KV8(kr[1] + c);
+                    const float8 k2 = KV8(kr[2] + c), k3 = KV8(kr[3] + c);
+#pragma unroll
+                    for (int g = 0; g < ATT_G; g++) {
+                        const float8 qc = q[g * HC + c];
+                        d[g][0] += qc * k0, d[g][1] += qc * k1, d[g][2] += qc * k2, d[g][3] += qc * k3;
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < ATT_G; g++) {     // dot4's transposed reduction
+                    const float8 p01 = (float8)(d[g][0].even, d[g][1].even) + (float8)(d[g][0].odd, d[g][1].odd);
+                    const float8 p23 = (float8)(d[g][2].even, d[g][3].even) + (float8)(d[g][2].odd, d[g][3].odd);
+                    const float8 s4 = (float8)(p01.even, p23.even) + (float8)(p01.odd, p23.odd);
+                    // s4 lanes (2t, 2t+1): halves of key h4+t's sum
+                    const float4 s = s4.even + s4.odd;
+                    if (h4 == 0) sc[g][j].lo = s; else sc[g][j].hi = s;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < ATT_G; g++) {
+                sc[g][j] = live ? sc[g][j] * rsq : (float8)-INFINITY;
+                m8[g] = sc[g][j] > m8[g] ? sc[g][j] : m8[g];
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < ATT_G; g++) {
+            att_max(m8[g], mx + g, sum + g, acc + g * HC);
+            float8 s8 = 0.0f;
+            for (int j = 0; j < groups; j++) {
+                const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l0 + 8 * j;
+                const int8 live = key < (int8)L && key >= (int8)lo;
+                sc[g][j] = live ? exp8_f32(sc[g][j] - mx[g]) : (float8)0.0f;
+                s8 += sc[g][j];
+            }
+            sum[g] += hsum8(s8);
+        }
+        for (int c = 0; c < HC; c++) {          // V: chunk c of every key, for the ATT_G heads
+            float8 a[ATT_G];
+#pragma unroll
+            for (int g = 0; g < ATT_G; g++) a[g] = acc[g * HC + c];
+            for (int j = 0; j < groups; j++) {
+                const int keys = min(8, L - l0 - 8 * j);
+                const __global kv8* vr = v + (size_t)base[j] * kw + c;
+                for (int t = 0; t < keys; t++, vr += kw) {
+                    const float8 vc = KV8(vr);
+#pragma unroll
+                    for (int g = 0; g < ATT_G; g++) a[g] += ((const float*)&sc[g][j])[t] * vc;
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < ATT_G; g++) acc[g * HC + c] = a[g];
+        }
+    }
+}
+
+// attention_paged for a KV head's ATT_G query heads at once (att_rows_g). global (1, KVH, N)
+__kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
+                                ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
+                                int win)
+{
+    const int kv = get_global_id(1), n = get_global_id(2), kw = KVH * HC;
+    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + kv * ATT_G) * HC;
+    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
+    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
+    const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
+    const int L = AT(const int, pos_o)[n] + 1, lo = win_start(L, win);
+    float8 acc[ATT_G * HC];
+    float mx[ATT_G], sum[ATT_G];
+#pragma unroll
+    for (int i = 0; i < ATT_G * HC; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int g = 0; g < ATT_G; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
+    att_rows_g(q, k, v, bt, kw, lo, L, BR, rsq, mx, sum, acc);
+    __global float8* out = AT(float8, out_o) + ((size_t)n * H + kv * ATT_G) * HC;
+#pragma unroll
+    for (int g = 0; g < ATT_G; g++)
+#pragma unroll
+        for (int c = 0; c < HC; c++) out[g * HC + c] = acc[g * HC + c] / sum[g];
+}
+#endif
+
 // attention over paged K/V: row n (sequence seq[n], position pos[n]) sees keys 0 .. pos[n] of its
 // sequence (win > 0: the last win of them), key l at KV row btab[seq][l / BR] * BR + l % BR.
 // global (ATT_WG, H, N)
