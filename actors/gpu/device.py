@@ -70,9 +70,9 @@ def named_cpu(info: dict | None = None, asked: str | None = None) -> str | None:
         return None
     if not _unnamed(info.get("vendor_id"), family, info.get("model", "0")):
         return None
+    # an Intel CPU without AVX-512 (Raptor Lake) is left to LLVM 14's guess, not given AMD's znver3
     fits = [cpu for cpu, needs in TARGETS.items() if needs <= flags
-            and (cpu != "znver3" or info.get("vendor_id") == "AuthenticAMD")]   # LLVM 14 guesses an
-    # Intel CPU without AVX-512 (Raptor Lake) from its features: left to it, not tuned for AMD's
+            and (cpu != "znver3" or info.get("vendor_id") == "AuthenticAMD")]
     if asked and asked not in fits:
         import sys
         print(f"socllm: SOCLLM_POCL_CPU={asked!r} is not one of this CPU's targets "
