@@ -13,6 +13,7 @@ actor, process or shared-memory segment is left behind.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -101,8 +102,7 @@ def _start_private_ray(threads: int):
     RAY_ADDRESS), for a budget of `threads`:
     - its workers run at nice 0, not Ray's 15: on a 2-core device our actors' kernel threads
       then yield to Ray's own daemons (at 0, decode measured ~5 % faster and steadier);
-    - no prestarted idle workers: socllm's actors take no CPU slots, so they would never be used
-      (two idle ~80 MB processes on this machine);
+    - PRIVATE_WORKERS worker processes started with it, and no API server (_no_api_server);
     - the thread budget's variables in its own environment, which every worker inherits: no
       runtime_env per actor (ray_env_options); stop_ray() puts them back;
     - its autoscaler monitor and log monitor stopped as they appear: one machine has no nodes to
@@ -116,13 +116,39 @@ def _start_private_ray(threads: int):
     watcher = threading.Thread(target=_stop_idle_daemons, args=(started,), daemon=True)
     watcher.start()
     try:
-        ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
-                 include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
-                                 "prestart_worker_first_driver": False})
+        with _no_api_server():
+            ray.init(address="local", num_cpus=PRIVATE_WORKERS, object_store_memory=OBJECT_STORE_BYTES,
+                     include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                     _system_config={"worker_niceness": 0, "enable_worker_prestart": False,
+                                     "prestart_worker_first_driver": True})
     finally:
         started.set()
         watcher.join()
+
+
+# The worker processes a private Ray starts with itself, for the two actors every engine starts
+# (the service and its base processor): their Python starts while Ray's agents start, not after
+# (~1 s of the README's command on a 2-core Xeon). Ray prestarts one a CPU it is given, and
+# socllm's actors take no CPU slots: the private Ray is given this many CPUs.
+PRIVATE_WORKERS = 2
+
+
+@contextlib.contextmanager
+def _no_api_server():
+    """Ray's start without its API server: Ray's dashboard.py, which without the dashboard still
+    serves job submission and the state API. Nothing outside this process reaches a private Ray,
+    and ray.init waits for that server's start (~1 s of the README's command on a 2-core Xeon,
+    ~110 MB). A Ray whose Node has no start_api_server starts unchanged."""
+    node = getattr(getattr(getattr(ray, "_private", None), "node", None), "Node", None)
+    start = getattr(node, "start_api_server", None)
+    if start is None:
+        yield
+        return
+    node.start_api_server = lambda self, **_: None
+    try:
+        yield
+    finally:
+        node.start_api_server = start
 
 
 _saved_env: dict = {}          # what ensure_ray's private Ray changed in this process's environment

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sympy
-
-from .ir import Graph, N
+from .ir import Graph
 
 
 @dataclass
@@ -20,12 +18,12 @@ class SlotPlan:
     sizes: list         # slot id -> symbolic byte size (largest tensor it holds)
 
     def nbytes(self, slot: int, max_rows: int) -> int:
-        return int(sympy.sympify(self.sizes[slot]).subs(N, max_rows))
+        return self.sizes[slot].at(max_rows)
 
 
 def _fits(size, slot_size) -> bool:
-    ratio = sympy.simplify(sympy.sympify(size) / sympy.sympify(slot_size))
-    return ratio.is_number and ratio <= 1
+    ratio = size / slot_size
+    return ratio is not None and ratio <= 1
 
 
 def last_uses(g: Graph) -> dict:

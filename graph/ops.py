@@ -6,9 +6,8 @@ builder declared beforehand (KV caches, io) are checked against it instead.
 from __future__ import annotations
 
 import numpy as np
-import sympy
 
-from .ir import Graph, Op
+from .ir import Graph, Op, sym
 
 
 def _shape(g: Graph, name):
@@ -21,7 +20,7 @@ def _expect(cond, op: Op, what: str):
 
 
 def _eq(a, b) -> bool:
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    return sym(a) == sym(b)
 
 
 def _rows(g, op, name):

@@ -152,6 +152,8 @@ def planar(fmt_name: str, raw: np.ndarray, rows: int, cols: int) -> dict:
     if cols % fmt.block:
         raise ValueError(f"{fmt.name} rows of {cols} weights are not whole {fmt.block}-weight blocks")
     blocks = np.ascontiguousarray(raw).reshape(rows * cols // fmt.block, fmt.block_bytes)
+    if fmt.name in W4_FORMATS:
+        return _planar_w4(fmt, blocks, rows, cols)
     q, d, m = _decode(fmt, blocks)
     q = q.reshape(rows, cols // QK, QK)
     dtype = np.float16 if fmt.scale == "f16" else np.float32
@@ -167,6 +169,25 @@ def planar(fmt_name: str, raw: np.ndarray, rows: int, cols: int) -> dict:
     if fmt.hb:
         out["qh"] = _pack_high(q >> 4, fmt.bits).reshape(rows, -1)
     return out
+
+
+def _planar_w4(fmt: Format, blocks: np.ndarray, rows: int, cols: int) -> dict:
+    """planar() of Q4_0 / Q4_1 without unpacking the codes (~3x faster: the default model's
+    start): GGUF's code byte j holds codes j (low nibble) and j + 16 (high), the sequential
+    order's byte j codes 2j and 2j + 1."""
+    w = blocks[:, fmt.block_bytes - QK // 2:].view("<u2")      # byte pairs: 2i | 2i + 1 << 8
+    qs = np.empty((len(blocks), QK // 2), np.uint8)
+    qs[:, :QK // 4] = (w & 0x0F) | ((w >> 4) & 0xF0)             # low nibbles of 2i, 2i + 1
+    qs[:, QK // 4:] = ((w >> 4) & 0x0F) | ((w >> 8) & 0xF0)      # their high nibbles
+    d = blocks[:, 0:2].copy().view(np.float16).reshape(rows, cols // QK)
+    if fmt.name == "Q4_1":
+        m = blocks[:, 2:4].copy().view(np.float16).reshape(rows, cols // QK)
+    else:
+        m32 = -8 * d.astype(np.float32)
+        m = m32.astype(np.float16)
+        if not np.array_equal(m.astype(np.float32), m32, equal_nan=True):
+            raise ValueError(f"{fmt.name} scales outside f16's range")   # |d| > 65504 / 8
+    return {"fmt": fmt.name, "qs": qs.reshape(rows, cols // 2), "d": d, "m": m}
 
 
 def _pack(nib: np.ndarray) -> np.ndarray:
