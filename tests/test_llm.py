@@ -81,7 +81,8 @@ def test_every_actor_gets_the_thread_budget_joined_or_private(llm, short_tmp):
     """The service and its processor actors size their libraries' thread pools from the budget
     (policies/threads.py): in a Ray that socllm joins, through a runtime_env; in a private Ray
     that it starts, from the environment Ray started with (no runtime_env: each actor starts
-    sooner), which the process gets back unchanged when that Ray stops."""
+    sooner), which the process gets back unchanged when that Ray stops. That Ray runs no API
+    server."""
     import json
     import os
     import subprocess
@@ -95,8 +96,16 @@ import json, os, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_llm import _thread_env
 import socllm
+import psutil
 with socllm.LLM(context=64, max_seqs=1, kv_mb=1, threads=1, plan="gpu") as llm:
     st = llm.status()
+    cmds = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmds.append(" ".join(p.cmdline()))
+        except psutil.Error:                 # a daemon stopped as it appeared (a zombie)
+            pass
+    print(json.dumps(cmds))
     print(json.dumps([_thread_env(p) for p in [st["pid"]] + [q["pid"] for q in st["processors"]]]))
 print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY_ENV")}}))
 """
@@ -105,7 +114,9 @@ print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    actors, after = [json.loads(line) for line in r.stdout.strip().splitlines()[-2:]]
+    cmds, actors, after = [json.loads(line) for line in r.stdout.strip().splitlines()[-3:]]
+    # the private Ray runs without Ray's API server (actors/pool.py _no_api_server)
+    assert any("raylet" in c for c in cmds) and not any("dashboard/dashboard.py" in c for c in cmds), cmds
     assert len(actors) == 2 and all(e == {"OMP_NUM_THREADS": "1", "POCL_MAX_PTHREAD_COUNT": "1"}
                                     for e in actors)
     assert after == {"OMP_NUM_THREADS": None, "SOCLLM_RAY_ENV": None}

@@ -17,6 +17,18 @@ from socllm.memory.ready import _SYS_FUTEX, ReadyWords, SleepPredictor
 from testlib import program as _program
 
 
+def test_symbolic_sizes_compare_and_evaluate_as_c_times_a_power_of_n():
+    import pytest
+
+    from socllm.graph.ir import N, Sym, sym
+    a, b = N * 576 * 4, 4 * (1536 * N)
+    assert a == Sym(2304, 1) and a.at(3) == 6912 and repr(a) == "2304*N" and sym(7) == 7
+    assert a / b == 0.375 and (N * N) / a is None and a / 4 is None      # ratios: numbers or None
+    assert {a, Sym(2304, 1)} == {a} and Sym(0, 1) == 0 and N != 1
+    with pytest.raises(TypeError):
+        sym(1.5)
+
+
 def test_slot_count_does_not_grow_with_layers(model_config):
     counts = {L: len(assign_slots(build_graph(model_config, L)).sizes) for L in (2, 4, 30)}
     assert counts[2] == counts[4] == counts[30] <= 10
