@@ -184,6 +184,7 @@ def _stop_idle_daemons(started):
                 p.kill()
                 left.discard(tag)
         started.wait(0.01)
+    started.wait()                      # both may be gone before ray.init has returned
     node = getattr(ray._private.worker, "_global_node", None)
     for kind in IDLE_DAEMONS:
         for info in (getattr(node, "all_processes", None) or {}).get(kind, ()):
