@@ -102,14 +102,10 @@ def _high_bits(qh: np.ndarray) -> np.ndarray:
 
 
 def _decode(fmt: Format, blocks: np.ndarray):
-    """GGUF blocks [n, block_bytes] -> codes q u8 [n, block], d, m f32 [n, block / group]."""
+    """GGUF blocks [n, block_bytes] -> codes q u8 [n, block], d, m f32 [n, block / group] (Q4_0 and
+    Q4_1: _planar_w4)."""
     n = blocks.shape[0]
     b = blocks
-    if fmt.name == "Q4_0":
-        d = _f16(b[:, 0:2])
-        return _nibbles(b[:, 2:18]), d[:, None], -8 * d[:, None]
-    if fmt.name == "Q4_1":
-        return _nibbles(b[:, 4:20]), _f16(b[:, 0:2])[:, None], _f16(b[:, 2:4])[:, None]
     if fmt.name == "Q5_0":
         d = _f16(b[:, 0:2])
         return _nibbles(b[:, 6:22]) | _high_bits(b[:, 2:6]), d[:, None], -16 * d[:, None]
