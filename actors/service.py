@@ -493,6 +493,8 @@ class Service:
         if seq.params.logprobs is not None:       # the tokens' since the last poll
             out["logprobs"] = self._logprobs(seq, seen_logprobs)
             out["seen_logprobs"] = seen_logprobs + len(out["logprobs"])
+        if seq.ended:
+            out["timings"] = _timings(seq)
         if seq.tools and seq.ended:           # the reply, read as models/tools.py's format
             from socllm.models.tools import parse_reply
             content, calls = parse_reply(seq.text)
@@ -527,17 +529,13 @@ class Service:
         out = {k: getattr(req, k) for k in ("id", "state", "priority", "prompt", "tokens", "text",
                                             "finish_reason", "error", "arrival", "prefill_start",
                                             "first_token", "arrived_during")}
-        ttft = (req.first_token or req.arrival) - req.arrival
-        n_dec = max(0, len(req.tokens) - 1)
-        dt = (req.finish or time.monotonic()) - (req.first_token or req.arrival)
         if req.spec is not None:      # speculative decoding: this request's drafts
             out["speculation"] = {"drafted": req.spec.drafted, "accepted": req.spec.accepted,
                                   "verify_steps": sum(a.steps for a in req.spec.by_n.values())}
         out["finish"] = req.finish
         return out | {"usage": req.usage(), "plan": self.plan, "precision": self.precision,
                       "placement": {"prefill": self.runner.chunk_on, "decode": self.runner.decode_on},
-                      "timings": {"ttft_s": ttft, "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
-                                  "prefill_tok_s": len(req.prompt) / ttft if ttft > 0 else 0.0}}
+                      "timings": _timings(req)}
 
     # -- what runs -------------------------------------------------------------------------------
     def register_frontend(self, name: str, pid: int, url: str):
@@ -610,6 +608,16 @@ def _heads(c, e):
     from socllm.actors.pool import _trim
     _trim()                   # the embedding's rows were read through a copy of its table
     return h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])
+
+
+def _timings(seq: Sequence) -> dict:
+    """How a request ran so far: time to its first token, and its prefill and decode rates."""
+    first = seq.first_token or seq.arrival
+    ttft, n_dec = first - seq.arrival, max(0, len(seq.tokens) - 1)
+    dt = (seq.finish or time.monotonic()) - first
+    return {"ttft_s": ttft, "prefill_s": first - (seq.prefill_start or first), "decode_s": dt,
+            "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
+            "prefill_tok_s": len(seq.prompt) / ttft if ttft > 0 else 0.0}
 
 
 def _wake(seq: Sequence):

@@ -63,6 +63,20 @@ def test_without_the_key_nothing_is_served_and_health_stays_open(door):
     assert oa.completions.create(model="m", prompt="Hi", max_tokens=2).choices[0].text is not None
 
 
+def test_cli_generate_sends_the_key_from_its_environment_and_without_one_takes_ray(door):
+    """`socllm generate` to a service with a key: over HTTP with SOCLLM_API_KEY (the record
+    `serve` wrote says a key is needed, never which), through Ray without it; one text."""
+    from socllm.actors.front.direct import record_path
+    rec = open(record_path(door[0]["RAY_ADDRESS"])).read()
+    assert json.loads(rec)["api_key"] is True and KEY not in rec
+    args = ["generate", COUNT, "--max-tokens", "6"]
+    keyed = subprocess.run(SOCLLM + args, env=door[0], capture_output=True, text=True, timeout=120)
+    assert keyed.returncode == 0 and "[service over HTTP: gpu" in keyed.stderr, keyed.stderr
+    bare = {k: v for k, v in door[0].items() if k != "SOCLLM_API_KEY"}
+    r = subprocess.run(SOCLLM + args, env=bare, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "[service: gpu" in r.stderr and r.stdout == keyed.stdout
+
+
 def test_models_by_id_and_openai_error_codes(door):
     import requests
     url, auth = door[1], {"Authorization": f"Bearer {KEY}"}

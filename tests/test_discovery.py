@@ -178,3 +178,16 @@ def test_reap_orphans_passes_over_a_segment_it_may_not_unlink(tmp_path, monkeypa
     monkeypatch.setattr(os, "unlink", refuse)
     assert arena.reap_orphans() == [mine]
     assert sorted(os.listdir(tmp_path)) == sorted([theirs, f"socllm-{os.getpid()}-1234abcd"])
+
+
+@pytest.mark.parametrize("env", [{}, {"TMPDIR": "/t1"}, {"RAY_TMPDIR": "/t2", "TMPDIR": "/t1"}])
+def test_the_cluster_file_is_looked_for_by_rays_own_rule(monkeypatch, env):
+    """actors/cluster.py finds Ray's temp dir without importing Ray (`generate` to a running
+    service imports none): the folder Ray's own function gives."""
+    from ray._common.utils import get_default_system_temp_dir
+    from socllm.actors.cluster import ray_temp_root
+    for name in ("RAY_TMPDIR", "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert ray_temp_root() == get_default_system_temp_dir()

@@ -159,6 +159,54 @@ def test_cli_generate_uses_the_service(served, oracle, tokenizer):
     assert (local["text"], local["plan"], local["placement"]) == (out["text"], "hetero", out["placement"])
 
 
+def _no_ray(folder) -> str:
+    """A folder whose `ray` fails to import: first on PYTHONPATH, a command importing Ray fails."""
+    (folder / "ray").mkdir()
+    (folder / "ray" / "__init__.py").write_text("raise ImportError('this command imported ray')\n")
+    return str(folder)
+
+
+def test_cli_generate_streams_from_the_services_http_without_ray(served, oracle, tokenizer,
+                                                                 gguf_reader, tmp_path):
+    """With a service running, `socllm generate` streams from its HTTP endpoint, found through
+    the record `serve` wrote (actors/front/direct.py), and never imports Ray: the oracle's text,
+    plain and as a chat. A record another user could have written, or one whose process has
+    ended, is passed over: Ray's path serves the same text."""
+    from socllm.actors.front.direct import record_path
+    env = {**served[0], "PYTHONPATH": _no_ray(tmp_path)}
+    want = _want(oracle, tokenizer, FRANCE, 8)
+    r = _cli(env, "generate", FRANCE, "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want + "\n"
+    assert "[service over HTTP: hetero (prefill npu+decode gpu), f32: ttft " in r.stderr
+    msgs = [{"role": "user", "content": FRANCE}]
+    r = _cli(env, "generate", FRANCE, "--max-tokens", "8", "--chat")
+    assert r.returncode == 0 and r.stdout == _chat_want(oracle, tokenizer, gguf_reader, msgs, 8) + "\n"
+    r = _cli(env, "generate", FRANCE, "--precision", "q8")        # checked against the record
+    assert r.returncode == 2 and "--local" in r.stderr and "f32" in r.stderr
+    path = record_path(served[0]["RAY_ADDRESS"])
+    assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    saved = json.load(open(path))
+    assert saved["url"] == served[1] and saved["api_key"] is False and saved["pid"] == _pid_of_service(served)
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    try:
+        for spoil in (lambda: os.chmod(path, 0o622),
+                      lambda: json.dump(saved | {"pid": ended.pid}, open(path, "w"))):
+            spoil()
+            r = _cli(env, "generate", FRANCE, "--max-tokens", "8")
+            assert r.returncode != 0 and "this command imported ray" in r.stderr   # Ray's path
+            r = _cli(served[0], "generate", FRANCE, "--max-tokens", "8")
+            assert r.returncode == 0 and r.stdout == want + "\n" and "[service: hetero" in r.stderr
+    finally:
+        json.dump(saved, open(path, "w"))
+        os.chmod(path, 0o600)
+
+
+def _pid_of_service(served) -> int:
+    return json.loads(_cli(served[0], "status", "--json").stdout)["pid"]
+
+
 def test_mixed_requests_at_once_each_get_their_oracle_text(client, oracle, tokenizer):
     prompts = ["def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,", "The weather today",
                "Paris is", "import numpy as np", "My favourite colour is", "word " * 60]
@@ -331,6 +379,10 @@ def test_openai_package_completions_and_chat_stream_and_not(served, oracle, toke
     c = oa.completions.create(model=model, prompt=FRANCE, max_tokens=8, temperature=0)
     assert c.choices[0].text == _want(oracle, tokenizer, FRANCE, 8)
     assert c.usage.completion_tokens == 8 and c.usage.prompt_tokens == 5
+    # llama.cpp's server's `timings`: the first token came from the prefill, 7 from decoding
+    t = c.model_extra["timings"]
+    assert t["predicted_n"] == 7 and 0 <= t["prompt_n"] <= 5 and 0 < t["prompt_ms"] <= t["ttft_ms"] \
+        and t["predicted_ms"] > 0 and t["predicted_per_second"] > 0
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     whole = oa.chat.completions.create(model=model, messages=msgs, max_tokens=20)
     text = whole.choices[0].message.content
@@ -525,10 +577,13 @@ def test_a_killed_gpu_actor_comes_back_and_its_generations_equal_the_oracle(clie
 
 
 def test_stop_removes_the_service_and_its_pool(served, client):
+    from socllm.actors.front.direct import record_path
     env, pid = served[0], client.status()["pid"]
     assert any(s.startswith(f"socllm-{pid}-") for s in _segments())
+    assert os.path.exists(record_path(env["RAY_ADDRESS"]))
     r = _cli(env, "stop", timeout=300)
     assert r.returncode == 0 and "stopped" in r.stdout
+    assert not os.path.exists(record_path(env["RAY_ADDRESS"])), "`generate` would look for it"
     assert not any(s.startswith(f"socllm-{pid}-") for s in _segments()), "the pool outlived stop"
     assert not os.path.exists(f"/proc/{pid}"), "the service's process outlived stop"
     r = _cli(env, "status")

@@ -173,8 +173,11 @@ def _validate(a):
 
 def _generate(a) -> int:
     if not a.local:
-        from socllm.actors.front.serve import generate_served
-        done = generate_served(a)
+        from socllm.actors.front.direct import generate_direct
+        done = generate_direct(a)                # no Ray imported: a running service's HTTP
+        if done is None:
+            from socllm.actors.front.serve import generate_served
+            done = generate_served(a)
         if done is not None:
             return done
     from socllm.models.chat import chat_prompt

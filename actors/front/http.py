@@ -12,7 +12,8 @@ tokenizing it, and tokenizes the rest beside its serving loop).
 Bodies are checked here: malformed JSON, a field of the wrong type, an invalid value or a prompt
 too long get a 400 with an OpenAI-style error object, never a 500, and nothing else is disturbed.
 Extension fields: `priority` ("reactive" | "proactive"), `seed`, `ignore_eos` (as llama.cpp's),
-`speculate` ("auto" | "lookup" | "off": this request's speculative decoding). A client that disconnects
+`speculate` ("auto" | "lookup" | "off": this request's speculative decoding); in replies (and in
+a stream's finish chunk) `timings` as llama.cpp's server gives them, and `ttft_ms`. A client that disconnects
 mid-stream cancels its request: a task beside the handler waits for the ASGI disconnect message
 (Serve behind its proxy does not cancel a streaming handler when the client leaves; polling
 `request.is_disconnected()` between pieces missed 5 of 20 disconnects, a receive it cancels can
@@ -242,6 +243,22 @@ def _message(text: str, out: dict) -> dict:
     return msg
 
 
+def _timings(out: dict) -> dict:
+    """How a request ran, in the `timings` object llama.cpp's server adds to its replies:
+    prompt_* its prefill (tokens not found in the prefix cache; from its first chunk to its first
+    token), predicted_* its decoding (the tokens after the first); and ttft_ms, its time to first
+    token from arrival, queueing included."""
+    t, u = out.get("timings"), out.get("usage")
+    if not t or not u:
+        return {}
+    pn = u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"]
+    dn = max(0, u["completion_tokens"] - 1)
+    return {"timings": {"prompt_n": pn, "prompt_ms": 1e3 * t["prefill_s"],
+                        "prompt_per_second": pn / t["prefill_s"] if t["prefill_s"] > 0 else 0.0,
+                        "predicted_n": dn, "predicted_ms": 1e3 * t["decode_s"],
+                        "predicted_per_second": t["decode_tok_s"], "ttft_ms": 1e3 * t["ttft_s"]}}
+
+
 def _refused(e: ray.exceptions.RayTaskError):
     """The service refused a request: 429 (its queue is full), 400 (bad input) or 503."""
     cause = getattr(e, "cause", None)
@@ -393,7 +410,7 @@ class OpenAIServer:
             usage["completion_tokens"] = sum(r[1]["usage"]["completion_tokens"] for r in results)
             usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {**meta, "object": "chat.completion" if chat else "text_completion",
-                "choices": choices, "usage": usage}
+                "choices": choices, "usage": usage, **_timings(results[0][1])}
 
     async def _gather(self, rid: str) -> tuple:
         """A request's whole text, its last poll and its tokens' logprobs."""
@@ -429,7 +446,7 @@ class OpenAIServer:
         the first's first token (_more); their chunks interleave, told apart by index."""
         chat = shape["chat"]
 
-        def event(i, delta, reason=None, first=False, lps=None):
+        def event(i, delta, reason=None, first=False, lps=None, extra=None):
             if chat:
                 d = ({"role": "assistant", "content": ""} if first else
                      delta if isinstance(delta, dict) else
@@ -439,7 +456,7 @@ class OpenAIServer:
             else:
                 choice = {"index": i, "text": delta or "", "finish_reason": reason,
                           "logprobs": _logprobs(lps, False, 0) if lps else None}
-            return f"data: {json.dumps({**meta, 'choices': [choice]})}\n\n"
+            return f"data: {json.dumps({**meta, 'choices': [choice], **(extra or {})})}\n\n"
 
         def said(i, out):
             """The chunks of one poll of choice i."""
@@ -458,7 +475,7 @@ class OpenAIServer:
                                  "type": "server_error", "param": None, "code": None}}
                 yield f"data: {json.dumps(err)}\n\n"
             elif out["state"] in ENDED:
-                yield event(i, None, _reason(out))
+                yield event(i, None, _reason(out), extra=_timings(out))
 
         queue: asyncio.Queue = asyncio.Queue()
 

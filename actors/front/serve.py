@@ -14,11 +14,12 @@ from socllm.policies.placement import NPU_MARGIN
 
 from socllm.actors.service import NAME, NAMESPACE
 
-def _join(address: str | None) -> None:
+def _join(address: str | None) -> str:
     """Join the Ray cluster the user runs (actors/cluster.py: --address, RAY_ADDRESS, Ray's
-    cluster file); NoCluster, naming what was tried, if none answers. Nothing is started."""
+    cluster file) and return its address; NoCluster, naming what was tried, if none answers.
+    Nothing is started."""
     from socllm.actors.cluster import join
-    join(address, NAMESPACE)
+    return join(address, NAMESPACE)
 
 
 def _service():
@@ -53,7 +54,7 @@ def serve(a) -> int:
     a.model = a.model and os.path.abspath(a.model)
     config = config_of(a, ServeConfig)           # validated, with the environment's knobs
     config = dataclasses.replace(config, threads=config.budget)
-    _join(a.address)
+    address = _join(a.address)
     svc = _service()
     if svc is not None:
         d = ray.get(svc.describe.remote(), timeout=30)
@@ -78,6 +79,11 @@ def serve(a) -> int:
             raise ValueError(str(getattr(e, "cause", e)).splitlines()[0]) from None
         raise
     pl = d["placement"]
+    if url:                 # `socllm generate` streams from here without Ray (actors/front/direct.py)
+        from socllm.actors.front.direct import write_record
+        write_record(address, {"url": url, "pid": d["pid"], "api_key": config.api_key is not None,
+                               "model_path": d["model_path"], "plan": d["plan"], "precision": d["precision"],
+                               "placement": {"prefill": pl["prefill"], "decode": pl["decode"]}})
     print(f"socllm: serving {d['model']} (plan {d['plan']}: decode on the {pl['decode']}, prefill "
           f"chunks on the {pl['prefill']}, {d['precision']}, context "
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
@@ -130,11 +136,13 @@ def _gone(pids: list[int], timeout: float = 60.0):
 
 def stop(a) -> int:
     from socllm.actors.cluster import NoCluster
+    from socllm.actors.front.direct import remove_record
     try:
-        _join(a.address)
+        address = _join(a.address)
     except NoCluster as e:
         print(f"socllm: {e}; nothing to stop")
         return 0
+    remove_record(address)
     try:
         from socllm.actors.front.http import undeploy
     except ImportError:        # no ray[serve] in this install: it deployed no HTTP front end
