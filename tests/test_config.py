@@ -24,7 +24,7 @@ def test_cli_defaults_are_the_config_fields():
     flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
     assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "plan",
                             "prefix_cache", "abandon_s", "http_host", "http_port", "api_key",
-                            "max_body_mb", "max_waiting", "speculate", "draft_max"}
+                            "max_body_mb", "max_waiting", "speculate", "draft_max", "warm"}
     assert flagged == {k: getattr(ServeConfig(), k) for k in flagged}
     assert gen.context == EngineConfig().context and gen.model is None
 
@@ -108,7 +108,7 @@ def test_knobs_set_where_serve_runs_reach_a_cluster_started_before(ray_session):
     assert not set(knobs) & set(os.environ), "the cluster's processes must not have them already"
     env = {**os.environ, "RAY_ADDRESS": ray_session[0]}
     r = subprocess.run(SOCLLM + ["serve", "--http-port", "0", "--context", "256", "--max-seqs", "2",
-                                 "--kv-mb", "8", "--plan", "hetero"],
+                                 "--kv-mb", "8", "--plan", "hetero", "--no-warmup"],
                        env={**env, **knobs}, capture_output=True, text=True, timeout=600)
     try:
         assert r.returncode == 0, r.stderr

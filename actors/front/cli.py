@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=srv.prefix_cache,
                    help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
                         "(a system prompt, a tool list, a chat's history); to compare")
+    s.add_argument("--no-warmup", dest="warm", action="store_false", default=srv.warm,
+                   help="start without running every kernel and graph once (as llama-server's "
+                        "--no-warmup): a faster start, and the first requests build what they use")
     s.add_argument("--speculate", choices=SPECULATE, default=srv.speculate,
                    help=f"{SPECULATE_HELP} (default %(default)s); a request's own speculate field "
                         "chooses for it unless this is off")
