@@ -143,17 +143,35 @@ def _no_api_server():
     """Ray's start without its API server: Ray's dashboard.py, which without the dashboard still
     serves job submission and the state API. Nothing outside this process reaches a private Ray,
     and ray.init waits for that server's start (~1 s of the README's command on a 2-core Xeon,
-    ~110 MB). A Ray whose Node has no start_api_server starts unchanged."""
+    ~110 MB). And without importing the dashboard's libraries in this process only to learn they
+    are installed (aiohttp, grpc, opentelemetry ...: 0.3 s before the raylet starts, here):
+    _dashboard_deps looks them up unimported. A Ray lacking either function starts unchanged."""
     node = getattr(getattr(getattr(ray, "_private", None), "node", None), "Node", None)
-    start = getattr(node, "start_api_server", None)
-    if start is None:
-        yield
-        return
-    node.start_api_server = lambda self, **_: None
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    patches = [(owner, name, stand_in) for owner, name, stand_in in
+               ((node, "start_api_server", lambda self, **_: None),
+                (utils, "get_dashboard_dependency_error", _dashboard_deps))
+               if getattr(owner, name, None) is not None]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, stand_in in patches:
+        setattr(owner, name, stand_in)
     try:
         yield
     finally:
-        node.start_api_server = start
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+DASHBOARD_DEPS = ("aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelemetry",
+                  "prometheus_client", "pydantic")   # ray/dashboard/optional_deps.py's packages
+
+
+def _dashboard_deps():
+    """ray._private.utils.get_dashboard_dependency_error, by finding the packages, not importing
+    them: None where all are installed (ray[default]), else an ImportError naming one missing."""
+    import importlib.util
+    missing = next((m for m in DASHBOARD_DEPS if importlib.util.find_spec(m) is None), None)
+    return None if missing is None else ImportError(f"No module named '{missing}'")
 
 
 _saved_env: dict = {}          # what ensure_ray's private Ray changed in this process's environment

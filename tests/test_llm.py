@@ -102,7 +102,8 @@ with socllm.LLM(context=64, max_seqs=1, kv_mb=1, threads=1, plan="gpu") as llm:
     cmds = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
     print(json.dumps(cmds))
     print(json.dumps([_thread_env(p) for p in [st["pid"]] + [q["pid"] for q in st["processors"]]]))
-print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY_ENV")}}))
+    dash = "aiohttp" in sys.modules
+print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY_ENV")}} | {{"aiohttp": dash}}))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OMP_NUM_THREADS")}
     env["RAY_TMPDIR"] = short_tmp
@@ -112,7 +113,10 @@ print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY
     cmds, actors, after = [json.loads(line) for line in r.stdout.strip().splitlines()[-3:]]
     # the private Ray runs without Ray's API server (actors/pool.py _no_api_server), and the
     # daemons stopped as they appeared are reaped (a zombie's cmdline() would have raised)
+    # nor its dashboard libraries imported in this process only to learn they are installed:
+    # the dashboard agent still runs in its full form, as Ray starts it where they are
     assert any("raylet" in c for c in cmds) and not any("dashboard/dashboard.py" in c for c in cmds), cmds
+    assert any("dashboard/agent.py" in c and "--minimal" not in c for c in cmds), cmds
     assert len(actors) == 2 and all(e == {"OMP_NUM_THREADS": "1", "POCL_MAX_PTHREAD_COUNT": "1"}
                                     for e in actors)
-    assert after == {"OMP_NUM_THREADS": None, "SOCLLM_RAY_ENV": None}
+    assert after == {"OMP_NUM_THREADS": None, "SOCLLM_RAY_ENV": None, "aiohttp": False}
