@@ -56,7 +56,13 @@ def const_weights(phase: str, bucket: int) -> bool:
     data, ~4 bytes per weight of the graph when every layer is its own graph (30 per-layer
     prefill graphs at 256 rows: +454 MB), ~1.5 bytes per weight when the whole model is one
     graph. So:
-      decode (one row): every layer's weights compiled in, a graph from one attention to the next;
+      decode (one row: a one-sequence step, the contiguous "decode" program or the service's
+        one-row "batch"): every layer's weights compiled in, a graph from one attention to the
+        next. The service's batch programs were left out until 2026-11-27, so `--plan npu`
+        decoded from inputs: with constants, 32 tokens of one stream take 1.2-1.4 s against
+        4.9-13 s (SmolLM2, f32), 2.1-3.5 s against 12-18 s (Gemma 3 270M), for +160 / +200 MB in
+        the NPU actor (2-core Emerald Rapids VM, by hand); batches of more rows keep inputs (one
+        compiled copy of the weights per bucket would be ~150 MB each);
       prefill chunks of WHOLE_GRAPH_FROM rows or more that start the prompt (pos0 = 0): the whole
         model as ONE graph (`whole_graph`), with no KV cache to read, so one graph per bucket;
       other prefill chunks: weights as inputs, one per-layer graph shared by all layers.
@@ -65,7 +71,7 @@ def const_weights(phase: str, bucket: int) -> bool:
       256 rows: 657 / 445 tok/s, 711 / 484 MB;  512: 647 / 480, 805 / 519;
       1024: 583 / 430, 1040 / 588 — 1.35-1.48x faster for 227-452 MB more per bucket used
       (SOCLLM_WHOLE_GRAPH=0 turns whole graphs off: policies/config.py)."""
-    return phase == "decode"
+    return phase == "decode" or phase == "batch" and bucket == 1
 
 
 # q16 / q8 (int16 / int8 activations in the GPU's decode GEMVs) have no OpenVINO hint of their
