@@ -111,11 +111,7 @@ def generate_direct(a) -> int | None:
     key = ServeConfig.from_env().api_key             # SOCLLM_API_KEY
     if rec is None or rec.get("api_key") and not key:
         return None
-    for flag, mine, theirs in (("--model", a.model and os.path.realpath(a.model), rec["model_path"]),
-                               ("--plan", a.plan, rec["plan"]), ("--precision", a.precision, rec["precision"])):
-        if mine is not None and mine != theirs:
-            raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
-                             f"private engine with {flag} {mine}")
+    same_service(a, rec["model_path"], rec["plan"], rec["precision"])
     body = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p,
             "seed": a.seed, "stop": a.stop, "priority": a.priority, "speculate": a.speculate,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -140,6 +136,26 @@ def generate_direct(a) -> int | None:
         return _stream(resp, rec, a.chat)
     finally:
         conn.close()                     # Ctrl-C: the service cancels the request
+
+
+def same_service(a, model_path: str, plan: str, precision: str):
+    """`generate`'s --model, --plan and --precision, where given, against the running service's
+    (ValueError, pointing to --local, where one differs)."""
+    for flag, mine, theirs in (("--model", a.model and os.path.realpath(a.model), model_path),
+                               ("--plan", a.plan, plan), ("--precision", a.precision, precision)):
+        if mine is not None and mine != theirs:
+            raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
+                             f"private engine with {flag} {mine}")
+
+
+def timings_line(where: str, plan: str, placement: dict, precision: str, ttft_s: float,
+                 prefill_tok_s: float, decode_tok_s: float, spec: dict | None) -> str:
+    """The line `generate` writes on stderr after the text: how the request ran."""
+    placed = "+".join(f"{k} {v}" for k, v in placement.items())
+    drafts = f", drafts accepted {spec['accepted_prediction_tokens']}/" \
+             f"{spec['accepted_prediction_tokens'] + spec['rejected_prediction_tokens']}" if spec else ""
+    return (f"[{where}: {plan} ({placed}), {precision}: ttft {ttft_s * 1e3:.0f} ms, prefill "
+            f"{prefill_tok_s:.1f} tok/s, decode {decode_tok_s:.1f} tok/s{drafts}]")
 
 
 def _error_of(resp) -> str:
@@ -167,12 +183,9 @@ def _stream(resp, rec: dict, chat: bool) -> int:
         timings, usage = ev.get("timings", timings), ev.get("usage") or usage
     sys.stdout.write("\n")
     if timings:
-        placed = "+".join(f"{k} {v}" for k, v in rec["placement"].items())
-        spec = (usage or {}).get("completion_tokens_details")
-        drafts = f", drafts accepted {spec['accepted_prediction_tokens']}/" \
-                 f"{spec['accepted_prediction_tokens'] + spec['rejected_prediction_tokens']}" if spec else ""
-        prefill = usage["prompt_tokens"] / timings["ttft_ms"] * 1e3 if usage and timings["ttft_ms"] > 0 else 0.0
-        print(f"[service over HTTP: {rec['plan']} ({placed}), {rec['precision']}: ttft "
-              f"{timings['ttft_ms']:.0f} ms, prefill {prefill:.1f} tok/s, decode "
-              f"{timings['predicted_per_second']:.1f} tok/s{drafts}]", file=sys.stderr)
+        ttft = timings["ttft_ms"] / 1e3
+        prefill = usage["prompt_tokens"] / ttft if usage and ttft > 0 else 0.0   # as the service's
+        print(timings_line("service over HTTP", rec["plan"], rec["placement"], rec["precision"], ttft,
+                           prefill, timings["predicted_per_second"],
+                           (usage or {}).get("completion_tokens_details")), file=sys.stderr)
     return 0

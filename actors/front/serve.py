@@ -246,12 +246,10 @@ def generate_served(a) -> int | None:
     if svc is None:
         return None
     import ray
+
+    from socllm.actors.front.direct import same_service
     d = ray.get(svc.describe.remote())
-    for flag, mine, theirs in (("--model", a.model and os.path.realpath(a.model), d["model_path"]),
-                               ("--plan", a.plan, d["plan"]), ("--precision", a.precision, d["precision"])):
-        if mine is not None and mine != theirs:
-            raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
-                             f"private engine with {flag} {mine}")
+    same_service(a, d["model_path"], d["plan"], d["precision"])
     return run_generate(svc, a, "service")
 
 
@@ -308,12 +306,9 @@ def run_generate(svc, a, where: str) -> int:
                                                   "precision", "timings", "finish_reason")}
                          | {"prompt_tokens": out["prompt"]}))
     elif out.get("timings"):
+        from socllm.actors.front.direct import timings_line
         t = out["timings"]
-        placed = "+".join(f"{k} {v}" for k, v in out["placement"].items())
-        spec = out["usage"].get("completion_tokens_details")
-        drafts = f", drafts accepted {spec['accepted_prediction_tokens']}/" \
-                 f"{spec['accepted_prediction_tokens'] + spec['rejected_prediction_tokens']}" if spec else ""
-        print(f"[{where}: {out['plan']} ({placed}), {out['precision']}: ttft {t['ttft_s']*1e3:.0f} ms, "
-              f"prefill {t['prefill_tok_s']:.1f} tok/s, decode {t['decode_tok_s']:.1f} tok/s{drafts}]",
-              file=sys.stderr)
+        print(timings_line(where, out["plan"], out["placement"], out["precision"], t["ttft_s"],
+                           t["prefill_tok_s"], t["decode_tok_s"],
+                           out["usage"].get("completion_tokens_details")), file=sys.stderr)
     return 0
