@@ -49,6 +49,7 @@ DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl",
 #       then f32 GEMM)                   4.86   8.28  10.12  18.25
 #   q16 int16 rows (linear_rows_act)     4.85   8.55  14.59  27.12
 #   q8 int8 tiles                        4.55   3.87   7.15  10.59
+#   (q8 on AVX512-VNNI: tiles of 16 weight rows, linear_tile16; measured in cl/batch.cl)
 # Other weight formats, a bias or M not a multiple of 8 keep q16's paths from before the tiles:
 # up to INT_ROWS_MAX rows in int16 (linear_rows_act), more in f32, whose dequantized weight block
 # serves GEMM_TN rows: measured through the service on 2 cores (tok/s, integers vs f32): 2 rows
@@ -105,6 +106,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
     # batch.cl (ACT_BITS 8 and 16 builds only)
     "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
+    "linear_tile16": [u64] * 5 + [i32, i32, i32, i32, u64, i32],     # int8, AVX512-VNNI builds only
     **MOE_SCALARS,
 }
 class CLKernels(MoELaunches):
@@ -143,6 +145,7 @@ class CLKernels(MoELaunches):
         self.moe_scratch: tuple | None = None
         self.moe_bits = 32
         self.tile_max = 8             # rows a q16 MoE weight tile takes (moe_tile; not re-measured)
+        self.tile16 = True            # q8 tiles of 16 weight rows where built (linear_tile16)
 
     def _kernels(self, head_dim: int, act_bits: int = 32, gemm_tn: int | None = None,
                  extra: str = "") -> dict:
@@ -378,7 +381,10 @@ class CLKernels(MoELaunches):
         ks = self._kernels(64, self.rows_act[2], None,
                            f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
         self._prep_rows(a["x"][1], K, N, round_up(N, tn), row_bytes, ks)
-        self._go("linear_tile", (round_up(M // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
+        # int8 on AVX512-VNNI: 16 weight rows a work-item, one vpdpbusd512 for 64 products
+        name, w = ("linear_tile16", 16) if M % 16 == 0 and "linear_tile16" in ks and \
+            self.tile16 else ("linear_tile", 8)
+        self._go(name, (round_up(M // w, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                  self.rows_act[0], qs, d, m, out, K, M, N, ld, rows, row_bytes, ks=ks)
 
     def _rope(self, a, N, pos0):
