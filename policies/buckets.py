@@ -76,7 +76,7 @@ def const_weights(phase: str, bucket: int) -> bool:
 
 # q16 / q8 (int16 / int8 activations in the GPU's decode GEMVs) have no OpenVINO hint of their
 # own. A dense model's prefill chunks compute in bf16 there, 16-bit activations as an NPU's fp16
-# (OpenVINO's CPU device keeps f32 where the CPU has no bf16 instructions); every other graph
+# (where the device computes bf16: npu_prefill_act, below); every other graph
 # (decode steps, MoE layers, whose router's top-k a bf16 rounding flips: a logit off by 22 % of
 # its scale in a decode batch, measured) stays f32, as f32 does everywhere. Measured on a 2-core
 # Zen 5 (avx512_bf16), a 512-row first chunk of the default model: 1,514 -> 2,213 tok/s; over 20
@@ -85,6 +85,17 @@ def const_weights(phase: str, bucket: int) -> bool:
 # takes no FullyConnected whose weights have a float zero point (Q4_1's min), and with the min
 # split out of the weights it cost 8.0e-3 nats for 1.1x more speed.
 NPU_PREFILL_ACT = {"q8": "bf16", "q16": "bf16"}   # precision -> the NPU's prefill activations
+
+
+def npu_prefill_act(precision: str, capabilities) -> str:
+    """OpenVINO's inference precision for a dense prefill chunk at this precision, on a device
+    with these OPTIMIZATION_CAPABILITIES: NPU_PREFILL_ACT's bf16 only where the device computes
+    bf16 (BF16 among them). Elsewhere the hint computes f32 anyway, and slower: on a 2-core Emerald
+    Rapids VM without avx512_bf16 (capabilities FP32, INT8), the default model's 512-row
+    whole-model graph took 1,926 ms with the bf16 hint against 483 with f32 (median of 3,
+    `profile_prefill --bucket 512`)."""
+    act = NPU_PREFILL_ACT.get(precision, "f32")
+    return act if act != "bf16" or "BF16" in capabilities else "f32"
 
 WHOLE_GRAPH_FROM = 256   # prefill bucket from which a prompt's first chunk runs as one graph
 

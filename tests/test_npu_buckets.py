@@ -9,7 +9,7 @@ import pytest
 
 from socllm.actors.cpu.kernels import NumpyKernels
 from socllm.actors.npu.segment import OVSegment
-from socllm.policies.buckets import KV_STEP, kv_bucket
+from socllm.policies.buckets import KV_STEP, kv_bucket, npu_prefill_act
 
 from ov_layout import CAP, CONFIG, D, HD, KVH, Layout, close, decoder_layer, f32, rand_rows, slots
 
@@ -25,6 +25,16 @@ def test_kv_bucket_never_passes_the_capacity():
     assert kv_bucket(600, cap=640) == 640
     with pytest.raises(ValueError):
         kv_bucket(641, cap=640)
+
+
+@pytest.mark.parametrize("precision,caps,want", [
+    ("q16", {"FP32", "BF16", "INT8"}, "bf16"), ("q8", {"FP32", "BF16"}, "bf16"),
+    ("q16", {"FP32", "INT8", "BIN"}, "f32"), ("q8", {"FP32"}, "f32"),
+    ("f32", {"FP32", "BF16"}, "f32"), ("bf16", {"FP32"}, "f32")])
+def test_the_npus_prefill_is_bf16_only_where_the_device_computes_it(precision, caps, want):
+    """q16 / q8 prefill graphs hint bf16 only on a device whose capabilities include BF16; on
+    one without (an AVX-512 CPU without avx512_bf16), f32, which it computes anyway and 4x faster."""
+    assert npu_prefill_act(precision, caps) == want
 
 
 def _attention_alone(L: Layout, s: dict):

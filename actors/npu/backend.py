@@ -12,7 +12,7 @@ import time
 
 from socllm.graph.program import StepProgram, segment_live_out
 from socllm.graph.seqcut import part_rows
-from socllm.policies.buckets import NPU_PREFILL_ACT, const_weights, whole_graph
+from socllm.policies.buckets import const_weights, npu_prefill_act, whole_graph
 
 from socllm.actors.npu.experts import GroupedExperts, moe_ffn_runs, moe_plan
 from socllm.actors.worker import Unit
@@ -61,6 +61,7 @@ class NPUBackend:
         from socllm.actors.npu.segment import pick_device
         self.core = ov.Core()
         self.device = pick_device(self.core)
+        self.caps = set(self.core.get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
         self.arena = arena_buf
         self.kv_rows, self.kv_dtype = lay.kv_rows, lay.kv_dtype
         # a paged step's graphs (a serving prefill chunk): the KV region and the block tables
@@ -83,7 +84,8 @@ class NPUBackend:
         config = {"INFERENCE_NUM_THREADS": self.threads}
         tasks = prog.tasks.get(self.name, [])
         dense = not any(t.op.startswith("moe") for t in tasks)
-        hint = NPU_PREFILL_ACT.get(precision, "f32") if prog.phase in PREFILL_PHASES and dense else "f32"
+        hint = npu_prefill_act(precision, self.caps) if prog.phase in PREFILL_PHASES and dense \
+            else "f32"
         paged = any("btab" in t.args for t in tasks)
         if tasks and self.kv_dtype != "f32" and not paged:
             raise ValueError(f"the NPU's contiguous graphs read an f32 KV cache, this pool's is "
@@ -141,7 +143,7 @@ class NPUBackend:
         return Unit(seg[0].waits, unit.run, seg[-1].signals, tuple(t.seq for t in seg))
 
     def _unit(self, prog, seg, hint, config, const, cache=True, whole=False) -> Unit:
-        """hint: OpenVINO's inference precision for this segment's graph (NPU_PREFILL_ACT).
+        """hint: OpenVINO's inference precision for this segment's graph (npu_prefill_act).
         whole: a prompt's first chunk as one graph, which reads no KV region."""
         from socllm.actors.npu.segment import OVSegment
         seqs = {t.seq for t in seg}
