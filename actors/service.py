@@ -116,10 +116,13 @@ def _time_chunks(runner, n: int, on: tuple, reps: int = 3) -> dict:
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service:
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, front_ends_start: bool = False):
         """config: every knob (policies/config.py), validated and read from the environment by
         the caller (`socllm serve`: ServeConfig.from_env): this actor, its engine and the
-        engine's actors take them from it, whatever environment the Ray cluster started with."""
+        engine's actors take them from it, whatever environment the Ray cluster started with.
+        front_ends_start: the caller starts the HTTP front end while the model loads and warms
+        up, and says when it has (front_ends_up); this device's timings at start wait for that,
+        so that the front end's start-up does not take their CPU."""
         if not isinstance(config, ServeConfig):
             raise TypeError(f"the service takes a ServeConfig, got {type(config).__name__}")
         self.config = config
@@ -129,6 +132,9 @@ class Service:
         self.hubs: dict = {}       # a PollHub's id -> the event its poll_many call waits on
         self.poked: dict = {}      # hubs poked while no call of theirs waited
         self.ready_event = threading.Event()
+        self.quiet = threading.Event()        # nothing else starts now: timings may be taken
+        if not front_ends_start:
+            self.quiet.set()
         self.grammars, self.grammar_lock = None, threading.Lock()   # policies/grammar.py, lazily
         from socllm.actors.metrics import ServiceMetrics
         self.metrics = ServiceMetrics()
@@ -206,6 +212,7 @@ class Service:
         runner = Runner(e, base if plan == "auto" else plan, self.precision, chunk if npu else 0)
         if c.warm:
             runner.warm(c.max_seqs)
+        self._wait_quiet()
         if plan == "auto":
             plan, chunk_ms = self._time_plan(e, runner, base, chunk)
         if runner.chunk_on == "npu" and chunk_ms.get(base):
@@ -247,6 +254,15 @@ class Service:
         runner.plan = plan = "hetero" if on == "npu" else base
         _plan_cache(self.config.cache_dir, self.plan_key, {"plan": plan, "chunk_ms": chunk_ms})
         return plan, chunk_ms
+
+    def _wait_quiet(self, timeout_s: float = 120.0):
+        """Until the front ends started beside the model's load are up (front_ends_up), at
+        most timeout_s: the chunk timings and step profile that follow are this device's."""
+        self.quiet.wait(timeout_s)
+
+    def front_ends_up(self):
+        """The caller's front ends have started (or failed to): timings may be taken."""
+        self.quiet.set()
 
     async def ready(self, timeout_s: float = 600.0) -> dict:
         """Waits until the model is loaded and the actors run; raises the start-up error."""

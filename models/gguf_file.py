@@ -85,6 +85,18 @@ def verify_default_model(path: str | None = None) -> None:
     _write_cache(cache)
 
 
+def check_magic(path: str) -> None:
+    """Raise ModelError unless path starts as a GGUF file does (its 4-byte magic): a quick check
+    for a caller about to start processes around the file (`socllm serve`); open_gguf reads it."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise ModelError(f"not a GGUF file: {path} (GGUF magic invalid)")
+
+
 def open_gguf(path: str) -> GGUFReader:
     """Open a GGUF file (memory-mapped, read-only), or raise ModelError saying why not."""
     if not os.path.exists(path):

@@ -597,3 +597,32 @@ def _until(cond, timeout=20.0):
     while not cond():
         assert time.time() < end, "timed out"
         time.sleep(0.1)
+
+
+def test_a_service_that_fails_to_start_leaves_no_http_front_end(served, tmp_path):
+    """`socllm serve` starts its HTTP front end while the service loads the model: a model the
+    service then refuses (a GGUF magic over foreign bytes) gives one error line and a non-zero
+    exit, and takes the front end down with it: no Serve application, no service actor, the port
+    free, no pool segment (after the stop test: nothing else runs)."""
+    import ray
+    from ray import serve
+    from socllm.actors.front.serve import _port_free
+    from socllm.actors.service import NAME, NAMESPACE
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + os.urandom(4096))
+    env, port = served[0], free_port()
+    before = _segments()
+    r = _cli(env, "serve", "--model", str(bad), "--http-port", str(port), "--no-warmup",
+             timeout=300)
+    assert r.returncode != 0 and "not a GGUF file" in r.stderr, r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("socllm: error")] == \
+        [r.stderr.splitlines()[-1]], r.stderr
+    assert _port_free("127.0.0.1", port)
+    try:
+        apps = serve.status().applications
+    except Exception:
+        apps = {}
+    assert "socllm" not in apps, apps
+    with pytest.raises(ValueError):
+        ray.get_actor(NAME, namespace=NAMESPACE)
+    assert _segments() <= before

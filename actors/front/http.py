@@ -298,10 +298,13 @@ async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-sty
 class OpenAIServer:
     """Forwards to the service actor; holds nothing but its handle."""
 
-    def __init__(self, url: str = "", api_key: str | None = None, max_body: int = 4 << 20):
+    def __init__(self, url: str = "", api_key: str | None = None, max_body: int = 4 << 20,
+                 model: str | None = None):
+        """model: the served model's file name (None: asked of the service, which must be up;
+        `socllm serve` starts this while the service still loads it)."""
         import os
         self.svc = ray.get_actor(NAME, namespace=NAMESPACE)
-        self.model = ray.get(self.svc.describe.remote())["model"]
+        self.model = model or ray.get(self.svc.describe.remote())["model"]
         self.key, self.max_body = api_key, max_body
         self.svc.register_frontend.remote("http", os.getpid(), url)
 
@@ -520,11 +523,14 @@ class OpenAIServer:
         yield "data: [DONE]\n\n"
 
 
-def deploy(host: str, port: int, api_key: str | None = None, max_body_mb: float = 4.0) -> str:
-    """Start Serve's HTTP proxy on host:port (if Serve is not running yet) and the ingress."""
+def deploy(host: str, port: int, api_key: str | None = None, max_body_mb: float = 4.0,
+           model: str | None = None) -> str:
+    """Start Serve's HTTP proxy on host:port (if Serve is not running yet) and the ingress
+    (model: the served model's file name, where the service may not be up yet)."""
     url = f"http://{host}:{port}"
     serve.start(http_options={"host": host, "port": port})
-    serve.run(OpenAIServer.bind(url, api_key, int(max_body_mb * 2**20)), name=APP, route_prefix="/")
+    serve.run(OpenAIServer.bind(url, api_key, int(max_body_mb * 2**20), model), name=APP,
+              route_prefix="/")
     return url
 
 

@@ -51,6 +51,9 @@ def serve(a) -> int:
     from socllm.actors.service import Service
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
+    if a.model is not None:
+        from socllm.models.gguf_file import check_magic
+        check_magic(a.model)             # before any process starts around it
     a.model = a.model and os.path.abspath(a.model)
     config = config_of(a, ServeConfig)           # validated, with the environment's knobs
     config = dataclasses.replace(config, threads=config.budget)
@@ -66,14 +69,15 @@ def serve(a) -> int:
     # the config travels as the argument: its knobs reach every actor, whatever environment
     # the cluster's processes have (runtime_env only sizes the libraries' thread pools)
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
-                          **ray_env_options(config.threads)).remote(config)
+                          **ray_env_options(config.threads)).remote(config, bool(config.http_port))
+    url = None
     try:
-        d = ray.get(svc.ready.remote())
-        url = None
         if config.http_port:
-            from socllm.actors.front.http import deploy
-            url = deploy(config.http_host, config.http_port, config.api_key, config.max_body_mb)
+            url = _deploy_beside(svc, config)
+        d = ray.get(svc.ready.remote())
     except BaseException as e:
+        if url:
+            _undeploy()
         _remove(svc)
         if isinstance(e, ray.exceptions.RayTaskError):
             raise ValueError(str(getattr(e, "cause", e)).splitlines()[0]) from None
@@ -97,6 +101,27 @@ def serve(a) -> int:
                   file=sys.stderr)
     print("socllm: `socllm status` shows what runs, `socllm stop` removes it")
     return 0
+
+
+def _deploy_beside(svc, config) -> str:
+    """The HTTP front end (Ray Serve's proxy and the ingress), started while the service loads
+    and warms the model (~5 s of a 16 s `socllm serve` on 2 cores, now beside it); the service
+    takes its timings once this returns (Service.front_ends_up), whether it started or not."""
+    from socllm.actors.front.http import deploy
+    from socllm.models.gguf_file import model_path
+    try:
+        return deploy(config.http_host, config.http_port, config.api_key, config.max_body_mb,
+                      os.path.basename(model_path(config.model)))
+    finally:
+        svc.front_ends_up.remote()
+
+
+def _undeploy():
+    try:
+        from socllm.actors.front.http import undeploy
+        undeploy()
+    except Exception:
+        pass
 
 
 def _remove(svc):
