@@ -2,7 +2,7 @@
 
     python -m socllm.scripts.serve_bench [--clients 1,2,4,8,16] [--prompt-words 64]
         [--max-tokens 128] [--requests 2] [--reps 1] [--json FILE] [--plot FILE.png]
-        [--peers llama-server,openvino-genai] [--precision q8|q16|f32]
+        [--peers llama-server,openvino-genai] [--precision q8|q16|f32] [--python-client]
 
 Each client sends `--requests` requests one after another, each a distinct prompt of
 `--prompt-words` words (public-domain text, so no engine reuses a cached prefix) and `--max-tokens`
@@ -198,6 +198,52 @@ class Socllm:
             ray.shutdown()
 
 
+class SocllmPython:
+    """The same service through socllm's Python client (Ray, no HTTP), from this process's
+    threads: beside OpenVINO GenAI, which is measured in this process, what the HTTP front end
+    (Ray Serve's proxy and the ingress, on the same cores) costs."""
+    name = "socllm-python"
+
+    def __init__(self, served: Socllm):
+        import socllm
+        self.served, self.client = served, socllm.connect()
+        self.version = served.version + ", Python client"
+
+    def level(self, n, per_client, words, max_tokens, salt) -> dict:
+        import ray
+        texts, results, errors = prompts(n * per_client, words, salt), [], []
+
+        def one(prompt):
+            t0, times, out = time.perf_counter(), [], None
+            for out in self.client.polls(self.client.submit(prompt=prompt, max_tokens=max_tokens,
+                                                            temperature=0, ignore_eos=True)):
+                if out["pieces"]:
+                    times.append(time.perf_counter())
+            tokens = out["usage"]["completion_tokens"]
+            return {"ttft_s": times[0] - t0, "itl_s": [b - a for a, b in zip(times, times[1:])],
+                    "tokens": tokens,
+                    "tpot_s": (times[-1] - times[0]) / (tokens - 1) if tokens > 1 else None}
+
+        def client(i):
+            for k in range(per_client):
+                try:
+                    results.append(one(texts[i * per_client + k]))
+                except Exception as e:
+                    errors.append(f"{type(e).__name__}: {e}")
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out = summarize(results, time.perf_counter() - t0, errors)
+        out["pss_mb"] = ray.get(self.served.svc.status.remote())["memory_pss_mb"]
+        return out
+
+    def close(self):
+        pass
+
+
 class LlamaServer:
     name = "llama-server"
 
@@ -259,6 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--precision", default=None, help="socllm's (default: the service's default)")
     ap.add_argument("--speculate", default=None, help="socllm's --speculate (default: the service's, auto)")
+    ap.add_argument("--python-client", action="store_true",
+                    help="also socllm's service through its Python client (Ray, no HTTP)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     a = ap.parse_args(argv)
@@ -274,6 +322,8 @@ def main(argv=None) -> int:
             missing[p] = f"{type(e).__name__}: {e}"
             print(f"# {p}: missing ({missing[p]})", file=sys.stderr)
     engines.insert(0, Socllm(gguf, max(levels), a.precision, a.speculate))
+    if a.python_client:
+        engines.insert(1, SocllmPython(engines[0]))
     rows = []
     try:
         for rep in range(a.reps):
