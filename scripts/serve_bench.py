@@ -137,13 +137,19 @@ def stream_one(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
 
 def http_level(url: str, n: int, per_client: int, words: int, max_tokens: int, salt: int,
                extra: dict | None = None) -> dict:
-    texts = prompts(n * per_client, words, salt)
+    return clients_level(n, per_client, prompts(n * per_client, words, salt),
+                         lambda text: stream_one(url, text, max_tokens, extra or {}))
+
+
+def clients_level(n: int, per_client: int, texts: list, one) -> dict:
+    """n client threads, each sending its per_client texts one after another through one(text)
+    -> a request's timings; summarized over the level's wall time."""
     results, errors = [], []
 
     def client(i):
         for k in range(per_client):
             try:
-                results.append(stream_one(url, texts[i * per_client + k], max_tokens, extra or {}))
+                results.append(one(texts[i * per_client + k]))
             except Exception as e:     # reported, and the level counts it
                 errors.append(f"{type(e).__name__}: {e}")
     t0 = time.perf_counter()
@@ -211,7 +217,6 @@ class SocllmPython:
 
     def level(self, n, per_client, words, max_tokens, salt) -> dict:
         import ray
-        texts, results, errors = prompts(n * per_client, words, salt), [], []
 
         def one(prompt):
             t0, times, out = time.perf_counter(), [], None
@@ -224,19 +229,7 @@ class SocllmPython:
                     "tokens": tokens,
                     "tpot_s": (times[-1] - times[0]) / (tokens - 1) if tokens > 1 else None}
 
-        def client(i):
-            for k in range(per_client):
-                try:
-                    results.append(one(texts[i * per_client + k]))
-                except Exception as e:
-                    errors.append(f"{type(e).__name__}: {e}")
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        out = summarize(results, time.perf_counter() - t0, errors)
+        out = clients_level(n, per_client, prompts(n * per_client, words, salt), one)
         out["pss_mb"] = ray.get(self.served.svc.status.remote())["memory_pss_mb"]
         return out
 
