@@ -97,6 +97,7 @@ def npu_prefill_act(precision: str, capabilities) -> str:
     act = NPU_PREFILL_ACT.get(precision, "f32")
     return act if act != "bf16" or "BF16" in capabilities else "f32"
 
+
 WHOLE_GRAPH_FROM = 256   # prefill bucket from which a prompt's first chunk runs as one graph
 
 

@@ -76,7 +76,7 @@ def serve(a) -> int:
             url = _deploy_beside(svc, config)
         d = ray.get(svc.ready.remote())
     except BaseException as e:
-        if url:
+        if config.http_port:          # deployed, or partly (_undeploy leaves others' apps)
             _undeploy()
         _remove(svc)
         if isinstance(e, ray.exceptions.RayTaskError):

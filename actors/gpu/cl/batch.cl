@@ -170,8 +170,8 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
 // of the first 8), lanes 8-15 the next 8, so one vpdpbusd512 sums 4 u8 x s8 products in each of 16
 // lanes (64 a instruction, against 32 for the 256-bit form and for q16's vpdpwssd): the same
 // integer sums as tile_dot, per row, and the same float steps per row as tile_rows. A q8 prefill
-// chunk of 128 rows, 2 Emerald Rapids cores: 96-98 ms against 109-121 in tiles of 8 (position 0),
-// 141-149 against 159-179 (position 384), three alternating runs each.
+// chunk of 128 rows, 2 Emerald Rapids cores: 92-98 ms against 107-121 in tiles of 8 (position 0),
+// 141-149 against 154-179 (position 384), four alternating runs each.
 #define VNNI512 1
 typedef int v16si8 __attribute__((__vector_size__(64)));
 typedef uint uint16v __attribute__((ext_vector_type(16)));
