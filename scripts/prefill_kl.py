@@ -7,9 +7,9 @@ precision; with the chunk's speed.
 
 Each window is one paged prefill chunk of --rows rows at position 0 (the serving chunk program,
 in this process on a pool laid out as the engine lays it out, no Ray), against the numpy oracle
-in f64 softmax. A run is PROC:PRECISION; npu's q16 and q8 chunks compute in bf16
-(policies/buckets.NPU_PREFILL_ACT), the GPU's q16 and q8 chunks in int16 and int8 weight tiles, f32 on
-the oracle's path. tok/s: the median chunk of the windows (its rows / its wall time).
+in f64 softmax. A run is PROC:PRECISION; npu's q16 and q8 chunks compute in bf16 where the device
+computes bf16 (policies/buckets.npu_prefill_act; the result's "npu_hint" says which), the GPU's q16
+and q8 chunks in int16 and int8 weight tiles, f32 on the oracle's path. tok/s: the median chunk of the windows (its rows / its wall time).
 """
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def measure(runs: list, rows: int, windows: int) -> dict:
             kls.append(float((np.exp(lp) * (lp - lq)).sum()))
             top1 += int(got.argmax() == ref.argmax())
         out[run] = {"kl_mean": statistics.fmean(kls), "kl_max": max(kls), "top1_equal": top1,
-                    "windows": len(wins), "tok_s": rows / statistics.median(walls[1:] or walls)}
+                    "windows": len(wins), "tok_s": rows / statistics.median(walls[1:] or walls),
+                    "npu_hint": getattr(be, "prefill_hint", None)}
         print(f"{run:<10} KL mean {out[run]['kl_mean']:.2e} max {out[run]['kl_max']:.2e}  "
               f"top-1 = oracle {top1}/{len(wins)}  {out[run]['tok_s']:.0f} tok/s", flush=True)
         if hasattr(be, "release"):

@@ -120,9 +120,9 @@ def test_served_precision_follows_the_oracle(served, oracle, tokenizer, precisio
 
 
 def test_the_npus_prefill_at_q16_is_bf16_within_its_bound_and_f32_is_the_oracles():
-    """A prefill chunk on the NPU (policies/buckets.NPU_PREFILL_ACT): at f32 the oracle's path
+    """A prefill chunk on the NPU (policies/buckets.npu_prefill_act): at f32 the oracle's path
     (KL of the last row's next-token distribution below 1e-8); at q16 16-bit activations (bf16
-    where the CPU computes it: then measurably off f32) within the bound its measurement gives
+    where the device computes it: then measurably off f32; else f32) within the bound its measurement gives
     (scripts/results/prefill-kl-2core-zen5.json: 4.8e-4 mean, 2.8e-3 the largest, of 20 windows),
     the oracle's top-1 on every window."""
     import openvino as ov
@@ -131,5 +131,12 @@ def test_the_npus_prefill_at_q16_is_bf16_within_its_bound_and_f32_is_the_oracles
     got = measure(["npu:f32", "npu:q16"], rows=128, windows=3)
     assert got["npu:f32"]["kl_max"] < 1e-8 and got["npu:f32"]["top1_equal"] == 3, got
     assert got["npu:q16"]["kl_max"] < 5e-3 and got["npu:q16"]["top1_equal"] == 3, got
-    if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+    from socllm.actors.npu.segment import pick_device
+    core = ov.Core()
+    bf16 = "BF16" in core.get_property(pick_device(core), "OPTIMIZATION_CAPABILITIES")
+    # the hint follows the device: bf16 where it computes bf16, else f32 (a bf16 hint there
+    # computed f32 4x slower: policies/buckets.npu_prefill_act)
+    assert got["npu:q16"]["npu_hint"] == ("bf16" if bf16 else "f32"), got
+    assert got["npu:f32"]["npu_hint"] == "f32", got
+    if bf16:
         assert got["npu:q16"]["kl_mean"] > 1e-7, got      # not silently f32

@@ -62,6 +62,7 @@ class NPUBackend:
         self.core = ov.Core()
         self.device = pick_device(self.core)
         self.caps = set(self.core.get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        self.prefill_hint = None
         self.arena = arena_buf
         self.kv_rows, self.kv_dtype = lay.kv_rows, lay.kv_dtype
         # a paged step's graphs (a serving prefill chunk): the KV region and the block tables
@@ -86,6 +87,8 @@ class NPUBackend:
         dense = not any(t.op.startswith("moe") for t in tasks)
         hint = npu_prefill_act(precision, self.caps) if prog.phase in PREFILL_PHASES and dense \
             else "f32"
+        if prog.phase in PREFILL_PHASES:
+            self.prefill_hint = hint           # the last prefill program's (describe, tests)
         paged = any("btab" in t.args for t in tasks)
         if tasks and self.kv_dtype != "f32" and not paged:
             raise ValueError(f"the NPU's contiguous graphs read an f32 KV cache, this pool's is "
@@ -191,6 +194,7 @@ class NPUBackend:
                 "rules": "NPU rules (static shapes, ahead-of-time compiled buckets)"
                 + ("" if self.device == "NPU" else f" on OpenVINO's {self.device} device"),
                 "threads": self.threads, "whole_graph": self.whole_graph,
+                "prefill_precision": self.prefill_hint,
                 "compile_s": self.compile_s,
                 # KV-length buckets compiled on first use, after install (npu/segment.py)
                 "compile_s_all": sum(s.compile_s for s in self.segments),
