@@ -38,6 +38,14 @@ inline void tile_words(const __global uint4* q, int nb, int b, uint8v* w)
     w[2] = __builtin_shufflevector(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13);
     w[3] = __builtin_shufflevector(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
 }
+
+// the f16 scales (d or m) of block b of a tile's 8 rows (row j at p + j nb), as f32: lane j row j's
+inline float8 tile_scales(const __global ushort* p, int nb, int b)
+{
+    return __builtin_ia32_vcvtph2ps256((short8)(p[b], p[nb + b], p[2 * nb + b], p[3 * nb + b],
+                                                p[4 * nb + b], p[5 * nb + b], p[6 * nb + b],
+                                                p[7 * nb + b]));
+}
 #endif
 
 // TILE_K: a build for one K (CLKernels builds one per K it meets): the rows of a tile and of the
@@ -115,11 +123,7 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
     for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
 #ifdef Q8_X86
-        const short8 dh = (short8)(d[b], d[nb + b], d[2 * nb + b], d[3 * nb + b], d[4 * nb + b],
-                                   d[5 * nb + b], d[6 * nb + b], d[7 * nb + b]);
-        const short8 mh = (short8)(m[b], m[nb + b], m[2 * nb + b], m[3 * nb + b], m[4 * nb + b],
-                                   m[5 * nb + b], m[6 * nb + b], m[7 * nb + b]);
-        const float8 dw = __builtin_ia32_vcvtph2ps256(dh), mw = __builtin_ia32_vcvtph2ps256(mh);
+        const float8 dw = tile_scales(d, nb, b), mw = tile_scales(m, nb, b);
         uint8v w[4];
         tile_words(q, nb, b, w);
         v32qi lo[4], hi[4];
@@ -188,16 +192,8 @@ inline void tile_rows16(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o,
 #pragma unroll
     for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
-        const short16 dh = (short16)(d[b], d[nb + b], d[2 * nb + b], d[3 * nb + b], d[4 * nb + b],
-                                     d[5 * nb + b], d[6 * nb + b], d[7 * nb + b], d[8 * nb + b],
-                                     d[9 * nb + b], d[10 * nb + b], d[11 * nb + b], d[12 * nb + b],
-                                     d[13 * nb + b], d[14 * nb + b], d[15 * nb + b]);
-        const short16 mh = (short16)(m[b], m[nb + b], m[2 * nb + b], m[3 * nb + b], m[4 * nb + b],
-                                     m[5 * nb + b], m[6 * nb + b], m[7 * nb + b], m[8 * nb + b],
-                                     m[9 * nb + b], m[10 * nb + b], m[11 * nb + b], m[12 * nb + b],
-                                     m[13 * nb + b], m[14 * nb + b], m[15 * nb + b]);
-        const float16 dw = (float16)(__builtin_ia32_vcvtph2ps256(dh.lo), __builtin_ia32_vcvtph2ps256(dh.hi));
-        const float16 mw = (float16)(__builtin_ia32_vcvtph2ps256(mh.lo), __builtin_ia32_vcvtph2ps256(mh.hi));
+        const float16 dw = (float16)(tile_scales(d, nb, b), tile_scales(d + 8 * nb, nb, b));
+        const float16 mw = (float16)(tile_scales(m, nb, b), tile_scales(m + 8 * nb, nb, b));
         // the next tile's codes and scales (as q16's tile_rows: the weights stream from DRAM)
         __builtin_prefetch((const __global uchar*)(q + 16 * nb) + 256 * b);
         __builtin_prefetch((const __global uchar*)(q + 16 * nb) + 256 * b + 64);
@@ -304,11 +300,7 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
 #pragma unroll
     for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
-        const short8 dh = (short8)(d[b], d[nb + b], d[2 * nb + b], d[3 * nb + b], d[4 * nb + b],
-                                   d[5 * nb + b], d[6 * nb + b], d[7 * nb + b]);
-        const short8 mh = (short8)(m[b], m[nb + b], m[2 * nb + b], m[3 * nb + b], m[4 * nb + b],
-                                   m[5 * nb + b], m[6 * nb + b], m[7 * nb + b]);
-        const float8 dw8 = __builtin_ia32_vcvtph2ps256(dh), mw8 = __builtin_ia32_vcvtph2ps256(mh);
+        const float8 dw8 = tile_scales(d, nb, b), mw8 = tile_scales(m, nb, b);
         const float16 dw = __builtin_shufflevector(dw8, dw8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
         const float16 mw = __builtin_shufflevector(mw8, (float8)0.0f, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8);
         // prefetch the next tile (the next work-item's, on this thread when it is in this
