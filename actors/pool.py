@@ -429,7 +429,7 @@ class Pool:
         chunk = bucket_for(min(len(ids), MAX_CHUNK))
         run = self.runner(plan, precision, chunk)
         before = dict(run.ran)
-        tokens, pre_s, dec_s = run.generate(ids, params.max_tokens, Sampler(params),
+        tokens, pre_s, dec_s = run.generate(ids, params.max_tokens, Sampler(params, ids),
                                             () if ignore_eos else self.stop_ids, chunk)
         # where the steps ran: the programs whose step counts grew ("seqcut chunk 300" ->
         # seqcut); a chunk the plan's program cannot take runs on the base processor

@@ -335,7 +335,7 @@ class Service:
         # OpenAI's default max_tokens: up to the context's end
         params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)), **asked})
         seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop,
-                       ignore_eos=bool(ignore_eos), sampler=Sampler(params),
+                       ignore_eos=bool(ignore_eos), sampler=Sampler(params, ids),
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
                        constraint=rule and self._grammars().constraint(rule), tools=tooled,
                        speculate=speculate)

@@ -1,6 +1,11 @@
-"""Token sampling: greedy, temperature, top-p (nucleus), seeded; OpenAI's frequency and presence
-penalties and logit bias on the logits first; the chosen token's log-probability and the top
-alternatives' (logprobs) from the distribution the sampler draws from at temperature 1."""
+"""Token sampling: greedy, temperature, top-k, top-p (nucleus), min-p, seeded; the repetition
+penalty (vLLM's and llama.cpp's), OpenAI's frequency and presence penalties and logit bias on the
+logits first; the chosen token's log-probability and the top alternatives' (logprobs) from the
+distribution the sampler draws from at temperature 1.
+
+The order is vLLM's: penalties and bias on the logits, then temperature, then top-k and top-p,
+then min-p on what is left. Greedy decoding takes the top token of the penalised logits (top-k,
+top-p and min-p never remove it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +35,10 @@ class SamplingParams:
     presence_penalty: float = 0.0         # minus this once a token is in the text
     logit_bias: dict | None = None        # token id -> added to its logit, in [-100, 100]
     logprobs: int | None = None           # None: none; k: the chosen token's and the top k's
+    top_k: int = 0                        # keep the k likeliest tokens; 0 or -1: all
+    min_p: float = 0.0                    # keep tokens at least this times the likeliest's probability
+    repetition_penalty: float = 1.0       # a token of the prompt or the text so far: a positive
+    #                                       logit divided by it, a negative one multiplied (1: off)
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -42,6 +51,13 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
                 raise BadParam(name, f"must be a number in [-2, 2], got {v!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise BadParam("top_k", f"must be a whole number >= 1 (0 or -1: off), got {self.top_k!r}")
+        if _not_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise BadParam("min_p", f"must be a number in [0, 1], got {self.min_p!r}")
+        if _not_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
+            raise BadParam("repetition_penalty", f"must be a number in (0, 10] (1: off), got "
+                                                 f"{self.repetition_penalty!r}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
                     _token_id(k) is not None and isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -55,6 +71,10 @@ class SamplingParams:
 MAX_LOGPROBS = 20                 # OpenAI's (and vLLM's default) most top_logprobs
 
 
+def _not_number(v) -> bool:
+    return isinstance(v, bool) or not isinstance(v, (int, float)) or v != v
+
+
 def _token_id(k) -> int | None:
     """A logit_bias key: an id, or its text in JSON ("42")."""
     try:
@@ -64,13 +84,17 @@ def _token_id(k) -> int | None:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt=()):
+        """prompt: the request's prompt ids (the repetition penalty counts them)."""
         self.p = params
         self.rng = np.random.default_rng(params.seed)
         self.counts: dict = {}                 # token -> times chosen (the penalties)
         self.bias = {_token_id(k): float(v) for k, v in (params.logit_bias or {}).items()}
         self.logprobs: list = []               # per token chosen: (id, logprob, [(id, logprob)])
-        self.shaped = bool(params.frequency_penalty or params.presence_penalty or self.bias)
+        self.repeat = params.repetition_penalty != 1.0
+        self.seen = set(int(t) for t in prompt) if self.repeat else set()   # prompt and text
+        self.shaped = bool(params.frequency_penalty or params.presence_penalty or self.bias
+                           or self.repeat)
 
     def __call__(self, logits: np.ndarray) -> int:   # logits [V] f32
         if self.shaped:
@@ -80,12 +104,18 @@ class Sampler:
             self._log(logits, tok)
         if self.shaped:
             self.counts[tok] = self.counts.get(tok, 0) + 1
+            if self.repeat:
+                self.seen.add(tok)
         return tok
 
     def _shape(self, logits: np.ndarray) -> np.ndarray:
         """OpenAI's penalties and bias, on a copy (the logits are the pool's)."""
         out = logits.astype(np.float32, copy=True)
         p = self.p
+        if self.seen:
+            ids = np.fromiter((t for t in self.seen if t < len(out)), np.int64)
+            v = out[ids]
+            out[ids] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         for tok, n in self.counts.items():
             out[tok] -= n * p.frequency_penalty + p.presence_penalty
         for tok, b in self.bias.items():
@@ -105,6 +135,9 @@ class Sampler:
         if self.p.temperature == 0.0:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / self.p.temperature
+        if 0 < self.p.top_k < len(z):
+            cut = np.partition(z, -self.p.top_k)[-self.p.top_k]
+            z = np.where(z >= cut, z, -np.inf)     # ties at the cut all stay (vLLM's too)
         prob = np.exp(z - z.max())
         prob /= prob.sum()
         if self.p.top_p < 1.0:
@@ -113,5 +146,8 @@ class Sampler:
             mask = np.zeros_like(prob, dtype=bool)
             mask[order[keep]] = True
             prob = np.where(mask, prob, 0.0)
+            prob /= prob.sum()
+        if self.p.min_p > 0.0:
+            prob = np.where(prob >= self.p.min_p * prob.max(), prob, 0.0)
             prob /= prob.sum()
         return int(self.rng.choice(len(prob), p=prob))

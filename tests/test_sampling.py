@@ -1,6 +1,7 @@
 """The sampler (policies/sampling.py) as a distribution: temperature reshapes softmax(logits / T),
-top_p keeps exactly the nucleus, temperature 0 (and T -> 0 with top_p 1) is greedy, and the seed
-alone decides the draws."""
+top_p keeps exactly the nucleus, top_k the k likeliest, min_p those near the likeliest,
+temperature 0 (and T -> 0 with top_p 1) is greedy, the repetition penalty is vLLM's formula over
+the prompt and the text, and the seed alone decides the draws."""
 from __future__ import annotations
 
 import numpy as np
@@ -97,10 +98,64 @@ def test_the_seed_decides_the_draws():
     assert len({draws(seed) for seed in range(10)}) == 10
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 3, 4])
+def test_top_k_keeps_exactly_the_k_likeliest_at_their_relative_probabilities(top_k):
+    order = np.argsort(-PROBS)
+    kept, tail = order[:top_k], order[top_k:]
+    f = _freqs(SamplingParams(temperature=1.0, top_k=top_k, seed=13))
+    assert f[tail].sum() == 0 and (f[kept] > 0).all(), f
+    want = np.zeros_like(PROBS)
+    want[kept] = PROBS[kept] / PROBS[kept].sum()
+    ok, z = _within(f, want)
+    assert ok, f"top_k={top_k}: deviations in standard deviations {z.round(1)}"
+
+
+@pytest.mark.parametrize("off", [0, -1])
+def test_top_k_off_keeps_every_token(off):
+    ok, z = _within(_freqs(SamplingParams(temperature=1.0, top_k=off, seed=17)), PROBS)
+    assert ok, z.round(1)
+
+
+@pytest.mark.parametrize("temperature, min_p, kept", [(1.0, 0.25, 3), (1.0, 0.45, 2), (1.0, 0.1, 4),
+                                                      (1.0, 0.2, 3), (2.0, 0.2, 5), (1.0, 1.0, 1)])
+def test_min_p_keeps_the_tokens_near_the_likeliest_after_temperature(temperature, min_p, kept):
+    """min_p 0.2 at T=1 keeps p >= 0.1 (0.5, 0.25, 0.15); at T=2 the flatter distribution
+    (0.33 .. 0.08, the least 0.245 of the likeliest) keeps all five; min_p 1 only the likeliest."""
+    flat = _softmax(LOGITS.astype(np.float64) / temperature)
+    order = np.argsort(-flat)
+    f = _freqs(SamplingParams(temperature=temperature, min_p=min_p, seed=19))
+    assert f[order[kept:]].sum() == 0 and (f[order[:kept]] > 0).all(), f
+    want = np.zeros_like(flat)
+    want[order[:kept]] = flat[order[:kept]] / flat[order[:kept]].sum()
+    ok, z = _within(f, want)
+    assert ok, z.round(1)
+
+
+def test_the_repetition_penalty_is_vllms_over_the_prompt_and_the_text():
+    """A token of the prompt or of the text so far: a positive logit divided by the penalty, a
+    negative one multiplied; others untouched. Greedy, so the choice shows the shaped logits."""
+    rng = np.random.default_rng(2)
+    logits = rng.uniform(-1.0, 1.0, 50).astype(np.float32)
+    logits[[3, 7]] = [4.0, -1.0]                 # 3 in the prompt, positive; 7 negative
+    logits[11] = 3.0                              # the next likeliest, never seen
+    s = Sampler(SamplingParams(repetition_penalty=2.0), prompt=[3, 7])
+    assert s(logits) == 11                        # 4 / 2 = 2 < 3
+    shaped = s._shape(logits)
+    assert shaped[3] == 2.0 and shaped[7] == -2.0 and shaped[11] == 1.5      # 11 chosen: now seen
+    untouched = np.setdiff1d(np.arange(50), [3, 7, 11])
+    assert np.array_equal(shaped[untouched], logits[untouched])
+    plain = Sampler(SamplingParams(), prompt=[3, 7])
+    assert plain(logits) == 3 and plain(logits) == 3   # 1: off
+
+
 @pytest.mark.parametrize("kw, needle", [({"temperature": -0.1}, "temperature"),
                                         ({"temperature": float("nan")}, "temperature"),
                                         ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"),
-                                        ({"max_tokens": 0}, "max_tokens")])
+                                        ({"max_tokens": 0}, "max_tokens"), ({"top_k": -2}, "top_k"),
+                                        ({"top_k": 2.5}, "top_k"), ({"min_p": 1.5}, "min_p"),
+                                        ({"min_p": float("nan")}, "min_p"),
+                                        ({"repetition_penalty": 0}, "repetition_penalty"),
+                                        ({"repetition_penalty": True}, "repetition_penalty")])
 def test_out_of_range_parameters_are_refused(kw, needle):
     """Named as the caller names them: a field here (Python, HTTP), a flag on the command line."""
     with pytest.raises(ValueError, match=needle) as e:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from testlib import free_port
@@ -449,7 +450,7 @@ def test_bad_http_bodies_get_4xx_with_an_error_object(served, body, status):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("best_of", 2), ("min_p", 0.1), ("suffix", "x"), ("top_k", 5), ("functions", [{"name": "f"}]),
+    ("best_of", 2), ("typical_p", 0.9), ("suffix", "x"), ("mirostat", 2), ("functions", [{"name": "f"}]),
     ("modalities", ["audio"])])
 def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, client, field, value):
     """Never a silent 200: a field asked for and not done is refused, by HTTP and by the Python
@@ -468,6 +469,51 @@ def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, 
     assert ok.status_code == 200, ok.text
     with pytest.raises(ValueError, match=field):
         client.generate(FRANCE, max_tokens=2, **{field: value})
+
+
+def _penalised_greedy(oracle, tokenizer, prompt: str, n: int, penalty: float) -> str:
+    """The oracle's greedy text under vLLM's repetition penalty over the prompt and the text."""
+    ids = tokenizer.encode(prompt)
+    kv = oracle.new_cache(len(ids) + n)
+    logits, pos, out, seen = oracle.forward(ids, 0, kv), len(ids), [], set(ids)
+    for _ in range(n):
+        z = np.array(logits, np.float32)
+        idx = np.array(sorted(seen))
+        z[idx] = np.where(z[idx] > 0, z[idx] / penalty, z[idx] * penalty)
+        out.append(int(np.argmax(z)))
+        seen.add(out[-1])
+        logits, pos = oracle.forward(out[-1:], pos, kv), pos + 1
+    stops = set(tokenizer.stop_ids())
+    return tokenizer.decode(out[:next((i for i, t in enumerate(out) if t in stops), n)])
+
+
+def test_top_k_min_p_and_the_repetition_penalty_reach_the_sampler(served, client, oracle, tokenizer):
+    """vLLM's and llama.cpp's sampling extensions, over HTTP and from Python: greedy under a
+    repetition penalty is the oracle's greedy under vLLM's formula (and not the plain greedy
+    text, so the penalty acted); llama.cpp's name for it gives the same; top_k 1 and min_p 1 at
+    temperature 1.5 leave only the likeliest token, so the text is the oracle's greedy one."""
+    import requests
+    url = served[1] + "/v1/completions"
+
+    def http(**kw):
+        r = requests.post(url, json={"prompt": COUNT, "max_tokens": 16, **kw}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    plain = _want(oracle, tokenizer, COUNT, 16)
+    penalised = _penalised_greedy(oracle, tokenizer, COUNT, 16, 1.3)
+    assert penalised != plain
+    assert http(temperature=0, repetition_penalty=1.3) == penalised
+    assert http(temperature=0, repeat_penalty=1.3) == penalised
+    assert client.generate(COUNT, max_tokens=16, repetition_penalty=1.3) == penalised
+    for kw in ({"top_k": 1}, {"min_p": 1.0}):
+        assert http(temperature=1.5, seed=3, **kw) == plain, kw
+    assert http(temperature=1.5, seed=3) != plain          # without them, this seed samples
+    r = requests.post(url, json={"prompt": "hi", "repeat_penalty": 1.1, "repetition_penalty": 1.2},
+                      timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "repeat_penalty"
+    for field, value in (("top_k", -3), ("min_p", 2), ("repetition_penalty", 0)):
+        r = requests.post(url, json={"prompt": "hi", field: value}, timeout=60)
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):

@@ -65,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0: all)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least this times the likeliest's probability")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="tokens of the prompt and the text so far made less likely (1: off)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--plan", choices=SERVE_PLAN_NAMES, default=None,
                    help="as serve's (default: a running service's, else auto)")
@@ -165,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
 def _validate(a):
     from socllm.policies.request import check_stop
     from socllm.policies.sampling import SamplingParams
-    SamplingParams(a.max_tokens, a.temperature, a.top_p, a.seed)   # raises ValueError
+    SamplingParams(a.max_tokens, a.temperature, a.top_p, a.seed, top_k=a.top_k, min_p=a.min_p,
+                   repetition_penalty=a.repetition_penalty)   # raises ValueError
     check_stop(a.stop)
     if not a.prompt.strip():
         raise ValueError("the prompt is empty")

@@ -29,6 +29,14 @@ from socllm.policies.config import ServeConfig
 from socllm.actors.cluster import NoCluster, find
 
 
+SHAPING_OFF = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def shaping(a) -> dict:
+    """generate's --top-k, --min-p and --repetition-penalty, where they ask for something."""
+    return {k: getattr(a, k) for k, off in SHAPING_OFF.items() if getattr(a, k) != off}
+
+
 def _folder() -> str:
     return os.path.join(os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"socllm-{os.getuid()}")
 
@@ -114,7 +122,7 @@ def generate_direct(a) -> int | None:
     same_service(a, rec["model_path"], rec["plan"], rec["precision"])
     body = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p,
             "seed": a.seed, "stop": a.stop, "priority": a.priority, "speculate": a.speculate,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, **shaping(a)}
     body = {k: v for k, v in body.items() if v is not None}
     if a.chat:
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": a.prompt}]

@@ -127,7 +127,8 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user",
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-            "top_logprobs", "echo", "speculate"}
+            "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
+            "repeat_penalty"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",)}
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
@@ -172,9 +173,18 @@ def parse(body, chat: bool) -> dict:
     n = _typed(body, "n", int, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
     if n and n > 1:
         req["n"] = n
-    for name in ("frequency_penalty", "presence_penalty", "logit_bias"):   # checked by the sampler
+    # checked by the sampler (top_k, min_p and repetition_penalty: vLLM's and llama.cpp's extensions)
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
+                 "repetition_penalty"):
         if body.get(name) is not None:
             req[name] = body[name]
+    rp = _typed(body, "repeat_penalty", (int, float), lambda v: 0 < v <= 10,
+                "a number in (0, 10] (1: off)")                   # llama.cpp's name for it
+    if rp is not None:
+        if req.get("repetition_penalty", rp) != rp:
+            raise BadRequest("'repeat_penalty' and 'repetition_penalty' differ: give one",
+                             "repeat_penalty")
+        req["repetition_penalty"] = rp
     if chat:
         lp = _typed(body, "logprobs", bool, None, "a boolean")
         top = _typed(body, "top_logprobs", int, lambda v: 0 <= v <= 20, "an integer in [0, 20]")

@@ -307,9 +307,10 @@ def run_generate(svc, a, where: str) -> int:
     import ray
 
     from socllm.actors.front.client import Client
+    from socllm.actors.front.direct import shaping
     client = Client(svc)
     params = dict(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.seed,
-                  stop=a.stop, priority=a.priority, speculate=a.speculate)
+                  stop=a.stop, priority=a.priority, speculate=a.speculate, **shaping(a))
     if a.chat:
         rid = client.submit(messages=[{"role": "user", "content": a.prompt}], **params)
     else:
