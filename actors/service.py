@@ -553,6 +553,27 @@ class Service:
                       "placement": {"prefill": self.runner.chunk_on, "decode": self.runner.decode_on},
                       "timings": _timings(req)}
 
+    async def tokenize(self, prompt: str | None = None, messages: list | None = None,
+                       add_special: bool = True) -> list:
+        """The ids a request with this prompt (or these chat messages, through the model's
+        template) would start from; add_special False: without the BOS the model adds. In a
+        thread without the GIL, as submit's; the context does not bound it (a client counts)."""
+        from socllm.models.chat import render_chat
+        from socllm.models.tools import chat_messages
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError("the prompt must be a string")
+        text = prompt if messages is None else render_chat(self.pool.template, chat_messages(messages, None, "none"))
+        tok = self.pool.tokenizer
+        return await asyncio.to_thread(tok.encode, text, bool(add_special) and tok.add_bos)
+
+    def detokenize(self, ids: list) -> str:
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                and 0 <= t < self.pool.cfg.vocab for t in ids):
+            raise ValueError(f"tokens must be a list of token ids below {self.pool.cfg.vocab}")
+        return self.pool.tokenizer.decode(ids)
+
     # -- what runs -------------------------------------------------------------------------------
     def register_frontend(self, name: str, pid: int, url: str):
         self.frontends[name] = (pid, url)

@@ -55,6 +55,10 @@ def test_without_the_key_nothing_is_served_and_health_stays_open(door):
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     for path in ("/v1/models", "/v1/models/x", "/metrics"):
         assert requests.get(url + path, timeout=30).status_code == 401
+    for path, ask in (("/tokenize", {"content": "Hi"}), ("/detokenize", {"tokens": [1]})):
+        assert requests.post(url + path, json=ask, timeout=30).status_code == 401
+        r = requests.post(url + path, json=ask, timeout=30, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200, r.text
     assert requests.get(url + "/health", timeout=30).json()["status"] == "ok"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="nope").completions.create(

@@ -516,6 +516,44 @@ def test_top_k_min_p_and_the_repetition_penalty_reach_the_sampler(served, client
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
+def test_tokenize_and_detokenize_count_what_a_request_starts_from(served, client, tokenizer, gguf_reader):
+    """llama.cpp's and vLLM's /tokenize and /detokenize: a prompt's ids are the ones its request
+    starts from (the usage's prompt_tokens count them), a chat's go through the model's template,
+    detokenize gives the text back; bad input is a 400 naming what is wrong, as in Python."""
+    import requests
+
+    from socllm.models.chat import render_chat
+    base = served[1]
+    post = lambda path, body: requests.post(base + path, json=body, timeout=60)
+    r = post("/tokenize", {"content": STORY})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["tokens"] == tokenizer.encode(STORY, bos=tokenizer.add_bos) and got["count"] == len(got["tokens"])
+    assert got["max_model_len"] == client.status()["context"]
+    assert post("/tokenize", {"prompt": STORY}).json()["tokens"] == got["tokens"]      # vLLM's name
+    usage = post("/v1/completions", {"prompt": STORY, "max_tokens": 1}).json()["usage"]
+    assert usage["prompt_tokens"] == got["count"]
+    bare = post("/tokenize", {"content": STORY, "add_special": False}).json()["tokens"]
+    assert bare == tokenizer.encode(STORY, bos=False)
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    chat = post("/tokenize", {"messages": msgs}).json()["tokens"]
+    assert chat == tokenizer.encode(render_chat(gguf_reader, msgs), bos=tokenizer.add_bos)
+    assert client.tokenize(messages=msgs) == chat and client.tokenize(STORY) == got["tokens"]
+    back = post("/detokenize", {"tokens": bare}).json()
+    assert back["content"] == back["prompt"] == STORY == client.detokenize(bare)
+    for path, body, param in (("/tokenize", {"content": STORY, "messages": msgs}, None),
+                              ("/tokenize", {"content": 7}, None),
+                              ("/tokenize", {"content": STORY, "with_pieces": True}, "with_pieces"),
+                              ("/tokenize", {"text": STORY}, "text"),
+                              ("/detokenize", {"tokens": [1, -2]}, None),
+                              ("/detokenize", {"tokens": "abc"}, None)):
+        r = post(path, body)
+        assert r.status_code == 400 and r.json()["error"]["message"], (path, body, r.text)
+        assert param is None or r.json()["error"]["param"] == param
+    with pytest.raises(ValueError, match="token ids"):
+        client.detokenize([10 ** 9])
+
+
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
     import requests
     want = client.generate("Once upon a time", max_tokens=48)

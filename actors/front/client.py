@@ -270,5 +270,20 @@ class Client:
         async for p in self.apieces(await self.asubmit(messages=messages, **params)):
             yield p
 
+    def tokenize(self, prompt: str | None = None, messages: list | None = None,
+                 add_special: bool = True) -> list:
+        """The token ids a request with this prompt (or chat messages) starts from."""
+        try:
+            return ray.get(self.service.tokenize.remote(prompt, messages, add_special))
+        except ray.exceptions.RayTaskError as e:
+            raise _cause(e) from None
+
+    def detokenize(self, ids: list) -> str:
+        """The text of these token ids."""
+        try:
+            return ray.get(self.service.detokenize.remote(ids))
+        except ray.exceptions.RayTaskError as e:
+            raise _cause(e) from None
+
     def status(self) -> dict:
         return ray.get(self.service.status.remote())

@@ -2,6 +2,7 @@
 
     POST /v1/chat/completions   POST /v1/completions   (stream: server-sent events, then [DONE])
     GET  /v1/models   GET /v1/models/{id}   GET /metrics (Prometheus text)   GET /health (open)
+    POST /tokenize   POST /detokenize   (llama.cpp's and vLLM's: a client counts its tokens)
 
 The door: with an API key set (`socllm serve --api-key`, or SOCLLM_API_KEY), every route but
 /health needs `Authorization: Bearer <key>` (401 otherwise). A body over --max-body-mb is refused
@@ -141,6 +142,15 @@ def _unhonoured(body: dict):
         raise BadRequest(f"'{name}' is not supported by this service (it honours "
                          f"{', '.join(sorted(HONOURED - {'user', 'model'}))})", name,
                          code="unsupported_parameter")
+
+
+def _only(body: dict, fields: set):
+    """A 400 naming the first field of body not in fields."""
+    for name in body:
+        if name not in fields:
+            raise BadRequest(f"'{name}' is not supported here (this route takes "
+                             f"{', '.join(sorted(fields - {'model'}))})", name,
+                             code="unsupported_parameter")
 
 
 def parse(body, chat: bool) -> dict:
@@ -316,6 +326,7 @@ class OpenAIServer:
         self.svc = ray.get_actor(NAME, namespace=NAMESPACE)
         self.model = model or ray.get(self.svc.describe.remote())["model"]
         self.key, self.max_body = api_key, max_body
+        self.context = None           # the service's, asked at the first /tokenize
         self.svc.register_frontend.remote("http", os.getpid(), url)
 
     def _locked(self, request: Request):
@@ -359,6 +370,48 @@ class OpenAIServer:
     async def metrics(self, request: Request):
         return self._locked(request) or PlainTextResponse(
             await self.svc.prometheus.remote(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request):
+        """llama.cpp's and vLLM's: {"content" or "prompt": text} or {"messages": [...]}, and
+        add_special (default true) -> {"tokens", "count", "max_model_len"}."""
+        async def run(body):
+            _only(body, {"content", "prompt", "messages", "add_special", "model", "with_pieces"})
+            if body.get("with_pieces"):
+                raise BadRequest("'with_pieces' is not supported by this service", "with_pieces",
+                                 code="unsupported_parameter")
+            text = body.get("content", body.get("prompt"))
+            add = _typed(body, "add_special", bool, None, "a boolean")
+            ids = await self.svc.tokenize.remote(text, body.get("messages"), add is not False)
+            if self.context is None:
+                self.context = (await self.svc.describe.remote())["context"]
+            return {"tokens": ids, "count": len(ids), "max_model_len": self.context}
+        return await self._tool(request, run)
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request):
+        """{"tokens": [ids]} -> {"content": text} (llama.cpp's), also as "prompt" (vLLM's)."""
+        async def run(body):
+            _only(body, {"tokens", "model"})
+            text = await self.svc.detokenize.remote(body.get("tokens"))
+            return {"content": text, "prompt": text}
+        return await self._tool(request, run)
+
+    async def _tool(self, request: Request, run):
+        """A small JSON route: the key, the body's size and JSON, bad input as a 400."""
+        if (locked := self._locked(request)) is not None:
+            return locked
+        try:
+            body = json.loads(await _read_body(request, self.max_body))
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            return await run(body)
+        except BadRequest as e:
+            return _error(str(e), e.param, e.status, code=e.code)
+        except (ValueError, UnicodeDecodeError) as e:
+            return _error(f"the body is not valid JSON: {e}")
+        except ray.exceptions.RayTaskError as e:
+            return _refused(e)
 
     @app.post("/v1/completions")
     async def completions(self, request: Request):
