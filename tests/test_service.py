@@ -554,6 +554,25 @@ def test_tokenize_and_detokenize_count_what_a_request_starts_from(served, client
         client.detokenize([10 ** 9])
 
 
+def test_a_tokenized_prompt_is_the_prompt_whose_ids_it_is(served, oracle, tokenizer):
+    """OpenAI's `prompt` as token ids (one list, or a batch of one) runs those ids as they are:
+    the greedy text of FRANCE's ids is the oracle's; echo gives their text; ids outside the
+    vocabulary and a batch of several prompts are 400s that name `prompt`."""
+    import requests
+    url = served[1] + "/v1/completions"
+    ids = tokenizer.encode(FRANCE, bos=tokenizer.add_bos)
+    want = _want(oracle, tokenizer, FRANCE, 8)
+    for prompt in (ids, [ids]):
+        r = requests.post(url, json={"prompt": prompt, "max_tokens": 8}, timeout=120).json()
+        assert r["choices"][0]["text"] == want and r["usage"]["prompt_tokens"] == len(ids), r
+    r = requests.post(url, json={"prompt": ids, "max_tokens": 8, "echo": True}, timeout=120).json()
+    assert r["choices"][0]["text"] == tokenizer.decode(ids) + want
+    for bad in ([1, -4], [10 ** 9], ["a", "b"], [ids, ids], [[]], [True]):
+        r = requests.post(url, json={"prompt": bad, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == "prompt" or "token ids" in r.json()["error"]["message"], r.text
+
+
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
     import requests
     want = client.generate("Once upon a time", max_tokens=48)

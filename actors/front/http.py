@@ -144,6 +144,11 @@ def _unhonoured(body: dict):
                          code="unsupported_parameter")
 
 
+def _token_ids(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in v)
+
+
 def _only(body: dict, fields: set):
     """A 400 naming the first field of body not in fields."""
     for name in body:
@@ -175,11 +180,19 @@ def parse(body, chat: bool) -> dict:
             if body.get(name) not in (None, []):
                 raise BadRequest(f"'{name}' is for /v1/chat/completions", name, code="unsupported_parameter")
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise BadRequest("'prompt' must be a non-empty string", "prompt")
-        req["prompt"] = prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]                           # a batch of one
+        if _token_ids(prompt):
+            req["ids"] = prompt                          # OpenAI's tokenized prompt (checked by the service)
+        elif isinstance(prompt, list) and len(prompt) > 1 and all(
+                isinstance(p, str) or _token_ids(p) for p in prompt):
+            raise BadRequest("a batch of prompts is not supported by this service: send one "
+                             "request a prompt (they run batched together)", "prompt",
+                             code="unsupported_parameter")
+        elif not isinstance(prompt, str) or not prompt.strip():
+            raise BadRequest("'prompt' must be a non-empty string or a list of token ids", "prompt")
+        else:
+            req["prompt"] = prompt
     n = _typed(body, "n", int, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
     if n and n > 1:
         req["n"] = n
@@ -436,6 +449,8 @@ class OpenAIServer:
             args = parse(body, chat)
             n, echo = args.pop("n", 1), args.pop("echo", False)
             rid = await self.svc.submit.remote(**args)
+            if echo and "ids" in args:                   # the tokenized prompt's text
+                args["prompt_text"] = await self.svc.detokenize.remote(args["ids"])
         except BadRequest as e:
             return _error(str(e), e.param, e.status, code=e.code)
         except ray.exceptions.RayTaskError as e:
@@ -444,7 +459,7 @@ class OpenAIServer:
                 "model": self.model,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
         shape = {"chat": chat, "logprobs": args.get("logprobs") is not None,
-                 "echo": args.get("prompt") if echo else None,
+                 "echo": args.pop("prompt_text", args.get("prompt")) if echo else None,
                  "hold": "tools" in args and args.get("tool_choice") != "none"}
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
