@@ -295,6 +295,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="unmeasured levels each engine runs first (its largest client count, one "
+                         "request each): a just-started engine's first load is not its speed")
     ap.add_argument("--peers", default="llama-server,openvino-genai")
     ap.add_argument("--llama-server", default=None, help="the binary (default: on PATH or in .venv/bin)")
     ap.add_argument("--model", default=None)
@@ -321,6 +324,9 @@ def main(argv=None) -> int:
         engines.insert(1, SocllmPython(engines[0]))
     rows = []
     try:
+        for w in range(a.warmup):
+            for eng in engines:
+                eng.level(max(levels), 1, a.prompt_words, min(32, a.max_tokens), salt=9000 + w)
         for rep in range(a.reps):
             for n in levels:
                 for eng in engines:           # alternate: noise falls on every engine alike
