@@ -328,7 +328,7 @@ class Engine:
         self.token_times.append(now)
         seq.tokens.append(tok)
         pool, stops = self.pool, seq.stops
-        if tok in pool.stop_ids and not seq.ignore_eos:
+        if tok in pool.stop_ids and not seq.ignore_eos or tok in (seq.params.stop_token_ids or ()):
             reason = "stop"
         else:
             self._emit(seq, stops.feed(seq.decoder.feed(tok)))

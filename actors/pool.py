@@ -429,8 +429,9 @@ class Pool:
         chunk = bucket_for(min(len(ids), MAX_CHUNK))
         run = self.runner(plan, precision, chunk)
         before = dict(run.ran)
-        tokens, pre_s, dec_s = run.generate(ids, params.max_tokens, Sampler(params, ids),
-                                            () if ignore_eos else self.stop_ids, chunk)
+        ends = () if ignore_eos else self.stop_ids
+        tokens, pre_s, dec_s = run.generate(ids, params.max_tokens, Sampler(params, ids, ends),
+                                            (*ends, *(params.stop_token_ids or ())), chunk)
         # where the steps ran: the programs whose step counts grew ("seqcut chunk 300" ->
         # seqcut); a chunk the plan's program cannot take runs on the base processor
         ran = {phase: "+".join(sorted({k.split()[0] for k, n in run.ran.items()

@@ -334,8 +334,8 @@ class Service:
         ids, rule, tooled = await asyncio.to_thread(self._prompt_ids, prompt, messages, ids, shape)
         # OpenAI's default max_tokens: up to the context's end
         params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)), **asked})
-        seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop,
-                       ignore_eos=bool(ignore_eos), sampler=Sampler(params, ids),
+        seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop, ignore_eos=bool(ignore_eos),
+                       sampler=Sampler(params, ids, () if ignore_eos else self.pool.stop_ids),
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
                        constraint=rule and self._grammars().constraint(rule), tools=tooled,
                        speculate=speculate)
@@ -358,7 +358,8 @@ class Service:
                 raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
             if speculate == "heads" and not self.core.speculator.heads:
                 raise BadParam("speculate", "heads: this service has no draft heads for its model")
-        SamplingParams(**{k: v for k, v in sampling.items() if v is not None})  # a bad value
+        SamplingParams(**{"max_tokens": self.pool.context,                   # a bad value
+                          **{k: v for k, v in sampling.items() if v is not None}})
 
     def _grammars(self):
         """The mask library on this model's tokenizer, built at the first constrained request."""

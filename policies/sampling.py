@@ -39,6 +39,8 @@ class SamplingParams:
     min_p: float = 0.0                    # keep tokens at least this times the likeliest's probability
     repetition_penalty: float = 1.0       # a token of the prompt or the text so far: a positive
     #                                       logit divided by it, a negative one multiplied (1: off)
+    min_tokens: int = 0                   # no end token (EOS, stop_token_ids) before this many
+    stop_token_ids: list | None = None    # more token ids that end the text, as EOS does (vLLM's)
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -58,6 +60,12 @@ class SamplingParams:
         if _not_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
             raise BadParam("repetition_penalty", f"must be a number in (0, 10] (1: off), got "
                                                  f"{self.repetition_penalty!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) \
+                or not 0 <= self.min_tokens <= self.max_tokens:
+            raise BadParam("min_tokens", f"must be a whole number in [0, max_tokens], got {self.min_tokens!r}")
+        if self.stop_token_ids is not None and not (isinstance(self.stop_token_ids, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids)):
+            raise BadParam("stop_token_ids", "must be a list of token ids")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or not all(
                     _token_id(k) is not None and isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -84,8 +92,9 @@ def _token_id(k) -> int | None:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, prompt=()):
-        """prompt: the request's prompt ids (the repetition penalty counts them)."""
+    def __init__(self, params: SamplingParams, prompt=(), ends=()):
+        """prompt: the request's prompt ids (the repetition penalty counts them); ends: the ids
+        that end the text besides stop_token_ids (the model's EOS), held back for min_tokens."""
         self.p = params
         self.rng = np.random.default_rng(params.seed)
         self.counts: dict = {}                 # token -> times chosen (the penalties)
@@ -93,8 +102,10 @@ class Sampler:
         self.logprobs: list = []               # per token chosen: (id, logprob, [(id, logprob)])
         self.repeat = params.repetition_penalty != 1.0
         self.seen = set(int(t) for t in prompt) if self.repeat else set()   # prompt and text
+        self.ends = np.array(sorted({*ends, *(params.stop_token_ids or ())}), np.int64)
+        self.drawn = 0                         # tokens sampled so far (min_tokens)
         self.shaped = bool(params.frequency_penalty or params.presence_penalty or self.bias
-                           or self.repeat)
+                           or self.repeat or params.min_tokens and len(self.ends))
 
     def __call__(self, logits: np.ndarray) -> int:   # logits [V] f32
         if self.shaped:
@@ -106,10 +117,11 @@ class Sampler:
             self.counts[tok] = self.counts.get(tok, 0) + 1
             if self.repeat:
                 self.seen.add(tok)
+        self.drawn += 1
         return tok
 
     def _shape(self, logits: np.ndarray) -> np.ndarray:
-        """OpenAI's penalties and bias, on a copy (the logits are the pool's)."""
+        """The repetition penalty, OpenAI's penalties and bias, on a copy (the logits are the pool's)."""
         out = logits.astype(np.float32, copy=True)
         p = self.p
         if self.seen:
@@ -121,6 +133,12 @@ class Sampler:
         for tok, b in self.bias.items():
             if tok < len(out):
                 out[tok] += b
+        if self.drawn < p.min_tokens:
+            held = self.ends[self.ends < len(out)]
+            kept = out[held].copy()
+            out[held] = -np.inf
+            if not np.isfinite(out).any():     # nothing else allowed (a grammar's end): end
+                out[held] = kept
         return out
 
     def _log(self, logits: np.ndarray, tok: int):

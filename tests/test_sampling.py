@@ -148,6 +148,21 @@ def test_the_repetition_penalty_is_vllms_over_the_prompt_and_the_text():
     assert plain(logits) == 3 and plain(logits) == 3   # 1: off
 
 
+def test_min_tokens_holds_the_end_tokens_back():
+    """The end tokens (the model's EOS given as `ends`, and stop_token_ids) cannot be drawn
+    before min_tokens tokens, even when they are the likeliest; then they can. Where nothing
+    else is allowed (a grammar's end), the end is drawn."""
+    logits = np.zeros(10, np.float32)
+    logits[[5, 7, 2]] = [9.0, 8.0, 1.0]             # 5 the EOS, 7 a stop token id, then 2
+    s = Sampler(SamplingParams(min_tokens=3, stop_token_ids=[7]), ends=[5])
+    assert [s(logits) for _ in range(4)] == [2, 2, 2, 5]
+    hot = Sampler(SamplingParams(min_tokens=2, temperature=1.0, seed=1), ends=[5, 7])
+    assert not {hot(logits) for _ in range(2)} & {5, 7}
+    only_end = np.full(10, -np.inf, np.float32)
+    only_end[5] = 0.0
+    assert Sampler(SamplingParams(min_tokens=5), ends=[5])(only_end) == 5
+
+
 @pytest.mark.parametrize("kw, needle", [({"temperature": -0.1}, "temperature"),
                                         ({"temperature": float("nan")}, "temperature"),
                                         ({"top_p": 0.0}, "top_p"), ({"top_p": 1.01}, "top_p"),
@@ -155,7 +170,11 @@ def test_the_repetition_penalty_is_vllms_over_the_prompt_and_the_text():
                                         ({"top_k": 2.5}, "top_k"), ({"min_p": 1.5}, "min_p"),
                                         ({"min_p": float("nan")}, "min_p"),
                                         ({"repetition_penalty": 0}, "repetition_penalty"),
-                                        ({"repetition_penalty": True}, "repetition_penalty")])
+                                        ({"repetition_penalty": True}, "repetition_penalty"),
+                                        ({"min_tokens": 65}, "min_tokens"),
+                                        ({"min_tokens": -1}, "min_tokens"),
+                                        ({"stop_token_ids": [1, -1]}, "stop_token_ids"),
+                                        ({"stop_token_ids": 5}, "stop_token_ids")])
 def test_out_of_range_parameters_are_refused(kw, needle):
     """Named as the caller names them: a field here (Python, HTTP), a flag on the command line."""
     with pytest.raises(ValueError, match=needle) as e:

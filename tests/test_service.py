@@ -549,9 +549,37 @@ def test_tokenize_and_detokenize_count_what_a_request_starts_from(served, client
                               ("/detokenize", {"tokens": "abc"}, None)):
         r = post(path, body)
         assert r.status_code == 400 and r.json()["error"]["message"], (path, body, r.text)
+        assert "JSON" not in r.json()["error"]["message"], r.text      # the fault, not another
         assert param is None or r.json()["error"]["param"] == param
     with pytest.raises(ValueError, match="token ids"):
         client.detokenize([10 ** 9])
+    r = requests.post(base + "/tokenize", data="{not json", timeout=60)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_min_tokens_and_stop_token_ids(served, client, oracle, tokenizer, gguf_reader):
+    """vLLM's extensions: stop_token_ids end the text at the first of them, as EOS does (its text
+    left out, finish_reason stop); min_tokens holds EOS back, so a reply that ends early goes on
+    past it (its greedy text until there unchanged); max_tokens below min_tokens is a 400."""
+    import requests
+    ids = tokenizer.encode(FRANCE, bos=tokenizer.add_bos)
+    toks = oracle.greedy(ids, 8)
+    k = next(i for i in range(2, 8) if toks[i] not in toks[:i])
+    r = requests.post(served[1] + "/v1/completions", timeout=120, json={
+        "prompt": FRANCE, "max_tokens": 8, "stop_token_ids": [toks[k]]}).json()
+    assert r["choices"][0]["text"] == tokenizer.decode(toks[:k]) and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == k + 1
+    hi = [{"role": "user", "content": "Hi"}]
+    short = client.chat(hi, max_tokens=48)
+    n = len(tokenizer.encode(short))
+    assert n < 40, short                            # the reply ends with EOS before max_tokens
+    r = requests.post(served[1] + "/v1/chat/completions", timeout=120, json={
+        "messages": hi, "max_tokens": 48, "min_tokens": n + 6}).json()
+    assert r["usage"]["completion_tokens"] >= n + 6, r
+    assert r["choices"][0]["message"]["content"].startswith(short.rstrip()), r
+    bad = requests.post(served[1] + "/v1/completions", timeout=60,
+                        json={"prompt": FRANCE, "max_tokens": 4, "min_tokens": 9})
+    assert bad.status_code == 400 and "min_tokens" in bad.json()["error"]["message"]
 
 
 def test_a_tokenized_prompt_is_the_prompt_whose_ids_it_is(served, oracle, tokenizer):

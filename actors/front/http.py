@@ -129,7 +129,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
             "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
-            "repeat_penalty"}
+            "repeat_penalty", "min_tokens", "stop_token_ids"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",)}
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
@@ -198,7 +198,7 @@ def parse(body, chat: bool) -> dict:
         req["n"] = n
     # checked by the sampler (top_k, min_p and repetition_penalty: vLLM's and llama.cpp's extensions)
     for name in ("frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
-                 "repetition_penalty"):
+                 "repetition_penalty", "min_tokens", "stop_token_ids"):
         if body.get(name) is not None:
             req[name] = body[name]
     rp = _typed(body, "repeat_penalty", (int, float), lambda v: 0 < v <= 10,
@@ -415,15 +415,17 @@ class OpenAIServer:
         if (locked := self._locked(request)) is not None:
             return locked
         try:
-            body = json.loads(await _read_body(request, self.max_body))
+            raw = await _read_body(request, self.max_body)
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise BadRequest(f"the body is not valid JSON: {e}") from None
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             return await run(body)
         except BadRequest as e:
             return _error(str(e), e.param, e.status, code=e.code)
-        except (ValueError, UnicodeDecodeError) as e:
-            return _error(f"the body is not valid JSON: {e}")
-        except ray.exceptions.RayTaskError as e:
+        except ray.exceptions.RayTaskError as e:        # the service's ValueError: a 400
             return _refused(e)
 
     @app.post("/v1/completions")
