@@ -102,21 +102,23 @@ class Sampler:
         self.logprobs: list = []               # per token chosen: (id, logprob, [(id, logprob)])
         self.repeat = params.repetition_penalty != 1.0
         self.seen = set(int(t) for t in prompt) if self.repeat else set()   # prompt and text
+        self.seen_ids = None                   # self.seen as an array, made again when it grows
         self.ends = np.array(sorted({*ends, *(params.stop_token_ids or ())}), np.int64)
         self.drawn = 0                         # tokens sampled so far (min_tokens)
-        self.shaped = bool(params.frequency_penalty or params.presence_penalty or self.bias
-                           or self.repeat or params.min_tokens and len(self.ends))
+        self.penalised = bool(params.frequency_penalty or params.presence_penalty)
+        self.shaped = bool(self.penalised or self.bias or self.repeat)
 
     def __call__(self, logits: np.ndarray) -> int:   # logits [V] f32
-        if self.shaped:
+        if self.shaped or self.drawn < self.p.min_tokens and len(self.ends):
             logits = self._shape(logits)
         tok = self._draw(logits)
         if self.p.logprobs is not None:
             self._log(logits, tok)
-        if self.shaped:
+        if self.penalised:
             self.counts[tok] = self.counts.get(tok, 0) + 1
-            if self.repeat:
-                self.seen.add(tok)
+        if self.repeat and tok not in self.seen:
+            self.seen.add(tok)
+            self.seen_ids = None
         self.drawn += 1
         return tok
 
@@ -125,7 +127,9 @@ class Sampler:
         out = logits.astype(np.float32, copy=True)
         p = self.p
         if self.seen:
-            ids = np.fromiter((t for t in self.seen if t < len(out)), np.int64)
+            if self.seen_ids is None:
+                self.seen_ids = np.fromiter(self.seen, np.int64, len(self.seen))
+            ids = self.seen_ids[self.seen_ids < len(out)]
             v = out[ids]
             out[ids] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         for tok, n in self.counts.items():
