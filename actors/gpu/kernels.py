@@ -56,6 +56,8 @@ DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl",
 # 132 vs 94, 4 rows 141 vs 158, 8 rows 169 vs 192.
 INT_ROWS_MAX = 2
 TILE_ROWS = (4, 8, 16)      # activation rows a q8 linear_tile work-item may take (cl/batch.cl)
+# every tn of cl/batch.cl's linear_tile_n<tn> kernels (LINEAR_TILES there): _tile_rows' choices
+TILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
 # q16 tiles: fewer than TILE16_WIDE rows dealt evenly over the fewest tiles of at most TILE16_MAX
 # (CLKernels._tile_rows); TILE16_WIDE rows or more (prefill chunks, large batches) in whole tiles of
 # TILE16_WIDE, the last padded. Each (rows, K) is a program build (~0.5-0.8 s cold, then PoCL's disk
@@ -105,8 +107,10 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "prep_rows": [u64] * 2 + [i32, i32, i32],
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
     # batch.cl (ACT_BITS 8 and 16 builds only)
-    "linear_tile": [u64] * 5 + [i32, i32, i32, i32, u64, i32],
-    "linear_tile16": [u64] * 5 + [i32, i32, i32, i32, u64, i32],     # int8, AVX512-VNNI builds only
+    # batch.cl, a build per K (TILE_K) of ACT_BITS 8 or 16: a kernel per rows a work-item takes
+    **{f"linear_tile_n{tn}": [u64] * 5 + [i32, i32, i32, i32, u64, i32] for tn in TILE_NS},
+    **{f"linear_tile16_n{tn}": [u64] * 5 + [i32, i32, i32, i32, u64, i32]    # int8, AVX512-VNNI
+       for tn in TILE_NS},
     **MOE_SCALARS,
 }
 class CLKernels(MoELaunches):
@@ -375,15 +379,14 @@ class CLKernels(MoELaunches):
 
     def _linear_tile(self, a, N, out, ld, rows):
         """A decode batch's linear in int8 or int16 (q8, q16), 8 weight rows a work-item
-        (cl/batch.cl), built per K and per rows a work-item takes (_tile_rows)."""
+        (cl/batch.cl), a build per K holding a kernel per rows a work-item takes (_tile_rows)."""
         K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
         tn, row_bytes = self._tile_rows(K, N)
-        ks = self._kernels(64, self.rows_act[2], None,
-                           f"-DTILE_N={tn} -DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
+        ks = self._kernels(64, self.rows_act[2], None, f"-DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
         self._prep_rows(a["x"][1], K, N, round_up(N, tn), row_bytes, ks)
         # int8 on AVX512-VNNI: 16 weight rows a work-item, one vpdpbusd512 for 64 products
-        name, w = ("linear_tile16", 16) if M % 16 == 0 and "linear_tile16" in ks and \
-            self.tile16 else ("linear_tile", 8)
+        name, w = (f"linear_tile16_n{tn}", 16) if M % 16 == 0 and f"linear_tile16_n{tn}" in ks \
+            and self.tile16 else (f"linear_tile_n{tn}", 8)
         self._go(name, (round_up(M // w, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                  self.rows_act[0], qs, d, m, out, K, M, N, ld, rows, row_bytes, ks=ks)
 

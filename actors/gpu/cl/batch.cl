@@ -9,14 +9,21 @@
 //         lanes, summed in int16 (|sum| <= 8 * 2 * 15 * 127 < 2^15), then pairs to int32:
 //         the block's 8 row sums in 17 instructions, no horizontal sum
 //   scale acc += dot * (d_w * dx) + m_w * sx: one vector for the tile's 8 rows
-// The tile's weight blocks are loaded, transposed and split once for TILE_N activation rows.
+// The tile's weight blocks are loaded, transposed and split once for tn activation rows.
 //
 // q16 (ACT_BITS 16, int16 activations) has its own linear_tile below: the same tiles, with the
 // weights widened to int16 pairs and the products summed by vpdpwssd in 512-bit vectors.
 
-#ifndef TILE_N       // activation rows a work-item takes against its weight tile
+// The rows a work-item takes against its weight tile (tn) are an argument of tile_rows, always
+// inlined: each kernel below passes a constant, so its loops over the rows unroll and its
+// accumulators stay in registers as they did when tn was a build's macro. One build per K holds
+// the kernels of every tn (linear_tile_n<tn>, TILE_NS), where a build per (K, tn) held one each:
+// ~2-4 MB of the GPU actor's memory a build on PoCL, 16 builds for SmolLM2's decode batches.
+#ifndef TILE_N       // moe_tile's and moe_sort's rows a tile (cl/moe.cl): a build's macro
 #define TILE_N 4
 #endif
+#define TILE_MAX 16  // the most rows a tile takes (TILE_NS' largest)
+#define TILE_INLINE inline __attribute__((always_inline))
 
 #if (ACT_BITS == 8 || ACT_BITS == 16) && defined(Q8_X86)
 typedef uint uint8v __attribute__((ext_vector_type(8)));
@@ -105,22 +112,22 @@ inline int8 tile_dot(const v32qi* lo, const v32qi* hi, const __global int* x)
 #endif
 
 // tile_rows (int8): a work-item's tile, the 8 weight rows from r0 of W Q4_1 [., K] (rows nb blocks
-// from qs_o / d_o / m_o) against prepared rows n0 .. n0 + TILE_N - 1 of the scratch at s_o (row i
+// from qs_o / d_o / m_o) against prepared rows n0 .. n0 + tn - 1 of the scratch at s_o (row i
 // at s_o + i row_bytes), rows below N stored by tile_store. The scratch holds whole tiles (prep_rows
 // repeats row N-1; moe_gather pads an expert's run), so a work-item's rows are one base and
 // constant strides. TILE_K (above): a build for one K. linear_tile and moe_tile (cl/moe.cl) run it.
-inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                      ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
-                      int r0, int n0)
+TILE_INLINE void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                           ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
+                           int r0, int n0, const int tn)
 {
     const int nb = TK / QK;
     const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
     const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
     const __global ushort* m = AT(const ushort, m_o) + (size_t)r0 * nb;
     const __global uchar* x0 = AT(const uchar, s_o + (ulong)n0 * TRB);   // row i at x0 + i TRB
-    float8 acc[TILE_N];
+    float8 acc[TILE_MAX];
 #pragma unroll
-    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    for (int i = 0; i < tn; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
 #ifdef Q8_X86
         const float8 dw = tile_scales(d, nb, b), mw = tile_scales(m, nb, b);
@@ -133,20 +140,20 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
             hi[g] = __builtin_astype((w[g] >> 4) & (uint)0x0F0F0F0F, v32qi);
         }
 #pragma unroll
-        for (int i = 0; i < TILE_N; i++) {   // row i: values [K], then dx [K/32], sx [K/32]
+        for (int i = 0; i < tn; i++) {   // row i: values [K], then dx [K/32], sx [K/32]
             const __global int* xb = (const __global int*)(x0 + i * TRB);
             const __global float* dx = (const __global float*)(xb + TK / 4);
             acc[i] += CVT(tile_dot(lo, hi, xb + 8 * b), float8) * (dw * dx[b]) + mw * dx[nb + b];
         }
 #else
         float dws[8], mws[8];
-        int sums[TILE_N][8];
+        int sums[TILE_MAX][8];
         for (int j = 0; j < 8; j++) {
             dws[j] = HALF(d, j * nb + b);
             mws[j] = HALF(m, j * nb + b);
             const uchar16 wq = as_uchar16(q[j * nb + b]);
             const short16 wl = convert_short16(wq & (uchar)0x0F), wh = convert_short16(wq >> (uchar)4);
-            for (int i = 0; i < TILE_N; i++) {
+            for (int i = 0; i < tn; i++) {
                 const __global char16* x = (const __global char16*)(x0 + i * TRB) + 2 * b;
                 const short16 p = wl * convert_short16(x[0]) + wh * convert_short16(x[1]);
                 const int8 s8 = convert_int8(p.lo) + convert_int8(p.hi);
@@ -155,14 +162,14 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
             }
         }
         const float8 dw = vload8(0, dws), mw = vload8(0, mws);
-        for (int i = 0; i < TILE_N; i++) {
+        for (int i = 0; i < tn; i++) {
             const __global float* dx = (const __global float*)(x0 + i * TRB + TK);
             acc[i] += convert_float8(vload8(0, sums[i])) * (dw * dx[b]) + mw * dx[nb + b];
         }
 #endif
     }
 #pragma unroll
-    for (int i = 0; i < TILE_N; i++)
+    for (int i = 0; i < tn; i++)
         if (n0 + i < N)
             tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i]);
 }
@@ -179,18 +186,18 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
 #define VNNI512 1
 typedef int v16si8 __attribute__((__vector_size__(64)));
 typedef uint uint16v __attribute__((ext_vector_type(16)));
-inline void tile_rows16(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                        ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
-                        int r0, int n0)
+TILE_INLINE void tile_rows16(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                             ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
+                             int r0, int n0, const int tn)
 {
     const int nb = TK / QK;
     const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
     const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
     const __global ushort* m = AT(const ushort, m_o) + (size_t)r0 * nb;
     const __global uchar* x0 = AT(const uchar, s_o + (ulong)n0 * TRB);   // row i at x0 + i TRB
-    float16 acc[TILE_N];
+    float16 acc[TILE_MAX];
 #pragma unroll
-    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    for (int i = 0; i < tn; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
         const float16 dw = (float16)(tile_scales(d, nb, b), tile_scales(d + 8 * nb, nb, b));
         const float16 mw = (float16)(tile_scales(m, nb, b), tile_scales(m + 8 * nb, nb, b));
@@ -215,7 +222,7 @@ inline void tile_rows16(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o,
             hi[g] = __builtin_astype((w >> 4) & (uint)0x0F0F0F0F, v16si8);
         }
 #pragma unroll
-        for (int i = 0; i < TILE_N; i++) {   // row i: values [K], then dx [K/32], sx [K/32]
+        for (int i = 0; i < tn; i++) {   // row i: values [K], then dx [K/32], sx [K/32]
             const __global int* xb = (const __global int*)(x0 + i * TRB) + 8 * b;
             const __global float* dx = (const __global float*)(x0 + i * TRB + TK);
             v16si8 s = __builtin_ia32_vpdpbusd512(__builtin_astype((int16)0, v16si8), lo[0],
@@ -230,7 +237,7 @@ inline void tile_rows16(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o,
         }
     }
 #pragma unroll
-    for (int i = 0; i < TILE_N; i++) {
+    for (int i = 0; i < tn; i++) {
         if (n0 + i < N) {
             tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i].lo);
             tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0 + 8, acc[i].hi);
@@ -286,9 +293,9 @@ inline v16si DOT_W16(v16si acc, v16si w, v16si x)
 #endif
 #endif
 
-inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                      ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
-                      int r0, int n0)
+TILE_INLINE void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
+                           ulong out_o, int K, int N, int ld, ulong rows_o, int kv, int row_bytes,
+                           int r0, int n0, const int tn)
 {
     const int nb = TK / QK;
     const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * nb;    // row j, block b: q[j nb + b]
@@ -296,9 +303,9 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
     const __global ushort* m = AT(const ushort, m_o) + (size_t)r0 * nb;
     const __global uchar* x0 = AT(const uchar, s_o + (ulong)n0 * TRB);   // row i at x0 + i TRB
 #ifdef Q8_X86
-    float16 acc[TILE_N];
+    float16 acc[TILE_MAX];
 #pragma unroll
-    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    for (int i = 0; i < tn; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
         const float8 dw8 = tile_scales(d, nb, b), mw8 = tile_scales(m, nb, b);
         const float16 dw = __builtin_shufflevector(dw8, dw8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -324,7 +331,7 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
             hi[g] = __builtin_astype(z >> (ushort)4, v16si);
         }
 #pragma unroll
-        for (int i = 0; i < TILE_N; i++) {   // row i: values [K] int16, then dx [K/32], sx [K/32]
+        for (int i = 0; i < tn; i++) {   // row i: values [K] int16, then dx [K/32], sx [K/32]
             const __global ulong* xb = (const __global ulong*)(x0 + i * TRB) + 8 * b;
             const __global float* dx = (const __global float*)(x0 + i * TRB + 2 * TK);
             v16si s = DOT_W16(__builtin_astype((int16)0, v16si), lo[0], __builtin_astype((ulong8)xb[0], v16si));
@@ -339,22 +346,22 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
         }
     }
 #pragma unroll
-    for (int i = 0; i < TILE_N; i++) {
+    for (int i = 0; i < tn; i++) {
         if (n0 + i < N)
             tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i].even + acc[i].odd);
     }
 #else
-    float8 acc[TILE_N];
-    for (int i = 0; i < TILE_N; i++) acc[i] = 0.0f;
+    float8 acc[TILE_MAX];
+    for (int i = 0; i < tn; i++) acc[i] = 0.0f;
     for (int b = 0; b < nb; b++) {
         float dws[8], mws[8];
-        int sums[TILE_N][8];
+        int sums[TILE_MAX][8];
         for (int j = 0; j < 8; j++) {
             dws[j] = HALF(d, j * nb + b);
             mws[j] = HALF(m, j * nb + b);
             const uchar16 wq = as_uchar16(q[j * nb + b]);
             const int16 wl = convert_int16(wq & (uchar)0x0F), wh = convert_int16(wq >> (uchar)4);
-            for (int i = 0; i < TILE_N; i++) {
+            for (int i = 0; i < tn; i++) {
                 const __global short16* x = (const __global short16*)(x0 + i * TRB) + 2 * b;
                 const int16 p = wl * convert_int16(x[0]) + wh * convert_int16(x[1]);
                 const int8 s8 = p.lo + p.hi;
@@ -363,39 +370,39 @@ inline void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, u
             }
         }
         const float8 dw = vload8(0, dws), mw = vload8(0, mws);
-        for (int i = 0; i < TILE_N; i++) {
+        for (int i = 0; i < tn; i++) {
             const __global float* dx = (const __global float*)(x0 + i * TRB + 2 * TK);
             acc[i] += convert_float8(vload8(0, sums[i])) * (dw * dx[b]) + mw * dx[nb + b];
         }
     }
-    for (int i = 0; i < TILE_N; i++)
+    for (int i = 0; i < tn; i++)
         if (n0 + i < N)
             tile_store(arena, out_o, ld, rows_o, kv, n0 + i, r0, acc[i]);
 #endif
 }
 #endif
 
-#if ACT_BITS == 8 || ACT_BITS == 16
-// linear_tile: N prepared int8 / int16 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8) ->
-// out [N, M] in rows ld wide (row n at KV row rows[n] if rows_o != 0: paged KV), tile_rows above.
-// global (M / 8 rounded up to LIN_R, ceil(N / TILE_N)), local (LIN_R, 1)
-__kernel void linear_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                          ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
-{
-    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
-    if (r0 >= M) return;
-    tile_rows(arena, s_o, qs_o, d_o, m_o, out_o, K, N, ld, rows_o, rows_o != 0, row_bytes, r0, n0);
+// linear_tile_n<tn>: N prepared int8 / int16 rows (prep_rows), W Q4_1 [M, K] (M a multiple of 8)
+// -> out [N, M] in rows ld wide (row n at KV row rows[n] if rows_o != 0: paged KV), tile_rows
+// above, tn rows a work-item. global (M / 8 rounded up to LIN_R, ceil(N / tn)), local (LIN_R, 1).
+// linear_tile16_n<tn> (int8 builds on x86 with AVX512-VNNI and AVX512BW only): 16 weight rows a
+// work-item (tile_rows16; M a multiple of 16), global (M / 16 rounded up to LIN_R, ceil(N / tn)).
+// Built for one K only (TILE_K: CLKernels._linear_tile), for each tn of TILE_NS (gpu/kernels.py).
+#if (ACT_BITS == 8 || ACT_BITS == 16) && defined(TILE_K)
+#define LINEAR_TILE(name, tile, w, tn) \
+__kernel void name(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o, ulong out_o, \
+                   int K, int M, int N, int ld, ulong rows_o, int row_bytes) \
+{ \
+    const int r0 = (w) * get_global_id(0), n0 = get_global_id(1) * (tn); \
+    if (r0 >= M) return; \
+    tile(arena, s_o, qs_o, d_o, m_o, out_o, K, N, ld, rows_o, rows_o != 0, row_bytes, r0, n0, tn); \
 }
-#endif
-
 #ifdef VNNI512
-// linear_tile with 16 weight rows a work-item (tile_rows16; M a multiple of 16): int8 builds on
-// x86 with AVX512-VNNI and AVX512BW only. global (M / 16 rounded up to LIN_R, ceil(N / TILE_N))
-__kernel void linear_tile16(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
-                            ulong out_o, int K, int M, int N, int ld, ulong rows_o, int row_bytes)
-{
-    const int r0 = 16 * get_global_id(0), n0 = get_global_id(1) * TILE_N;
-    if (r0 >= M) return;
-    tile_rows16(arena, s_o, qs_o, d_o, m_o, out_o, K, N, ld, rows_o, rows_o != 0, row_bytes, r0, n0);
-}
+#define LINEAR_TILES(tn) LINEAR_TILE(linear_tile_n##tn, tile_rows, 8, tn) \
+                         LINEAR_TILE(linear_tile16_n##tn, tile_rows16, 16, tn)
+#else
+#define LINEAR_TILES(tn) LINEAR_TILE(linear_tile_n##tn, tile_rows, 8, tn)
+#endif
+LINEAR_TILES(1) LINEAR_TILES(2) LINEAR_TILES(3) LINEAR_TILES(4) LINEAR_TILES(5)
+LINEAR_TILES(6) LINEAR_TILES(7) LINEAR_TILES(8) LINEAR_TILES(16)
 #endif

@@ -250,7 +250,7 @@ __kernel void moe_tile(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, 
     const ulong rows = (ulong)M * e * (TK / QK);                // blocks before expert e's rows
     tile_rows(arena, s_o + (ulong)meta[E + e] * TRB, qs_o + 16 * rows, d_o + 2 * rows,
               m_o + 2 * rows, out_o, K, meta[e], M, meta_o + 4 * (ulong)(2 * E + meta[E + e]), 0,
-              row_bytes, r0, n0);
+              row_bytes, r0, n0, TILE_N);
 }
 #endif
 
