@@ -585,7 +585,7 @@ def test_min_tokens_and_stop_token_ids(served, client, oracle, tokenizer, gguf_r
 def test_a_tokenized_prompt_is_the_prompt_whose_ids_it_is(served, oracle, tokenizer):
     """OpenAI's `prompt` as token ids (one list, or a batch of one) runs those ids as they are:
     the greedy text of FRANCE's ids is the oracle's; echo gives their text; ids outside the
-    vocabulary and a batch of several prompts are 400s that name `prompt`."""
+    vocabulary, an empty list and a list mixing text and ids are 400s that name `prompt`."""
     import requests
     url = served[1] + "/v1/completions"
     ids = tokenizer.encode(FRANCE, bos=tokenizer.add_bos)
@@ -595,10 +595,57 @@ def test_a_tokenized_prompt_is_the_prompt_whose_ids_it_is(served, oracle, tokeni
         assert r["choices"][0]["text"] == want and r["usage"]["prompt_tokens"] == len(ids), r
     r = requests.post(url, json={"prompt": ids, "max_tokens": 8, "echo": True}, timeout=120).json()
     assert r["choices"][0]["text"] == tokenizer.decode(ids) + want
-    for bad in ([1, -4], [10 ** 9], ["a", "b"], [ids, ids], [[]], [True]):
+    for bad in ([1, -4], [10 ** 9], ["a", 5], [[]], [], [True], [ids, [10 ** 9]], ["a", ""]):
         r = requests.post(url, json={"prompt": bad, "max_tokens": 2}, timeout=60)
         assert r.status_code == 400, (bad, r.text)
         assert r.json()["error"]["param"] == "prompt" or "token ids" in r.json()["error"]["message"], r.text
+
+
+def test_a_batch_of_prompts_gets_a_choice_per_prompt_in_order(served, client, oracle, tokenizer):
+    """OpenAI's and vLLM's batch: `prompt` as a list of prompts (texts or token ids) runs each,
+    choice p n + j the j-th of prompt p, each prompt's greedy text the oracle's, streamed or not;
+    usage counts every prompt once and every choice's tokens; echo gives each prompt's own text;
+    more prompts than the service takes in one request is a 400; a batch refused at its second
+    prompt leaves nothing running."""
+    import requests
+    url = served[1] + "/v1/completions"
+    ids = tokenizer.encode(COUNT, bos=tokenizer.add_bos)
+    want = [_want(oracle, tokenizer, FRANCE, 8), _want(oracle, tokenizer, COUNT, 8),
+            _want(oracle, tokenizer, STORY, 8)]
+    assert len(set(want)) == 3
+    body = {"prompt": [FRANCE, ids, STORY], "max_tokens": 8, "n": 2, "echo": True}
+    r = requests.post(url, json=body, timeout=180).json()
+    assert [c["index"] for c in r["choices"]] == list(range(6)), r
+    texts = [FRANCE, tokenizer.decode(ids), STORY]
+    assert [c["text"] for c in r["choices"]] == [texts[i // 2] + want[i // 2] for i in range(6)]
+    prompt_tokens = len(tokenizer.encode(FRANCE)) + len(ids) + len(tokenizer.encode(STORY))
+    assert r["usage"]["prompt_tokens"] == prompt_tokens, r["usage"]
+    stops = set(tokenizer.stop_ids())
+    made = [next((i + 1 for i, t in enumerate(oracle.greedy(p, 8)) if t in stops), 8)
+            for p in (tokenizer.encode(FRANCE), ids, tokenizer.encode(STORY))]
+    assert r["usage"]["completion_tokens"] == 2 * sum(made), (r["usage"], made)
+    got, usage = {}, None
+    with requests.post(url, stream=True, timeout=180, json={
+            "prompt": [STORY, FRANCE], "max_tokens": 8, "stream": True,
+            "stream_options": {"include_usage": True}}) as s:
+        for line in s.iter_lines():
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                chunk = json.loads(line[6:])
+                for c in chunk["choices"]:
+                    got[c["index"]] = got.get(c["index"], "") + c["text"]
+                usage = chunk.get("usage") or usage
+    assert got == {0: want[2], 1: want[0]}, got
+    assert usage["prompt_tokens"] == len(tokenizer.encode(STORY)) + len(tokenizer.encode(FRANCE))
+    r = requests.post(url, json={"prompt": ["hi"] * 65, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and "65 prompts" in r.json()["error"]["message"], r.text
+    import ray
+    before = ray.get(client.service.status.remote())["requests"]
+    r = requests.post(url, json={"prompt": [COUNT, [10 ** 9]], "max_tokens": 300}, timeout=60)
+    assert r.status_code == 400, r.text
+    time.sleep(1)
+    after = ray.get(client.service.status.remote())["requests"]
+    live = ("waiting", "prefilling", "decoding")
+    assert [after[k] for k in live] == [before[k] for k in live], (before, after)
 
 
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):

@@ -43,12 +43,15 @@ app = FastAPI(title="socllm", docs_url=None, redoc_url=None)
 
 
 @asynccontextmanager
-async def _cancel_on_disconnect(request: Request, svc, rid: str):
-    """While the body runs, a task waits for the client's disconnect and cancels request rid."""
+async def _cancel_on_disconnect(request: Request, svc, fans: list):
+    """While the body runs, a task waits for the client's disconnect and cancels the requests
+    of fans (each prompt's choices: they grow as its choices past the first start)."""
     async def watch():
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        svc.cancel.remote(rid)
+        for f in fans:
+            for r in f:
+                svc.cancel.remote(r)
     task = asyncio.create_task(watch())
     try:
         yield
@@ -132,6 +135,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "repeat_penalty", "min_tokens", "stop_token_ids"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",)}
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
+MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
@@ -158,6 +162,17 @@ def _only(body: dict, fields: set):
                              code="unsupported_parameter")
 
 
+def _one_prompt(p) -> dict:
+    """A completion's prompt: text, or token ids (OpenAI's tokenized prompt, checked by the
+    service), as submit()'s argument."""
+    if _token_ids(p):
+        return {"ids": p}
+    if not isinstance(p, str) or not p.strip():
+        raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a list "
+                         "of those (a batch)", "prompt")
+    return {"prompt": p}
+
+
 def parse(body, chat: bool) -> dict:
     """An OpenAI request body -> the service's submit() arguments (BadRequest if invalid, or if
     it asks for what this service does not do)."""
@@ -180,19 +195,16 @@ def parse(body, chat: bool) -> dict:
             if body.get(name) not in (None, []):
                 raise BadRequest(f"'{name}' is for /v1/chat/completions", name, code="unsupported_parameter")
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]                           # a batch of one
-        if _token_ids(prompt):
-            req["ids"] = prompt                          # OpenAI's tokenized prompt (checked by the service)
-        elif isinstance(prompt, list) and len(prompt) > 1 and all(
-                isinstance(p, str) or _token_ids(p) for p in prompt):
-            raise BadRequest("a batch of prompts is not supported by this service: send one "
-                             "request a prompt (they run batched together)", "prompt",
-                             code="unsupported_parameter")
-        elif not isinstance(prompt, str) or not prompt.strip():
-            raise BadRequest("'prompt' must be a non-empty string or a list of token ids", "prompt")
+        batch = prompt if isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or _token_ids(p) for p in prompt) and not _token_ids(prompt) else [prompt]
+        if len(batch) > MAX_BATCH:
+            raise BadRequest(f"'prompt' holds {len(batch)} prompts; this service takes at most "
+                             f"{MAX_BATCH} in one request", "prompt")
+        batch = [_one_prompt(p) for p in batch]
+        if len(batch) == 1:
+            req.update(batch[0])
         else:
-            req["prompt"] = prompt
+            req["batch"] = batch                         # a choice (or n) each, in order
     n = _typed(body, "n", int, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
     if n and n > 1:
         req["n"] = n
@@ -274,6 +286,19 @@ def _message(text: str, out: dict) -> dict:
     if said["tool_calls"]:
         msg["tool_calls"] = said["tool_calls"]
     return msg
+
+
+def _usage(each: list, n: int) -> dict:
+    """A reply's usage from each choice's (n a prompt, prompts in order): the prompts' tokens
+    once a prompt, every choice's completion tokens; the first prompt's cache details."""
+    usage = dict(each[0])
+    usage["prompt_tokens"] = sum(u["prompt_tokens"] for u in each[::n])
+    usage["completion_tokens"] = sum(u["completion_tokens"] for u in each)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    if len(each) > n and "prompt_tokens_details" in usage:
+        usage["prompt_tokens_details"] = {"cached_tokens": sum(
+            u.get("prompt_tokens_details", {}).get("cached_tokens", 0) for u in each[::n])}
+    return usage
 
 
 def _timings(out: dict) -> dict:
@@ -447,53 +472,59 @@ class OpenAIServer:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             return _error(f"the body is not valid JSON: {e}")
+        subs, rids = [], []
         try:
             args = parse(body, chat)
             n, echo = args.pop("n", 1), args.pop("echo", False)
-            rid = await self.svc.submit.remote(**args)
-            if echo and "ids" in args:                   # the tokenized prompt's text
-                args["prompt_text"] = await self.svc.detokenize.remote(args["ids"])
-        except BadRequest as e:
-            return _error(str(e), e.param, e.status, code=e.code)
-        except ray.exceptions.RayTaskError as e:
-            return _refused(e)
-        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}", "created": int(time.time()),
+            subs = [dict(args, **one) for one in args.pop("batch", [{}])]   # a prompt each
+            for sub in subs:
+                rids.append(await self.svc.submit.remote(**sub))
+            echoes = [await self._echo(sub) if echo else None for sub in subs]
+        except (BadRequest, ray.exceptions.RayTaskError) as e:
+            for r in rids:                               # a batch's prompts taken before it
+                self.svc.cancel.remote(r)
+            return _error(str(e), e.param, e.status, code=e.code) if isinstance(e, BadRequest) \
+                else _refused(e)
+        meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rids[0]}", "created": int(time.time()),
                 "model": self.model,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
-        shape = {"chat": chat, "logprobs": args.get("logprobs") is not None,
-                 "echo": args.pop("prompt_text", args.get("prompt")) if echo else None,
+        shape = {"chat": chat, "logprobs": args.get("logprobs") is not None, "echo": echoes,
                  "hold": "tools" in args and args.get("tool_choice") != "none"}
+        fans = [[r] for r in rids]         # each prompt's choices: its n requests, as they start
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            rids = [rid]
-            return _ClosingStream(self._events(rids, meta, shape, request, usage, (args, n)),
-                                  lambda: [self.svc.cancel.remote(r) for r in rids],
+            return _ClosingStream(self._events(fans, meta, shape, request, usage, (subs, n)),
+                                  lambda: [self.svc.cancel.remote(r) for f in fans for r in f],
                                   media_type="text/event-stream")
-        rids = [rid]
         try:
-            async with _cancel_on_disconnect(request, self.svc, rid):
-                first = asyncio.create_task(self._gather(rid))
-                await self._more(rids, args, n)
-                results = [await first, *[await self._gather(r) for r in rids[1:]]]
+            async with _cancel_on_disconnect(request, self.svc, fans):
+                firsts = [asyncio.create_task(self._gather(f[0])) for f in fans]
+                await asyncio.gather(*(self._more(f, sub, n) for f, sub in zip(fans, subs)))
+                results = []
+                for first, f in zip(firsts, fans):
+                    results += [await first, *[await self._gather(r) for r in f[1:]]]
         except ray.exceptions.RayTaskError as e:
             return _refused(e)
         finally:
-            for r in rids:
-                self.svc.cancel.remote(r)           # a no-op for those that ended
+            for f in fans:
+                for r in f:
+                    self.svc.cancel.remote(r)           # a no-op for those that ended
         choices = []
         for i, (text, out, lps) in enumerate(results):
             if out["state"] == "failed":
                 return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
+            echoed = echoes[i // n] or ""
             choice = {"index": i, "finish_reason": _reason(out),
-                      "logprobs": _logprobs(lps, chat, len(shape["echo"] or "")) if shape["logprobs"] else None}
-            choice.update({"message": _message(text, out)} if chat else {"text": (shape["echo"] or "") + text})
+                      "logprobs": _logprobs(lps, chat, len(echoed)) if shape["logprobs"] else None}
+            choice.update({"message": _message(text, out)} if chat else {"text": echoed + text})
             choices.append(choice)
-        usage = dict(results[0][1]["usage"])
-        if n > 1:
-            usage["completion_tokens"] = sum(r[1]["usage"]["completion_tokens"] for r in results)
-            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {**meta, "object": "chat.completion" if chat else "text_completion",
-                "choices": choices, "usage": usage, **_timings(results[0][1])}
+                "choices": choices, "usage": _usage([r[1]["usage"] for r in results], n),
+                **_timings(results[0][1])}
+
+    async def _echo(self, sub: dict) -> str:
+        """A completion's prompt as its text (echo): as given, or its token ids detokenized."""
+        return sub["prompt"] if "prompt" in sub else await self.svc.detokenize.remote(sub["ids"])
 
     async def _gather(self, rid: str) -> tuple:
         """A request's whole text, its last poll and its tokens' logprobs."""
@@ -519,14 +550,16 @@ class OpenAIServer:
                 more = dict(args, seed=args["seed"] + i) if args.get("seed") is not None else args
                 rids.append(await self.svc.submit.remote(**more, queue_bound=False))
 
-    async def _events(self, rids: list, meta: dict, shape: dict, request: Request,
+    async def _events(self, fans: list, meta: dict, shape: dict, request: Request,
                       include_usage: bool, fan: tuple):
         """Server-sent events as OpenAI streams them: per choice, a chunk per piece (per poll's
         pieces, with their tokens' logprobs, where asked) and one with its finish reason; then
         (stream_options.include_usage) one with no choices and the usage. A request with tools
         (shape["hold"]): its JSON is read at the end, then sent as the reply's text or as its
-        tool calls, each call whole in one delta. fan: (args, n): the other choices start after
-        the first's first token (_more); their chunks interleave, told apart by index."""
+        tool calls, each call whole in one delta. fans: each prompt's requests (a batch of
+        prompts: one each); fan: (each prompt's submit arguments, n): a prompt's other choices
+        start after its first's first token (_more). Choice p n + j is prompt p's j-th; their
+        chunks interleave, told apart by index."""
         chat = shape["chat"]
 
         def event(i, delta, reason=None, first=False, lps=None, extra=None):
@@ -572,31 +605,29 @@ class OpenAIServer:
             except Exception as e:           # said as a failed choice, never lost
                 await queue.put((i, {"pieces": [], "state": "failed", "error": str(e)}))
 
+        subs, n = fan
         tasks = []
         try:
-            async with _cancel_on_disconnect(request, self.svc, rids[0]):
-                for i in range(fan[1]):
+            async with _cancel_on_disconnect(request, self.svc, fans):
+                for i in range(len(fans) * n):
                     if chat:
                         yield event(i, None, first=True)
-                    if shape["echo"]:
-                        yield event(i, shape["echo"])
-                tasks.append(asyncio.create_task(follow(0, rids[0])))
-                await self._more(rids, *fan)
-                tasks += [asyncio.create_task(follow(i, r)) for i, r in enumerate(rids[1:], 1)]
-                ended, usage = 0, None
-                while ended < len(rids):
+                    if shape["echo"][i // n]:
+                        yield event(i, shape["echo"][i // n])
+                tasks += [asyncio.create_task(follow(p * n, f[0])) for p, f in enumerate(fans)]
+                await asyncio.gather(*(self._more(f, sub, n) for f, sub in zip(fans, subs)))
+                tasks += [asyncio.create_task(follow(p * n + j, r))
+                          for p, f in enumerate(fans) for j, r in enumerate(f[1:], 1)]
+                ended, usage = 0, [None] * (len(fans) * n)
+                while ended < len(usage):
                     i, out = await queue.get()
                     for chunk in said(i, out):
                         yield chunk
                     if out["state"] in ENDED:
                         ended += 1
-                        u = out.get("usage")
-                        if u is not None:
-                            usage = dict(u) if usage is None else usage | {
-                                "completion_tokens": usage["completion_tokens"] + u["completion_tokens"],
-                                "total_tokens": usage["total_tokens"] + u["completion_tokens"]}
-                if include_usage and usage is not None:
-                    yield f"data: {json.dumps({**meta, 'choices': [], 'usage': usage})}\n\n"
+                        usage[i] = out.get("usage")
+                if include_usage and None not in usage:
+                    yield f"data: {json.dumps({**meta, 'choices': [], 'usage': _usage(usage, n)})}\n\n"
         finally:
             for t in tasks:
                 t.cancel()
