@@ -161,8 +161,10 @@ class Engine:
             # gives up its buffer and starts over later (at most one chunk's work), so that no
             # proactive chunk ever runs whole where a reactive arrival would wait for all of it
             part = self.part = None
-        # reactive chunks run whole in the first buffer
-        if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:]:
+        # reactive chunks run whole in the first buffer (and those whose every row's logits
+        # are asked for: prompt_logprobs)
+        if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:] \
+                or seq.params.prompt_logprobs is not None:
             self._prefill_chunk(seq)
             return False
         return self._prefill_spans(seq)
@@ -187,11 +189,27 @@ class Engine:
 
     def _prefill_chunk(self, seq: Sequence):
         t0 = time.perf_counter()
+        if seq.params.prompt_logprobs is not None:
+            return self._prefill_logged(seq, t0)
         rows, last = self._start_chunk(seq, self.config.prefill_chunk)
         self.doing = f"chunk {seq.priority} {len(rows)}"
         # the plan's chunk program where it takes these rows (runner.py), else the base processor
         logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False)
         self._end_chunk(seq, rows, last, logits, t0)
+
+    def _prefill_logged(self, seq: Sequence, t0: float):
+        """A prefill chunk whose every row's logits are kept (prompt_logprobs): at most a decode
+        batch's rows, as one (the rows of one sequence, as a step verifying drafts runs them);
+        each row's gives the logprob of the prompt's next token. A request re-prefilled after a
+        preemption logs only the rows it had not."""
+        rows, last = self._start_chunk(seq, min(self.config.prefill_chunk, self.runner.lay.max_seqs))
+        self.doing = f"chunk {seq.priority} {len(rows)} (prompt logprobs)"
+        logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=True)
+        logged = seq.sampler.prompt_logprobs
+        for i, (_, pos, _) in enumerate(rows):
+            if pos == len(logged) and pos + 1 < len(seq.prompt):
+                seq.sampler.log_prompt(logits[i], seq.prompt[pos + 1])
+        self._end_chunk(seq, rows, last, logits[len(rows) - 1:], t0)
 
     def _prefill_spans(self, seq: Sequence) -> bool:
         """Agent.xpu §4.4 ②: spans of about slice_s (the per-stage time learned from earlier

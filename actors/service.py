@@ -512,6 +512,8 @@ class Service:
             out["seen_logprobs"] = seen_logprobs + len(out["logprobs"])
         if seq.ended:
             out["timings"] = _timings(seq)
+            if seq.params.prompt_logprobs is not None:    # once, with the end
+                out["prompt_logprobs"] = self._logprobs(seq, 0, prompt=True)
         if seq.tools and seq.ended:           # the reply, read as models/tools.py's format
             from socllm.models.tools import parse_reply
             content, calls = parse_reply(seq.text)
@@ -520,14 +522,20 @@ class Service:
                 out["finish_reason"] = "tool_calls"
         return out
 
-    def _logprobs(self, seq: Sequence, start: int) -> list:
+    def _logprobs(self, seq: Sequence, start: int, prompt: bool = False) -> list:
         """[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}] (OpenAI's chat
-        shape) of the tokens chosen from `start` on, a stop token left out as the text leaves it."""
+        shape) of the tokens chosen from `start` on, a stop token left out as the text leaves it;
+        prompt: of the prompt's tokens instead (prompt_logprobs), the first with logprob and
+        top_logprobs None (nothing comes before it)."""
         tk, stops = self.pool.tokenizer, () if seq.ignore_eos else self.pool.stop_ids
 
         def entry(t: int, lp: float) -> dict:
             text = tk.decode([t])
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        if prompt:
+            return [entry(seq.prompt[0], None) | {"top_logprobs": None}] + [
+                entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
+                for t, lp, top in seq.sampler.prompt_logprobs]
         return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
                 for t, lp, top in seq.sampler.logprobs[start:] if t not in stops]
 

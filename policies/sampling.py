@@ -41,6 +41,8 @@ class SamplingParams:
     #                                       logit divided by it, a negative one multiplied (1: off)
     min_tokens: int = 0                   # no end token (EOS, stop_token_ids) before this many
     stop_token_ids: list | None = None    # more token ids that end the text, as EOS does (vLLM's)
+    prompt_logprobs: int | None = None    # None: none; k: each prompt token's (after the first)
+    #                                       logprob and the top k's there, teacher-forced (vLLM's)
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -71,12 +73,23 @@ class SamplingParams:
                     _token_id(k) is not None and isinstance(v, (int, float)) and not isinstance(v, bool)
                     and -100 <= v <= 100 for k, v in self.logit_bias.items()):
                 raise BadParam("logit_bias", "must map token ids to numbers in [-100, 100]")
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(
-                self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise BadParam("logprobs", f"must be a whole number of top tokens in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or not 0 <= v <= MAX_LOGPROBS):
+                raise BadParam(name, f"must be a whole number of top tokens in [0, {MAX_LOGPROBS}]")
 
 
 MAX_LOGPROBS = 20                 # OpenAI's (and vLLM's default) most top_logprobs
+
+
+def _entry(logits: np.ndarray, tok: int, k: int) -> tuple:
+    """(tok, its logprob, [(id, logprob)] of the k likeliest, likeliest first) from logits [V]."""
+    z = logits.astype(np.float64)
+    lse = z.max() + np.log(np.exp(z - z.max()).sum())
+    top = np.argpartition(-z, k)[:k] if k else np.empty(0, int)
+    top = top[np.argsort(-z[top])]
+    return tok, float(z[tok] - lse), [(int(t), float(z[t] - lse)) for t in top]
 
 
 def _not_number(v) -> bool:
@@ -100,6 +113,7 @@ class Sampler:
         self.counts: dict = {}                 # token -> times chosen (the penalties)
         self.bias = {_token_id(k): float(v) for k, v in (params.logit_bias or {}).items()}
         self.logprobs: list = []               # per token chosen: (id, logprob, [(id, logprob)])
+        self.prompt_logprobs: list = []        # prompt token j + 1's, the same (prompt_logprobs)
         self.repeat = params.repetition_penalty != 1.0
         self.seen = set(int(t) for t in prompt) if self.repeat else set()   # prompt and text
         self.seen_ids = None                   # self.seen as an array, made again when it grows
@@ -146,12 +160,13 @@ class Sampler:
         return out
 
     def _log(self, logits: np.ndarray, tok: int):
-        z = logits.astype(np.float64)
-        lse = z.max() + np.log(np.exp(z - z.max()).sum())
-        k = self.p.logprobs
-        top = np.argpartition(-z, k)[:k] if k else np.empty(0, int)
-        top = top[np.argsort(-z[top])]
-        self.logprobs.append((tok, float(z[tok] - lse), [(int(t), float(z[t] - lse)) for t in top]))
+        self.logprobs.append(_entry(logits, tok, self.p.logprobs))
+
+    def log_prompt(self, logits: np.ndarray, tok: int):
+        """The prompt's next token `tok` as the model saw it from these logits [V] (the row
+        before it, teacher-forced): its logprob and the top prompt_logprobs' (the model's
+        distribution: no penalty, bias or temperature)."""
+        self.prompt_logprobs.append(_entry(logits, tok, self.p.prompt_logprobs))
 
     def _draw(self, logits: np.ndarray) -> int:
         if self.p.temperature == 0.0:

@@ -325,14 +325,17 @@ def test_logprobs_are_the_oracles_and_top_logprobs_rank_them(oa, oracle, tokeniz
 
 
 def test_completions_logprobs_and_echo(oa):
+    """echo with logprobs, read by the official client: the prompt's tokens, then the reply's
+    (OpenAI's legacy completions), the first token without a logprob."""
     prompt = "The capital of France is"
     r = oa.completions.create(model="m", prompt=prompt, max_tokens=5, logprobs=2, echo=True, temperature=0)
     c = r.choices[0]
     assert c.text.startswith(prompt)
-    lp = c.logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
-    assert "".join(lp.tokens) == c.text[len(prompt):] and lp.text_offset[0] == len(prompt)
-    assert all(len(t) <= 2 for t in lp.top_logprobs)
+    lp, n = c.logprobs, r.usage.prompt_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + r.usage.completion_tokens
+    assert "".join(lp.tokens) == c.text and lp.text_offset[n] == len(prompt)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) <= 2 for t in lp.top_logprobs[1:])
 
 
 def test_logit_bias_and_penalties_change_the_text(oa, tokenizer):

@@ -174,9 +174,27 @@ def test_min_tokens_holds_the_end_tokens_back():
                                         ({"min_tokens": 65}, "min_tokens"),
                                         ({"min_tokens": -1}, "min_tokens"),
                                         ({"stop_token_ids": [1, -1]}, "stop_token_ids"),
-                                        ({"stop_token_ids": 5}, "stop_token_ids")])
+                                        ({"stop_token_ids": 5}, "stop_token_ids"),
+                                        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+                                        ({"prompt_logprobs": True}, "prompt_logprobs")])
 def test_out_of_range_parameters_are_refused(kw, needle):
     """Named as the caller names them: a field here (Python, HTTP), a flag on the command line."""
     with pytest.raises(ValueError, match=needle) as e:
         SamplingParams(**kw)
     assert "--" not in str(e.value)
+
+
+def test_a_prompt_tokens_logprob_is_the_models_log_softmax_whatever_the_sampling():
+    """prompt_logprobs: the prompt's next token and the top k under the model's distribution, as
+    the row before it gives it: no penalty, bias or temperature of the request's sampling."""
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=50).astype(np.float32)
+    s = Sampler(SamplingParams(prompt_logprobs=3, temperature=1.7, presence_penalty=1.0,
+                               logit_bias={"7": 50}, repetition_penalty=1.5), prompt=[7, 9])
+    s.log_prompt(z, 9)
+    (tok, lp, top), = s.prompt_logprobs
+    want = z.astype(np.float64) - np.log(np.exp(z.astype(np.float64)).sum())
+    assert tok == 9 and lp == pytest.approx(want[9])
+    assert [t for t, _ in top] == list(np.argsort(-want)[:3])
+    assert [v for _, v in top] == pytest.approx(list(np.sort(want)[::-1][:3]))
+    assert s.logprobs == [] and s.drawn == 0          # nothing was drawn

@@ -648,6 +648,44 @@ def test_a_batch_of_prompts_gets_a_choice_per_prompt_in_order(served, client, or
     assert [after[k] for k in live] == [before[k] for k in live], (before, after)
 
 
+def test_echo_with_logprobs_gives_every_prompt_token_its_logprob(served, oracle, tokenizer):
+    """OpenAI's completions with echo and logprobs (what evaluation harnesses send to score a
+    text): the prompt's tokens come first, the first with no logprob, each other's the oracle's
+    teacher-forced log-softmax at the row before it (f32) and its top alternative the oracle's
+    likeliest there; then the reply's tokens, whose text is the plain greedy reply. The prompt
+    runs in several chunks (longer than the service's decode rows) across a block boundary, and
+    the same again once its blocks are in the prefix cache. Streamed, it is a 400."""
+    import requests
+    url = served[1] + "/v1/completions"
+    text = STORY + (" there was a little girl who lived in a village near the forest. Whenever "
+                    "she went out, she wore a red riding cloak, so everyone called her Red.")
+    ids = tokenizer.encode(text, bos=tokenizer.add_bos)
+    assert len(ids) > 32
+    z = oracle.logits_for(ids).astype(np.float64)
+    lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
+    want = [z[j - 1, ids[j]] - lse[j - 1] for j in range(1, len(ids))]
+    reply = _want(oracle, tokenizer, text, 3)
+    for _ in range(2):
+        r = requests.post(url, json={"prompt": text, "max_tokens": 3, "echo": True, "logprobs": 2},
+                          timeout=180)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        lp, n = c["logprobs"], len(ids)
+        assert c["text"] == text + reply
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["tokens"][:n] == [tokenizer.decode([t]) for t in ids]
+        np.testing.assert_allclose(lp["token_logprobs"][1:n], want, atol=5e-3)
+        for j in range(n - 1):
+            top2 = np.sort(z[j])[-2:]
+            if top2[1] - top2[0] > 0.05:              # no near-tie at the top
+                assert next(iter(lp["top_logprobs"][j + 1])) == tokenizer.decode([int(np.argmax(z[j]))])
+        assert len(lp["tokens"]) > n and all(v is not None for v in lp["token_logprobs"][n:])
+        assert lp["text_offset"][n] == len(text)
+    r = requests.post(url, json={"prompt": text, "max_tokens": 3, "echo": True, "logprobs": 1,
+                                 "stream": True}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
+
+
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
     import requests
     want = client.generate("Once upon a time", max_tokens=48)

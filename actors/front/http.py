@@ -235,6 +235,11 @@ def parse(body, chat: bool) -> dict:
             raise BadRequest("'top_logprobs' is for chat; completions take 'logprobs': k", "top_logprobs")
         if _typed(body, "echo", bool, None, "a boolean"):
             req["echo"] = True
+            if lp is not None:                   # OpenAI's: the echoed prompt's tokens' too
+                if body.get("stream"):
+                    raise BadRequest("'echo' with 'logprobs' (the prompt's logprobs) is answered "
+                                     "in a reply that is not streamed", "stream")
+                req["prompt_logprobs"] = lp
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     if mt is not None:
         req["max_tokens"] = _typed({"max_tokens": mt}, "max_tokens", int, lambda v: v >= 1,
@@ -329,17 +334,21 @@ def _refused(e: ray.exceptions.RayTaskError):
     return _error(f"the service failed: {type(cause or e).__name__}", status=503, kind="server_error")
 
 
-def _logprobs(entries: list, chat: bool, offset: int):
+def _logprobs(entries: list, chat: bool, offset: int, prompt: list | None = None):
     """The tokens' logprobs in OpenAI's shapes: chat {content: [...]}; completions {tokens,
-    token_logprobs, top_logprobs, text_offset} (offset: where the generated text starts)."""
+    token_logprobs, top_logprobs, text_offset} (offset: where the generated text starts; prompt:
+    the echoed prompt's tokens' before them, from offset 0, the first's logprob None)."""
     if chat:
         return {"content": entries, "refusal": None}
-    offsets, at = [], offset
-    for e in entries:
-        offsets.append(at)
-        at += len(e["token"])
+    offsets = []
+    for part, at in ((prompt or [], 0), (entries, offset)):
+        for e in part:
+            offsets.append(at)
+            at += len(e["token"])
+    entries = (prompt or []) + entries
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [None if e["top_logprobs"] is None else
+                             {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}
 
 
@@ -515,7 +524,8 @@ class OpenAIServer:
                 return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
             echoed = echoes[i // n] or ""
             choice = {"index": i, "finish_reason": _reason(out),
-                      "logprobs": _logprobs(lps, chat, len(echoed)) if shape["logprobs"] else None}
+                      "logprobs": _logprobs(lps, chat, len(echoed), out.get("prompt_logprobs"))
+                      if shape["logprobs"] else None}
             choice.update({"message": _message(text, out)} if chat else {"text": echoed + text})
             choices.append(choice)
         return {**meta, "object": "chat.completion" if chat else "text_completion",
