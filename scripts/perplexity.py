@@ -23,6 +23,10 @@ Engines (--runs, a comma list; the same windows and token ids for each):
                     teacher-forced through the GPU's one-row paged decode steps at precision P
                     (Pool.logits_after: what a precision changes; prefill computes in f32),
                     f32 KV cache
+  http:URL          a running service's OpenAI endpoint (`socllm serve`, at its own precision):
+                    every window in one batched /v1/completions request, as token ids, with echo
+                    and logprobs (the prompt's tokens' logprobs, as evaluation harnesses score a
+                    text); no top-1 (the reply names tokens by their text, not their ids)
   served:P          the service's paged steps (actors/runner.py Runner, KV dtype of P as the
                     service picks it): --rows windows teacher-forced together, one row each per
                     decode batch, so the batched kernels run (a short last group repeats a window)
@@ -105,6 +109,19 @@ def score_windows(logits_of, ids: list[int], window: int) -> tuple[np.ndarray, n
     """logits_of(window ids) -> [T, vocab]; -> (NLL of every scored token [S], argmax there [S])."""
     parts = [nll_of(w, logits_of(w)) for w in windows(ids, window)]
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def http_score(url: str, ids: list[int], window: int) -> tuple[np.ndarray, None]:
+    """The windows' NLL from a service's /v1/completions: one request, a prompt per window (token
+    ids), echo with logprobs 0; each window's prompt logprobs after its first token."""
+    import requests
+    ws = windows(ids, window)
+    r = requests.post(url.rstrip("/") + "/v1/completions", timeout=3600, json={
+        "prompt": ws, "max_tokens": 1, "echo": True, "logprobs": 0, "temperature": 0})
+    r.raise_for_status()
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    return -np.concatenate([np.array(c["logprobs"]["token_logprobs"][1:len(w)], np.float64)
+                            for c, w in zip(choices, ws)]), None
 
 
 def score(oracle: Oracle, ids: list[int], window: int) -> tuple[np.ndarray, np.ndarray]:
@@ -387,6 +404,8 @@ def run_engines(a, reader, cfg, ids) -> dict:
                 greedy[name] = [eng.generate_ids(p, plan="gpu", precision=prec,
                                                  max_tokens=a.greedy_tokens, ignore_eos=True)["tokens"]
                                 for p in prompts]
+        elif kind == "http":
+            keep(name, lambda: http_score(prec, ids, a.window), t0)
         elif kind == "served":
             if a.no_ppl:
                 keep(name, None, t0)
