@@ -43,10 +43,14 @@ def embedding_rows(model_path: str, rows: np.ndarray) -> np.ndarray:
     t = next(t for t in reader.tensors if t.name == "token_embd.weight")
     cols, n = (int(x) for x in t.shape)
     kind = t.tensor_type.name
+    # those rows' bytes only (a row is whole blocks): a copy of the whole table (27 MB for
+    # SmolLM2's Q8_0 codes) would stay in the service's memory, at the top of a thread's
+    # malloc arena that malloc_trim does not give back
+    raw, k = np.asarray(t.data).reshape(n, -1)[rows], len(rows)
     if kind == "Q8_0":
-        w = repack_q8_0(t.data, n, cols)
-        out = dequant_q8_0(w["qs"][rows], w["d"][rows])
+        w = repack_q8_0(raw, k, cols)
+        out = dequant_q8_0(w["qs"], w["d"])
     else:
-        w = float_matrix(kind, t.data, n, cols) if kind in ("F32", "F16", "BF16") else planar(kind, t.data, n, cols)
-        out = _dequant(w)[rows]
+        w = float_matrix(kind, raw, k, cols) if kind in ("F32", "F16", "BF16") else planar(kind, raw, k, cols)
+        out = _dequant(w)
     return np.ascontiguousarray(out, dtype=np.float32)
