@@ -626,7 +626,7 @@ def test_a_batch_of_prompts_gets_a_choice_per_prompt_in_order(served, client, or
     assert r["usage"]["completion_tokens"] == 2 * sum(made), (r["usage"], made)
     got, usage = {}, None
     with requests.post(url, stream=True, timeout=180, json={
-            "prompt": [STORY, FRANCE], "max_tokens": 8, "stream": True,
+            "prompt": [STORY, FRANCE], "max_tokens": 8, "stream": True, "n": 2,
             "stream_options": {"include_usage": True}}) as s:
         for line in s.iter_lines():
             if line.startswith(b"data: ") and line != b"data: [DONE]":
@@ -634,10 +634,13 @@ def test_a_batch_of_prompts_gets_a_choice_per_prompt_in_order(served, client, or
                 for c in chunk["choices"]:
                     got[c["index"]] = got.get(c["index"], "") + c["text"]
                 usage = chunk.get("usage") or usage
-    assert got == {0: want[2], 1: want[0]}, got
+    assert got == {0: want[2], 1: want[2], 2: want[0], 3: want[0]}, got
     assert usage["prompt_tokens"] == len(tokenizer.encode(STORY)) + len(tokenizer.encode(FRANCE))
+    assert usage["completion_tokens"] == 2 * (made[0] + made[2]), (usage, made)
     r = requests.post(url, json={"prompt": ["hi"] * 65, "max_tokens": 1}, timeout=60)
     assert r.status_code == 400 and "65 prompts" in r.json()["error"]["message"], r.text
+    r = requests.post(url, json={"prompt": ["hi"] * 20, "n": 7, "max_tokens": 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
     import ray
     before = ray.get(client.service.status.remote())["requests"]
     r = requests.post(url, json={"prompt": [COUNT, [10 ** 9]], "max_tokens": 300}, timeout=60)
@@ -665,12 +668,13 @@ def test_echo_with_logprobs_gives_every_prompt_token_its_logprob(served, oracle,
     lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
     want = [z[j - 1, ids[j]] - lse[j - 1] for j in range(1, len(ids))]
     reply = _want(oracle, tokenizer, text, 3)
-    for _ in range(2):
-        r = requests.post(url, json={"prompt": text, "max_tokens": 3, "echo": True, "logprobs": 2},
-                          timeout=180)
+    for k in (1, 2):                                 # the second: n 2, the prompt's blocks cached
+        r = requests.post(url, json={"prompt": text, "max_tokens": 3, "echo": True, "logprobs": 2,
+                                     "n": k}, timeout=180)
         assert r.status_code == 200, r.text
-        c = r.json()["choices"][0]
+        c, *more = r.json()["choices"]
         lp, n = c["logprobs"], len(ids)
+        assert [m["logprobs"]["token_logprobs"][:n] for m in more] == [lp["token_logprobs"][:n]] * (k - 1)
         assert c["text"] == text + reply
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
         assert lp["tokens"][:n] == [tokenizer.decode([t]) for t in ids]

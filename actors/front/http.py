@@ -136,6 +136,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
 NEUTRAL = {"best_of": (1,), "suffix": ("",)}
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
+MAX_CHOICES = 128         # prompts x n of one request (the service keeps 256 ended requests)
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
@@ -293,6 +294,16 @@ def _message(text: str, out: dict) -> dict:
     return msg
 
 
+async def _all(*aws) -> list:
+    """asyncio.gather that lets every awaitable finish (or fail) before it raises the first
+    failure: none goes on submitting or polling behind a reply that has already ended."""
+    out = await asyncio.gather(*aws, return_exceptions=True)
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out
+
+
 def _usage(each: list, n: int) -> dict:
     """A reply's usage from each choice's (n a prompt, prompts in order): the prompts' tokens
     once a prompt, every choice's completion tokens; the first prompt's cache details."""
@@ -300,9 +311,9 @@ def _usage(each: list, n: int) -> dict:
     usage["prompt_tokens"] = sum(u["prompt_tokens"] for u in each[::n])
     usage["completion_tokens"] = sum(u["completion_tokens"] for u in each)
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    if len(each) > n and "prompt_tokens_details" in usage:
-        usage["prompt_tokens_details"] = {"cached_tokens": sum(
-            u.get("prompt_tokens_details", {}).get("cached_tokens", 0) for u in each[::n])}
+    for name, of in (("prompt_tokens_details", each[::n]), ("completion_tokens_details", each)):
+        if name in usage:
+            usage[name] = {k: sum(u.get(name, {}).get(k, 0) for u in of) for k in usage[name]}
     return usage
 
 
@@ -486,14 +497,20 @@ class OpenAIServer:
             args = parse(body, chat)
             n, echo = args.pop("n", 1), args.pop("echo", False)
             subs = [dict(args, **one) for one in args.pop("batch", [{}])]   # a prompt each
+            if len(subs) * n > MAX_CHOICES:
+                raise BadRequest(f"{len(subs)} prompts x n {n} = {len(subs) * n} choices; this "
+                                 f"service gives at most {MAX_CHOICES} in one request", "n")
             for sub in subs:
                 rids.append(await self.svc.submit.remote(**sub))
             echoes = [await self._echo(sub) if echo else None for sub in subs]
-        except (BadRequest, ray.exceptions.RayTaskError) as e:
+        except BaseException as e:
             for r in rids:                               # a batch's prompts taken before it
                 self.svc.cancel.remote(r)
-            return _error(str(e), e.param, e.status, code=e.code) if isinstance(e, BadRequest) \
-                else _refused(e)
+            if isinstance(e, BadRequest):
+                return _error(str(e), e.param, e.status, code=e.code)
+            if isinstance(e, ray.exceptions.RayTaskError):
+                return _refused(e)
+            raise
         meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rids[0]}", "created": int(time.time()),
                 "model": self.model,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
@@ -505,13 +522,20 @@ class OpenAIServer:
             return _ClosingStream(self._events(fans, meta, shape, request, usage, (subs, n)),
                                   lambda: [self.svc.cancel.remote(r) for f in fans for r in f],
                                   media_type="text/event-stream")
+        async def choices_of(f: list, sub: dict) -> list:
+            """A prompt's n choices, each read from its start (a request nobody polls is
+            abandoned after abandon_s)."""
+            first = asyncio.create_task(self._gather(f[0]))
+            try:
+                await self._more(f, sub, n)
+            except BaseException:
+                first.cancel()
+                raise
+            return await _all(first, *(self._gather(r) for r in f[1:]))
         try:
             async with _cancel_on_disconnect(request, self.svc, fans):
-                firsts = [asyncio.create_task(self._gather(f[0])) for f in fans]
-                await asyncio.gather(*(self._more(f, sub, n) for f, sub in zip(fans, subs)))
-                results = []
-                for first, f in zip(firsts, fans):
-                    results += [await first, *[await self._gather(r) for r in f[1:]]]
+                parts = await _all(*(choices_of(f, sub) for f, sub in zip(fans, subs)))
+                results = [r for part in parts for r in part]
         except ray.exceptions.RayTaskError as e:
             return _refused(e)
         finally:
@@ -523,8 +547,9 @@ class OpenAIServer:
             if out["state"] == "failed":
                 return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
             echoed = echoes[i // n] or ""
+            prompt_lps = results[i - i % n][1].get("prompt_logprobs")   # the prompt's first choice's
             choice = {"index": i, "finish_reason": _reason(out),
-                      "logprobs": _logprobs(lps, chat, len(echoed), out.get("prompt_logprobs"))
+                      "logprobs": _logprobs(lps, chat, len(echoed), prompt_lps)
                       if shape["logprobs"] else None}
             choice.update({"message": _message(text, out)} if chat else {"text": echoed + text})
             choices.append(choice)
@@ -556,6 +581,7 @@ class OpenAIServer:
         again. Each its own seed where one was given (seed + i)."""
         if n > 1:
             await self.svc.poll.remote(rids[0], 0, 600.0, 0.0)
+            args = {k: v for k, v in args.items() if k != "prompt_logprobs"}   # the first's serve
             for i in range(1, n):
                 more = dict(args, seed=args["seed"] + i) if args.get("seed") is not None else args
                 rids.append(await self.svc.submit.remote(**more, queue_bound=False))
@@ -624,10 +650,12 @@ class OpenAIServer:
                         yield event(i, None, first=True)
                     if shape["echo"][i // n]:
                         yield event(i, shape["echo"][i // n])
+                async def fan_out(p: int, f: list, sub: dict):
+                    await self._more(f, sub, n)       # each choice followed once it starts
+                    tasks.extend(asyncio.create_task(follow(p * n + j, r))
+                                 for j, r in enumerate(f[1:], 1))
                 tasks += [asyncio.create_task(follow(p * n, f[0])) for p, f in enumerate(fans)]
-                await asyncio.gather(*(self._more(f, sub, n) for f, sub in zip(fans, subs)))
-                tasks += [asyncio.create_task(follow(p * n + j, r))
-                          for p, f in enumerate(fans) for j, r in enumerate(f[1:], 1)]
+                await _all(*(fan_out(p, f, sub) for p, (f, sub) in enumerate(zip(fans, subs))))
                 ended, usage = 0, [None] * (len(fans) * n)
                 while ended < len(usage):
                     i, out = await queue.get()
@@ -636,7 +664,8 @@ class OpenAIServer:
                     if out["state"] in ENDED:
                         ended += 1
                         usage[i] = out.get("usage")
-                if include_usage and None not in usage:
+                if include_usage and usage[0] is not None:   # a failed choice's counts as none
+                    usage = [u or {"prompt_tokens": 0, "completion_tokens": 0} for u in usage]
                     yield f"data: {json.dumps({**meta, 'choices': [], 'usage': _usage(usage, n)})}\n\n"
         finally:
             for t in tasks:

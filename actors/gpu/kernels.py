@@ -382,7 +382,8 @@ class CLKernels(MoELaunches):
         (cl/batch.cl), a build per K holding a kernel per rows a work-item takes (_tile_rows)."""
         K, M, (_, qs, d, m) = a["K"], a["M"], a["w"]
         tn, row_bytes = self._tile_rows(K, N)
-        ks = self._kernels(64, self.rows_act[2], None, f"-DTILE_K={K} -DTILE_ROW_BYTES={row_bytes}")
+        ks = self._kernels(64, self.rows_act[2], None,
+                           f"-DTILE_K={K} -DTILE_ROW_BYTES={row_bytes} -DTILE_ALL_N")
         self._prep_rows(a["x"][1], K, N, round_up(N, tn), row_bytes, ks)
         # int8 on AVX512-VNNI: 16 weight rows a work-item, one vpdpbusd512 for 64 products
         name, w = (f"linear_tile16_n{tn}", 16) if M % 16 == 0 and f"linear_tile16_n{tn}" in ks \

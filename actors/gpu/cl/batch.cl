@@ -387,8 +387,9 @@ TILE_INLINE void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d
 // above, tn rows a work-item. global (M / 8 rounded up to LIN_R, ceil(N / tn)), local (LIN_R, 1).
 // linear_tile16_n<tn> (int8 builds on x86 with AVX512-VNNI and AVX512BW only): 16 weight rows a
 // work-item (tile_rows16; M a multiple of 16), global (M / 16 rounded up to LIN_R, ceil(N / tn)).
-// Built for one K only (TILE_K: CLKernels._linear_tile), for each tn of TILE_NS (gpu/kernels.py).
-#if (ACT_BITS == 8 || ACT_BITS == 16) && defined(TILE_K)
+// Built for one K only (TILE_K) and only in CLKernels._linear_tile's builds (TILE_ALL_N: not
+// MoE's, which define TILE_K too), for each tn of TILE_NS (gpu/kernels.py).
+#if (ACT_BITS == 8 || ACT_BITS == 16) && defined(TILE_K) && defined(TILE_ALL_N)
 #define LINEAR_TILE(name, tile, w, tn) \
 __kernel void name(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o, ulong out_o, \
                    int K, int M, int N, int ld, ulong rows_o, int row_bytes) \
