@@ -15,6 +15,7 @@ stream early (break, close, or cancelling the asyncio task) cancels the request 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import secrets
 import threading
 import time
@@ -52,7 +53,11 @@ class PollHub:
         queue = self.queues[rid] = asyncio.Queue()
         self.asks[rid] = [0, 0]
         if self.task is None or self.task.done():
-            self.task = asyncio.get_running_loop().create_task(self._run())
+            # in a context of its own: created in this stream's, Ray counts its poll_many calls as
+            # children of this stream's request, and Serve's cancelling that request when its
+            # client disconnects (recursively) cancelled the call every other stream waited on
+            self.task = asyncio.get_running_loop().create_task(self._run(),
+                                                               context=contextvars.Context())
         elif self.calling:
             self.svc.poke.remote(self.id)        # the call in flight does not ask for it
         try:
@@ -74,6 +79,8 @@ class PollHub:
             self.calling = True
             try:
                 answers = await self.svc.poll_many.remote(self.id, asks, POLL_S)
+            except ray.exceptions.TaskCancelledError:
+                continue                          # the call, not the streams: call again
             except Exception as e:
                 err = _cause(e) if isinstance(e, ray.exceptions.RayTaskError) else e
                 for queue in self.queues.values():
