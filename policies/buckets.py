@@ -75,26 +75,33 @@ def const_weights(phase: str, bucket: int) -> bool:
 
 
 # q16 / q8 (int16 / int8 activations in the GPU's decode GEMVs) have no OpenVINO hint of their
-# own. A dense model's prefill chunks compute in bf16 there, 16-bit activations as an NPU's fp16
-# (where the device computes bf16: npu_prefill_act, below); every other graph
-# (decode steps, MoE layers, whose router's top-k a bf16 rounding flips: a logit off by 22 % of
-# its scale in a decode batch, measured) stays f32, as f32 does everywhere. Measured on a 2-core
-# Zen 5 (avx512_bf16), a 512-row first chunk of the default model: 1,514 -> 2,213 tok/s; over 20
-# windows of 256 tokens, KL(oracle || last row) 4.8e-4 nats, every top-1 the oracle's (the GPU's
-# q8 chunks: 1.4e-3). OpenVINO's dynamic quantization (int8 activations per 32) is not used: it
-# takes no FullyConnected whose weights have a float zero point (Q4_1's min), and with the min
-# split out of the weights it cost 8.0e-3 nats for 1.1x more speed.
-NPU_PREFILL_ACT = {"q8": "bf16", "q16": "bf16"}   # precision -> the NPU's prefill activations
+# own. A dense model's prefill chunks on the NPU (npu_prefill_act, below):
+# - q16: bf16, 16-bit activations as an NPU's fp16, where the device computes bf16. Measured on a
+#   2-core Zen 5 (avx512_bf16), a 512-row first chunk of the default model: 1,514 -> 2,213 tok/s;
+#   over 20 windows of 256 tokens, KL(oracle || last row) 4.8e-4 nats, every top-1 the oracle's.
+# - q8: int8 activations, as the GPU's q8 tiles: OpenVINO's dynamic quantization (per 32 columns,
+#   NPU_DQ_GROUP) in the whole-model graph, whose Q4_1 weights are split so that it takes them
+#   (npu/weights.py linear); the lm-head stays f32. Measured on the 2-core Emerald Rapids VM (no
+#   bf16; capabilities FP32, INT8), 512-row first chunk: 696 -> 496 ms against f32; 20 windows of
+#   256 tokens: KL 1.57e-3 mean, 4.2e-3 the largest, every top-1 the oracle's (the GPU's q8 chunks
+#   1.37e-3, the same run). Not for q16: no one kind of linear holds the error (f32 down
+#   projections 1.1e-3, f32 gate and up 9.5e-4), so it stays 3x bf16's.
+# Every other graph (decode steps, MoE layers, whose router's top-k a bf16 rounding flips: a logit
+# off by 22 % of its scale in a decode batch, measured) stays f32, as f32 does everywhere.
+NPU_PREFILL_ACT = {"q8": "i8", "q16": "bf16"}   # precision -> the NPU's prefill activations
+NPU_DQ_GROUP = 32          # the columns of one int8 scale ("i8": DYNAMIC_QUANTIZATION_GROUP_SIZE)
 
 
 def npu_prefill_act(precision: str, capabilities) -> str:
     """OpenVINO's inference precision for a dense prefill chunk at this precision, on a device
-    with these OPTIMIZATION_CAPABILITIES: NPU_PREFILL_ACT's bf16 only where the device computes
-    bf16 (BF16 among them). Elsewhere the hint computes f32 anyway, and slower: on a 2-core Emerald
-    Rapids VM without avx512_bf16 (capabilities FP32, INT8), the default model's 512-row
-    whole-model graph took 1,926 ms with the bf16 hint against 483 with f32 (median of 3,
-    `profile_prefill --bucket 512`)."""
+    with these OPTIMIZATION_CAPABILITIES ("i8": f32 with dynamic quantization): NPU_PREFILL_ACT's
+    i8 where the device computes INT8, else its bf16 where it computes BF16, else f32. A bf16 hint
+    elsewhere computes f32 anyway, and slower: on a 2-core Emerald Rapids VM without avx512_bf16
+    (capabilities FP32, INT8), the default model's 512-row whole-model graph took 1,926 ms with
+    the bf16 hint against 483 with f32 (median of 3, `profile_prefill --bucket 512`)."""
     act = NPU_PREFILL_ACT.get(precision, "f32")
+    if act == "i8" and "INT8" not in capabilities:
+        act = "bf16"
     return act if act != "bf16" or "BF16" in capabilities else "f32"
 
 

@@ -1,6 +1,6 @@
 """Where an NPU prefill chunk's time goes: per segment (one compiled OpenVINO graph each).
 
-    python -m socllm.scripts.profile_prefill [--bucket 512] [--pos0 0] [--reps 4]
+    python -m socllm.scripts.profile_prefill [--bucket 512] [--pos0 0] [--reps 4] [--precision q16]
 
 Runs the npu plan's prefill program for one bucket in this process, on a pool laid out as the
 engine lays it out (no Ray), and times each unit. At pos0 = 0 a chunk of a whole-graph bucket
@@ -22,7 +22,7 @@ from socllm.policies.config import EngineConfig
 from .profile_decode import apply_budget
 
 
-def build(bucket: int, per_layer: bool, ops: bool = False):
+def build(bucket: int, per_layer: bool, ops: bool = False, precision: str = "q16"):
     from socllm.actors.npu import backend as npu_mod
     if ops:                           # every graph compiled with OpenVINO's profiling on
         from socllm.actors.npu import segment
@@ -33,7 +33,7 @@ def build(bucket: int, per_layer: bool, ops: bool = False):
     arena, lay, prog = pool_program("npu", "prefill", bucket)
     npu = npu_mod.NPUBackend(arena.buf, lay, config.budget, config=config)
     t = time.perf_counter()
-    units = npu.build_units(prog, "q16")
+    units = npu.build_units(prog, precision)
     names = [f"whole model, one graph ({len(seg.tasks)} ops)" if len(seg.tasks) > 20
              else "+".join(op for op, _ in seg.tasks) for seg in npu.segments]
     return arena, lay, units, names, time.perf_counter() - t, npu
@@ -60,10 +60,12 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--per-layer", action="store_true", help="per-layer graphs even at pos0 = 0")
     ap.add_argument("--ops", action="store_true", help="OpenVINO's profile by node type")
+    ap.add_argument("--precision", default="q16", help="f32, q16 or q8 (policies/buckets.py "
+                    "npu_prefill_act: what the NPU's prefill computes in)")
     args = ap.parse_args(argv)
     apply_budget()
     import psutil
-    arena, lay, units, names, build_s, npu = build(args.bucket, args.per_layer, args.ops)
+    arena, lay, units, names, build_s, npu = build(args.bucket, args.per_layer, args.ops, args.precision)
     try:
         B = args.bucket
         ids = arena.buf[lay.io["ids"]: lay.io["ids"] + B * 4].view(np.int32)

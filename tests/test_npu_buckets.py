@@ -30,10 +30,12 @@ def test_kv_bucket_never_passes_the_capacity():
 @pytest.mark.parametrize("precision,caps,want", [
     ("q16", {"FP32", "BF16", "INT8"}, "bf16"), ("q8", {"FP32", "BF16"}, "bf16"),
     ("q16", {"FP32", "INT8", "BIN"}, "f32"), ("q8", {"FP32"}, "f32"),
-    ("f32", {"FP32", "BF16"}, "f32"), ("bf16", {"FP32"}, "f32")])
+    ("q8", {"FP32", "INT8"}, "i8"), ("q8", {"FP32", "BF16", "INT8"}, "i8"),
+    ("f32", {"FP32", "BF16", "INT8"}, "f32"), ("bf16", {"FP32"}, "f32")])
 def test_the_npus_prefill_is_bf16_only_where_the_device_computes_it(precision, caps, want):
     """q16 / q8 prefill graphs hint bf16 only on a device whose capabilities include BF16; on
-    one without (an AVX-512 CPU without avx512_bf16), f32, which it computes anyway and 4x faster."""
+    one without (an AVX-512 CPU without avx512_bf16), f32, which it computes anyway and 4x faster.
+    q8's take int8 activations (dynamic quantization) where the device computes INT8."""
     assert npu_prefill_act(precision, caps) == want
 
 

@@ -12,7 +12,7 @@ import time
 
 from socllm.graph.program import StepProgram, segment_live_out
 from socllm.graph.seqcut import part_rows
-from socllm.policies.buckets import const_weights, npu_prefill_act, whole_graph
+from socllm.policies.buckets import NPU_DQ_GROUP, const_weights, npu_prefill_act, whole_graph
 
 from socllm.actors.npu.experts import GroupedExperts, moe_ffn_runs, moe_plan
 from socllm.actors.worker import Unit
@@ -89,6 +89,11 @@ class NPUBackend:
             else "f32"
         if prog.phase in PREFILL_PHASES:
             self.prefill_hint = hint           # the last prefill program's (describe, tests)
+        # int8 activations (q8): OpenVINO's dynamic quantization in the whole-model graph, whose
+        # constant weights it can take (npu/weights.py linear), f32 elsewhere and in the lm-head
+        whole_config = {**config, "DYNAMIC_QUANTIZATION_GROUP_SIZE": NPU_DQ_GROUP} \
+            if hint == "i8" else config
+        hint = "f32" if hint == "i8" else hint
         paged = any("btab" in t.args for t in tasks)
         if tasks and self.kv_dtype != "f32" and not paged:
             raise ValueError(f"the NPU's contiguous graphs read an f32 KV cache, this pool's is "
@@ -113,7 +118,7 @@ class NPUBackend:
                 and _straight(body) and not seq_cut:
             # a prompt's first chunk: the whole model as one graph (policies/buckets.const_weights);
             # the per-layer graphs of later chunks are compiled when one first comes
-            whole = self._unit(prog, [t for seg in body for t in seg], hint, config, True,
+            whole = self._unit(prog, [t for seg in body for t in seg], hint, whole_config, True,
                                cache=False, whole=True)
             per_layer = functools.cache(lambda: [self._unit(prog, seg, hint, config, const) for seg in body])
             run = _first_chunk(whole.run, per_layer)

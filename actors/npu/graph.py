@@ -18,13 +18,14 @@ class Graph(Weights):
     are reused across layers), so `vals` holds the latest in-graph value of each offset."""
 
     def __init__(self, arena: np.ndarray, B: int, kv_len: int, const_weights: bool = False,
-                 pool: dict | None = None, per_row: bool = False):
-        """pool: {"kv_dtype", "kv_rows", "max_seqs"}, the KV region's element type, its rows per
+                 pool: dict | None = None, per_row: bool = False, split_min: bool = False):
+        """split_min: Q4_1 constants as Weights.linear splits them (a graph compiled with dynamic
+        quantization). pool: {"kv_dtype", "kv_rows", "max_seqs"}, the KV region's element type, its rows per
         layer and the block tables' rows: a paged step's attention gathers its rows from the
         whole region through its sequence's block table. per_row: a paged decode batch, every
         row of its own sequence at its own position (kv_batch), not a chunk of one sequence."""
         self.arena, self.B, self.kv_len = arena, B, kv_len
-        self.const_weights, self.per_row = const_weights, per_row
+        self.const_weights, self.per_row, self.split_min = const_weights, per_row, split_min
         self.pool = pool or {"kv_dtype": "f32", "kv_rows": 0, "max_seqs": 1}
         self.kv_type = np.float16 if self.pool["kv_dtype"] == "f16" else F32
         self.phys = None            # a paged step's physical KV rows [kv_len] ([B, kv_len]: per_row)

@@ -42,7 +42,7 @@ def _linear(g: Graph, a):
         if a["out"][0] != "a":
             raise ValueError("a row-cut linear writes an activation slot, not the KV cache")
         g.ld[a["out"][1]] = a["ld"]
-    y = ops.matmul(x, g.matrix(a["w"], a["M"], a["K"]), False, True)
+    y = g.linear(x, a["w"], a["M"], a["K"])
     if "b" in a:                           # a bias [M] (Qwen2's q, k, v)
         y = ops.add(y, g.wf(a["b"], a["M"]))
     g.write(a["out"], y, a.get("rows"))    # rows: V of a paged step, to its KV rows

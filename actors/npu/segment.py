@@ -125,7 +125,8 @@ class OVSegment:
         return v if v is not None else self._build(kv_len)
 
     def _build(self, kv_len: int | None) -> "_Variant":
-        g = Graph(self.arena, self.bucket, kv_len or 0, self.const, self.pool, self.per_row)
+        g = Graph(self.arena, self.bucket, kv_len or 0, self.const, self.pool, self.per_row,
+                  split_min=bool((self.config or {}).get("DYNAMIC_QUANTIZATION_GROUP_SIZE")))
         for i, (op, args) in enumerate(self.tasks):
             g.begin(i)
             BUILDERS[op](g, args)
@@ -302,7 +303,8 @@ def _compile_props(core, precision, config) -> dict:
 
 def _compile(core, model, precision, config, cache_dir) -> tuple:
     """-> (compiled model, seconds). Dynamic quantization (int8 activations per group) only when
-    the caller's config asks for it (none does: policies/buckets.py NPU_PREFILL_ACT says why)."""
+    the caller's config asks for it (a q8 whole-model prefill graph: policies/buckets.py
+    NPU_PREFILL_ACT)."""
     device = pick_device(core)
     props = _compile_props(core, precision, config)
     if cache_dir:

@@ -68,6 +68,27 @@ class Weights:
         w = ops.multiply(ops.subtract(ops.convert(q, F32), f32(zp)), f32(scale))
         return ops.reshape(w, np.array([M, K], np.int64), False)
 
+    def linear(self, x: ov.Node, ref, M: int, K: int) -> ov.Node:
+        """x [B, K] times the weight [M, K] transposed -> [B, M]. Where the graph quantizes its
+        activations (split_min: the compile config's DYNAMIC_QUANTIZATION_GROUP_SIZE), a Q4_1
+        constant weight is split as w = (q - 8) d + (m + 8 d): a compressed FullyConnected with an
+        integer zero point, which the CPU plugin runs on int8 activations, and the exact f32
+        product of x's 32-column group sums with each group's offset (m + 8 d) [M, K/32]."""
+        if not (self.split_min and self.const_weights and ref[0] == "w4"):
+            return ops.matmul(x, self.matrix(ref, M, K), False, True)
+        _, qs, d, m = ref
+        nb = K // QK
+        q = ov.op.Constant(ov.Tensor(self.view(qs, (M * K // 2,), np.uint8), [M, nb, QK], ov.Type.u4),
+                           shared_memory=True)
+        d32 = self.view(d, (M, nb, 1), np.float16).astype(F32)
+        off = self.view(m, (M, nb), np.float16).astype(F32) + 8 * d32[:, :, 0]
+        zp = ops.constant(np.array(8, np.uint8))
+        w = ops.multiply(ops.subtract(ops.convert(q, F32), ops.convert(zp, F32)), f32(d32))
+        y = ops.matmul(x, ops.reshape(w, np.array([M, K], np.int64), False), False, True)
+        sums = ops.reduce_sum(ops.reshape(x, np.array([-1, nb, QK], np.int64), False),
+                              np.array([2], np.int64), False)                  # [B, K/32]
+        return ops.add(y, ops.matmul(sums, f32(off), False, True))
+
     def matrix(self, ref, M: int, K: int) -> ov.Node:
         """A weight [M, K] of any block format: Q4_1 / Q4_0 as w4; the others (models/quant.py)
         w = d * (lo + 16 hi) + m per group, as graph inputs over the arena (wq_rows), or,
