@@ -526,16 +526,17 @@ class Service:
         """[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}] (OpenAI's chat
         shape) of the tokens chosen from `start` on, a stop token left out as the text leaves it;
         prompt: of the prompt's tokens instead (prompt_logprobs), the first with logprob and
-        top_logprobs None (nothing comes before it)."""
+        top_logprobs None (nothing comes before it), each with its id and rank (vLLM's shape)."""
         tk, stops = self.pool.tokenizer, () if seq.ignore_eos else self.pool.stop_ids
 
         def entry(t: int, lp: float) -> dict:
             text = tk.decode([t])
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
         if prompt:
-            return [entry(seq.prompt[0], None) | {"top_logprobs": None}] + [
-                entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
-                for t, lp, top in seq.sampler.prompt_logprobs]
+            return [entry(seq.prompt[0], None) | {"id": seq.prompt[0], "rank": None, "top_logprobs": None}] + [
+                entry(t, lp) | {"id": t, "rank": rank,
+                                "top_logprobs": [entry(a, alp) | {"id": a} for a, alp in top]}
+                for t, lp, top, rank in seq.sampler.prompt_logprobs]
         return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
                 for t, lp, top in seq.sampler.logprobs[start:] if t not in stops]
 

@@ -165,8 +165,10 @@ class Sampler:
     def log_prompt(self, logits: np.ndarray, tok: int):
         """The prompt's next token `tok` as the model saw it from these logits [V] (the row
         before it, teacher-forced): its logprob and the top prompt_logprobs' (the model's
-        distribution: no penalty, bias or temperature)."""
-        self.prompt_logprobs.append(_entry(logits, tok, self.p.prompt_logprobs))
+        distribution: no penalty, bias or temperature), and its rank there (1: the likeliest;
+        vLLM's: one more than the tokens strictly likelier)."""
+        rank = 1 + int((logits > logits[tok]).sum())
+        self.prompt_logprobs.append((*_entry(logits, tok, self.p.prompt_logprobs), rank))
 
     def _draw(self, logits: np.ndarray) -> int:
         if self.p.temperature == 0.0:

@@ -192,9 +192,10 @@ def test_a_prompt_tokens_logprob_is_the_models_log_softmax_whatever_the_sampling
     s = Sampler(SamplingParams(prompt_logprobs=3, temperature=1.7, presence_penalty=1.0,
                                logit_bias={"7": 50}, repetition_penalty=1.5), prompt=[7, 9])
     s.log_prompt(z, 9)
-    (tok, lp, top), = s.prompt_logprobs
+    (tok, lp, top, rank), = s.prompt_logprobs
     want = z.astype(np.float64) - np.log(np.exp(z.astype(np.float64)).sum())
     assert tok == 9 and lp == pytest.approx(want[9])
+    assert rank == 1 + int((want > want[9]).sum())
     assert [t for t, _ in top] == list(np.argsort(-want)[:3])
     assert [v for _, v in top] == pytest.approx(list(np.sort(want)[::-1][:3]))
     assert s.logprobs == [] and s.drawn == 0          # nothing was drawn

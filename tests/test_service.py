@@ -690,6 +690,51 @@ def test_echo_with_logprobs_gives_every_prompt_token_its_logprob(served, oracle,
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
 
 
+def test_vllms_prompt_logprobs_field_gives_each_prompt_tokens_id_logprob_and_rank(served, oracle, tokenizer):
+    """vLLM's prompt_logprobs over HTTP: per prompt token None (the first), else {id: {logprob,
+    rank, decoded_token}} of the token itself (the oracle's teacher-forced logprob at f32) and
+    of the k likeliest (ranks 1 .. k, the oracle's likeliest first); in a completion's choice,
+    in chat the response's. Beside echo with logprobs 1, each keeps its own k. Streamed, or a
+    value out of [0, 20], it is a 400 that names it."""
+    import requests
+    text = STORY + " there was a little girl who lived in a village near the forest."
+    ids = tokenizer.encode(text, bos=tokenizer.add_bos)
+    z = oracle.logits_for(ids).astype(np.float64)
+    lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
+    body = {"prompt": text, "max_tokens": 2, "prompt_logprobs": 3, "echo": True, "logprobs": 1}
+    r = requests.post(served[1] + "/v1/completions", json=body, timeout=180)
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    got = c["prompt_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    for j in range(1, len(ids)):
+        d = got[j]
+        assert 3 <= len(d) <= 4 and str(ids[j]) in d, d
+        mine = d[str(ids[j])]
+        assert mine["logprob"] == pytest.approx(z[j - 1, ids[j]] - lse[j - 1], abs=5e-3)
+        assert mine["decoded_token"] == tokenizer.decode([ids[j]])
+        near = np.abs(z[j - 1] - z[j - 1, ids[j]]) < 0.02        # ranks within a near-tie may swap
+        assert abs(mine["rank"] - (1 + int((z[j - 1] > z[j - 1, ids[j]]).sum()))) <= near.sum() - 1
+        top = sorted((v["rank"], int(t)) for t, v in d.items() if v["rank"] <= 3)[:3]
+        assert [rk for rk, _ in top] == [1, 2, 3]
+        top2 = np.sort(z[j - 1])[-2:]
+        if top2[1] - top2[0] > 0.05:
+            assert top[0][1] == int(np.argmax(z[j - 1]))
+    lp = c["logprobs"]                                 # echo's own k: 1
+    assert lp["top_logprobs"][0] is None and all(len(t) == 1 for t in lp["top_logprobs"][1:len(ids)])
+    r = requests.post(served[1] + "/v1/chat/completions", timeout=180, json={
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prompt_logprobs": 0})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out["prompt_logprobs"]) == out["usage"]["prompt_tokens"]
+    assert out["prompt_logprobs"][0] is None
+    assert all(len(d) == 1 and next(iter(d.values()))["rank"] >= 1 for d in out["prompt_logprobs"][1:])
+    for bad in ({"stream": True}, {"prompt_logprobs": 21}, {"prompt_logprobs": True}):
+        r = requests.post(served[1] + "/v1/completions", timeout=60,
+                          json={"prompt": "Hi", "max_tokens": 2, "prompt_logprobs": 1, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs", (bad, r.text)
+
+
 def test_bad_requests_do_not_disturb_a_concurrent_stream(served, client):
     import requests
     want = client.generate("Once upon a time", max_tokens=48)

@@ -132,7 +132,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
             "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
-            "repeat_penalty", "min_tokens", "stop_token_ids"}
+            "repeat_penalty", "min_tokens", "stop_token_ids", "prompt_logprobs"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",)}
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
@@ -241,6 +241,13 @@ def parse(body, chat: bool) -> dict:
                     raise BadRequest("'echo' with 'logprobs' (the prompt's logprobs) is answered "
                                      "in a reply that is not streamed", "stream")
                 req["prompt_logprobs"] = lp
+    pl = _typed(body, "prompt_logprobs", int, lambda v: 0 <= v <= 20, "an integer in [0, 20]")
+    if pl is not None:                           # vLLM's: each prompt token's, and the top k's
+        if body.get("stream"):
+            raise BadRequest("'prompt_logprobs' is answered in a reply that is not streamed",
+                             "prompt_logprobs")
+        req["prompt_logprobs"] = max(pl, req.get("prompt_logprobs", 0))
+        req["vllm_prompt_logprobs"] = pl         # the handler's: the service computes the larger
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     if mt is not None:
         req["max_tokens"] = _typed({"max_tokens": mt}, "max_tokens", int, lambda v: v >= 1,
@@ -345,10 +352,11 @@ def _refused(e: ray.exceptions.RayTaskError):
     return _error(f"the service failed: {type(cause or e).__name__}", status=503, kind="server_error")
 
 
-def _logprobs(entries: list, chat: bool, offset: int, prompt: list | None = None):
+def _logprobs(entries: list, chat: bool, offset: int, prompt: list | None = None, k: int = 0):
     """The tokens' logprobs in OpenAI's shapes: chat {content: [...]}; completions {tokens,
     token_logprobs, top_logprobs, text_offset} (offset: where the generated text starts; prompt:
-    the echoed prompt's tokens' before them, from offset 0, the first's logprob None)."""
+    the echoed prompt's tokens' before them, from offset 0, the first's logprob None, each with
+    its top k: the service may have computed more for vLLM's prompt_logprobs)."""
     if chat:
         return {"content": entries, "refusal": None}
     offsets = []
@@ -356,11 +364,26 @@ def _logprobs(entries: list, chat: bool, offset: int, prompt: list | None = None
         for e in part:
             offsets.append(at)
             at += len(e["token"])
-    entries = (prompt or []) + entries
+    entries = [dict(e, top_logprobs=e["top_logprobs"] and e["top_logprobs"][:k])
+               for e in prompt or []] + entries
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": [None if e["top_logprobs"] is None else
                              {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}
+
+
+def _vllm_prompt(entries: list | None, k: int) -> list | None:
+    """vLLM's prompt_logprobs: per prompt token None (the first), else {id: {logprob, rank,
+    decoded_token}} of the token itself and of the k likeliest there (ranks 1 .. k)."""
+    if entries is None:
+        return None
+    out = [None]
+    for e in entries[1:]:
+        d = {str(t["id"]): {"logprob": t["logprob"], "rank": j + 1, "decoded_token": t["token"]}
+             for j, t in enumerate(e["top_logprobs"][:k])}
+        d[str(e["id"])] = {"logprob": e["logprob"], "rank": e["rank"], "decoded_token": e["token"]}
+        out.append(d)
+    return out
 
 
 @app.exception_handler(Exception)
@@ -496,6 +519,7 @@ class OpenAIServer:
         try:
             args = parse(body, chat)
             n, echo = args.pop("n", 1), args.pop("echo", False)
+            vllm_k = args.pop("vllm_prompt_logprobs", None)
             subs = [dict(args, **one) for one in args.pop("batch", [{}])]   # a prompt each
             if len(subs) * n > MAX_CHOICES:
                 raise BadRequest(f"{len(subs)} prompts x n {n} = {len(subs) * n} choices; this "
@@ -549,12 +573,17 @@ class OpenAIServer:
             echoed = echoes[i // n] or ""
             prompt_lps = results[i - i % n][1].get("prompt_logprobs")   # the prompt's first choice's
             choice = {"index": i, "finish_reason": _reason(out),
-                      "logprobs": _logprobs(lps, chat, len(echoed), prompt_lps)
+                      "logprobs": _logprobs(lps, chat, len(echoed), echoed and prompt_lps,
+                                            args.get("logprobs"))
                       if shape["logprobs"] else None}
             choice.update({"message": _message(text, out)} if chat else {"text": echoed + text})
+            if vllm_k is not None and not chat:
+                choice["prompt_logprobs"] = _vllm_prompt(prompt_lps, vllm_k)
             choices.append(choice)
+        more = {"prompt_logprobs": _vllm_prompt(results[0][1].get("prompt_logprobs"), vllm_k)} \
+            if vllm_k is not None and chat else {}             # vLLM's: the response's, in chat
         return {**meta, "object": "chat.completion" if chat else "text_completion",
-                "choices": choices, "usage": _usage([r[1]["usage"] for r in results], n),
+                "choices": choices, **more, "usage": _usage([r[1]["usage"] for r in results], n),
                 **_timings(results[0][1])}
 
     async def _echo(self, sub: dict) -> str:
