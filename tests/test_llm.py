@@ -40,6 +40,25 @@ def test_one_prompt_a_chat_and_sampling_params(llm, oracle, tokenizer):
     assert a.text == b.text                          # one seed, one draw, batched or not
 
 
+def test_a_batch_gives_each_prompts_logprobs_and_its_replys(llm, oracle, tokenizer):
+    """logprobs and prompt_logprobs, as vLLM's LLM gives them: each prompt token's (after the
+    first) the oracle's teacher-forced log-softmax at f32, with its rank; each reply token's the
+    greedy token's, its top alternative the token itself."""
+    import numpy as np
+    outs = llm.generate(list(PROMPTS[:2]), max_tokens=6, logprobs=1, prompt_logprobs=2)
+    for o, p in zip(outs, PROMPTS):
+        ids = tokenizer.encode(p)
+        z = oracle.logits_for(ids).astype(np.float64)
+        lse = z.max(1) + np.log(np.exp(z - z.max(1, keepdims=True)).sum(1))
+        assert len(o.prompt_logprobs) == len(ids) and o.prompt_logprobs[0]["logprob"] is None
+        got = [e["logprob"] for e in o.prompt_logprobs[1:]]
+        np.testing.assert_allclose(got, [z[j - 1, ids[j]] - lse[j - 1] for j in range(1, len(ids))], atol=5e-3)
+        assert [e["id"] for e in o.prompt_logprobs] == ids
+        assert all(e["rank"] >= 1 and len(e["top_logprobs"]) == 2 for e in o.prompt_logprobs[1:])
+        assert "".join(e["token"] for e in o.logprobs) == o.text
+        assert all(e["top_logprobs"][0]["token"] == e["token"] for e in o.logprobs)
+
+
 def test_a_warm_gpu_engine_runs_without_its_planner(llm, oracle, tokenizer):
     """Once a plan on the GPU alone has every program compiled (warmed at start), its planner
     actor is stopped: status counts no planner process, and requests still get the oracle's text,

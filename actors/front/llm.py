@@ -4,6 +4,7 @@
     with socllm.LLM(precision="f32") as llm:                # ServeConfig's knobs as keywords
         outs = llm.generate(["The capital of France is", "def fib(n):"], max_tokens=32)
         print(outs[0].text, outs[0].finish_reason, outs[0].usage)
+        scored = llm.generate("Some text to score", max_tokens=1, prompt_logprobs=0)
         replies = llm.chat([[{"role": "user", "content": "Hi"}]])
 
 It is the engine `socllm serve` runs (the same Service actor, scheduler, paged KV cache and
@@ -23,10 +24,15 @@ from contextlib import aclosing
 @dataclasses.dataclass
 class Completion:
     """One prompt's result: its text (stop text left out), why it ended ("stop" | "length"),
-    and its token counts (prompt_tokens, completion_tokens, total_tokens)."""
+    and its token counts (prompt_tokens, completion_tokens, total_tokens). Where asked
+    (logprobs=k, prompt_logprobs=k, as vLLM's SamplingParams): each reply token's, and each
+    prompt token's (the first's None), as {token, logprob, bytes, top_logprobs: [{token,
+    logprob, bytes}]} (the prompt's also with id and rank)."""
     text: str
     finish_reason: str
     usage: dict
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 class LLM:
@@ -109,12 +115,15 @@ class LLM:
 
     async def _one(self, rid: str) -> Completion:
         from socllm.actors.front.client import _raise_unless_finished
-        pieces, out = [], None
+        pieces, lps, out = [], None, None
         async with aclosing(self._client.apolls(rid)) as polls:
             async for out in polls:
                 pieces += out["pieces"]
+                if "logprobs" in out:
+                    lps = (lps or []) + out["logprobs"]
         _raise_unless_finished(rid, out)
-        return Completion("".join(pieces), out["finish_reason"], out["usage"])
+        return Completion("".join(pieces), out["finish_reason"], out["usage"], lps,
+                          out.get("prompt_logprobs"))
 
 
 def _listed(items, kind) -> list:
