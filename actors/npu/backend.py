@@ -62,6 +62,8 @@ class NPUBackend:
         self.core = ov.Core()
         self.device = pick_device(self.core)
         self.caps = set(self.core.get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        if "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in self.core.get_property(self.device, "SUPPORTED_PROPERTIES"):
+            self.caps.discard("INT8")      # int8 activations come only from dynamic quantization
         self.prefill_hint = None
         self.arena = arena_buf
         self.kv_rows, self.kv_dtype = lay.kv_rows, lay.kv_dtype
