@@ -99,7 +99,10 @@ def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=pr
                 "oracle_match": (first == want[n]) if n in want else None,
                 "oracle_prefix": agree if n in want else None,   # leading tokens equal to the oracle's
                 "first_tokens": runs[0]["tokens"][:CHECK_TOKENS],
-                "placement": runs[0].get("placement")}
+                "placement": runs[0].get("placement"),
+                # each repetition's, in order: engines alternate within one, so ratios pair up
+                "per_rep": {k: [round(r[k], 4) for r in runs]
+                            for k in ("ttft_s", "prefill_tok_s", "decode_tok_s")}}
     mem["socllm"] = max(mem["socllm"], pss_mb(engine.pids()))
     info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
     return {"model": os.path.basename(engine.model_path),
