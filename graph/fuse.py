@@ -23,6 +23,7 @@ nothing inside it waits or signals (the group takes its first task's waits and l
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .program import StepProgram, Task, reads
@@ -166,7 +167,19 @@ def _moe_down(run: list, readers):
 
 def fuse_decode(prog: StepProgram, proc: str) -> list:
     """proc's decode tasks -> a list of Task (run as they are) and Fused (decode.cl kernels)."""
-    return _epilogues(_fuse(prog, proc))
+    return _epilogues(_fuse(_no_saliency(prog, proc), proc))
+
+
+def _no_saliency(prog: StepProgram, proc: str) -> StepProgram:
+    """A decode step's routes without their saliency (the L2 norm of the attention output, which
+    only a prefill chunk's grouped experts drop rows by): the o projection then has one reader,
+    its residual add, and the two fuse (a MoE layer: 2 launches fewer)."""
+    tasks = prog.tasks.get(proc, [])
+    if not any(t.op == "moe_route" and "sal" in t.args for t in tasks):
+        return prog
+    tasks = [dataclasses.replace(t, args={k: v for k, v in t.args.items() if k != "sal"})
+             if t.op == "moe_route" else t for t in tasks]
+    return dataclasses.replace(prog, tasks={**prog.tasks, proc: tasks})
 
 
 # (launch, epilogue launch) -> the launch with the epilogue in its last work-group
@@ -202,12 +215,15 @@ def _fuse(prog: StepProgram, proc: str) -> list:
     while i < len(tasks):
         t = tasks[i]
         run = tasks[i + 1:_linears(tasks, i + 1, t.args["out"])]   # linears reading t's output
-        if t.op == "rmsnorm" and run and not t.signals and not run[0].waits:
+        nxt = tasks[i + 1] if i + 1 < len(tasks) else None
+        # a MoE layer's norm (read by its router, a float linear, and its experts): a norm_prep
+        # that stores its row, so that it joins the o projection's launch as its epilogue
+        router = not run and nxt is not None and nxt.op == "linear" and not nxt.waits
+        if t.op == "rmsnorm" and (run or router) and not t.signals and not (run and run[0].waits):
             store = bool(readers[t.seq] - {u.seq for u in run})
             out.append(Fused("norm_prep", {**t.args, "store": store}, t.waits, [], (t.seq,), t.layer))
             prepared, i = t.args["out"], i + 1
             continue
-        nxt = tasks[i + 1] if i + 1 < len(tasks) else None
         if t.op == "rmsnorm" and nxt is not None and nxt.op == "lm_head" \
                 and nxt.args["table"][0] == "w8" \
                 and nxt.args["x"] == t.args["out"] and _joinable([t, nxt]):

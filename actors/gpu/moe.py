@@ -27,11 +27,12 @@ class MoELaunches:
     tile_max, and moe_scratch / moe_bits (set by the GPU backend)."""
 
     def _moe_route(self, a, N, pos0):
-        """x [N, E] router logits, sal [N, D] -> out [N, 2k+1] (NumpyKernels.moe_route)"""
+        """x [N, E] router logits, sal [N, D] -> out [N, 2k+1] (NumpyKernels.moe_route); no sal
+        (a fused decode step's, graph/fuse.py): saliency 0."""
         if a["E"] > 256:
             raise ValueError(f"moe_route: {a['E']} experts, the kernel takes 256 at most")
-        self._go("moe_route", (N,), None, a["x"][1], a["sal"][1], a["out"][1], a["E"], a["k"],
-                 int(a.get("norm", 1)), N, a["D"])
+        self._go("moe_route", (N,), None, a["x"][1], a.get("sal", a["x"])[1], a["out"][1], a["E"],
+                 a["k"], int(a.get("norm", 1)), N, a["D"] if "sal" in a else 0)
 
     def _moe_linear(self, a, N, pos0):
         """x [N, K] or [N, k*K], route [N, 2k+1], W [E*M, K] -> out [N, k*M] or, combine, [N, M]
