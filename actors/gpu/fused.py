@@ -36,6 +36,9 @@ class FusedCL:
         if act_off % 64 or rope_off % 64 or (att_off or 0) % 64:
             raise ValueError("the act, rope and att scratch areas must be 64-byte aligned")
         self.k, self.act, self.table = kernels, act_off, rope_off
+        # the slot whose row the act scratch holds prepared (a norm's stored output), else None:
+        # a MoE layer's experts read it there instead of preparing it again
+        self.act_row = None
         self.att, self.att_bytes = att_off, att_bytes
         self.counter = counter_at(rope_off)
         self.pw = pos_word_at(rope_off) if pos_word else 0
@@ -70,6 +73,7 @@ class FusedCL:
             raise ValueError(f"prep: K={K} is not a multiple of {QK}")
         check_aligned("prep", a["x"][1])
         self._go("prep", (round_up(K // QK, 8),), (8,), a["x"][1], self.act, K)
+        self.act_row = a["x"][1]
 
     def _norm_prep(self, a, pos0):
         """x [D], w [D] -> act of rmsnorm(x) (and out [D] if a["store"])"""
@@ -80,6 +84,7 @@ class FusedCL:
         g = (self.lin_t,) if self.lin_t > 1 else (1,)
         self._go("norm_prep", g, g, a["x"][1], a["w"][1], self.act, a["out"][1], D,
                  a["eps"], int(a["store"]), int(a.get("natural", False)))
+        self.act_row = a["out"][1] if a["store"] and not a.get("natural") else None
 
     def _rope_table(self, a, pos0):
         """cos, sin [head_dim / 2] of position pos0 -> the rope scratch"""
@@ -123,9 +128,11 @@ class FusedCL:
 
     def _moe_gate_up(self, a, pos0):
         """x [K] -> out [k, M] = act(gate) * up of the row's k experts (cl/moe.cl moe_gate_up),
-        its row prepared in the MoE scratch (CLKernels._moe_rows); op by op where there is none"""
+        its row prepared in the MoE scratch (CLKernels._moe_rows), or in the act scratch where the
+        norm before prepared it there; op by op where there is none"""
         k, (g, wopts), (u, _) = self.k, weight_build(a["wg"]), weight_build(a["wu"])
-        prepared = k._moe_rows(a["x"][1], a["K"], 1, wopts, a["wg"][0])
+        held = self.act if self.act_row == a["x"][1] else None
+        prepared = k._moe_rows(a["x"][1], a["K"], 1, wopts, a["wg"][0], held)
         if prepared is None:
             for op, args in a["tasks"]:
                 k.run(op, args, 1, pos0)
@@ -185,6 +192,7 @@ class FusedCL:
         self._go("linear_act_norm", *self._rows(M), self.act, qs, d, m, a["out"][1], res, a["K"], M,
                  int(a["res"] is not None), a["norm_w"][1], a["norm_out"][1], a["eps"],
                  int(a["store"]), int(a["natural"]), self.counter, w=a["w"])
+        self.act_row = a["norm_out"][1] if a["store"] and not a["natural"] else None
 
     def _gate_up_silu_prep(self, a, pos0):
         """gate_up_silu, then prep of its output [M] -> act"""
@@ -192,6 +200,7 @@ class FusedCL:
         if M % QK:
             raise ValueError(f"gate_up_silu_prep: M={M} is not a multiple of {QK}")
         check_aligned("gate_up_silu_prep", a["out"][1])
+        self.act_row = None
         self._go("gate_up_silu_prep", *self._rows(M), self.act, *weight_build(a["wg"])[0],
                  *weight_build(a["wu"])[0], a["out"][1], a["K"], M, self.counter, w=a["wg"])
 
@@ -200,6 +209,7 @@ class FusedCL:
         H, KVH, hd = a["heads"], a["kv_heads"], a["head_dim"]
         self._attention_split(a, pos0, launch=False)
         check_aligned("attention_merge", a["out"][1])
+        self.act_row = None
         g, l = ((self.att_wg, H), (self.att_wg, 1)) if self.att_wg > 1 and self.lin_t > 1 \
             else ((ATT_SPLITS,), (1,))
         self.k._go("attention_merge", g, l, a["q"][1], a["k"][1], a["v"][1],

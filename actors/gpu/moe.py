@@ -94,10 +94,11 @@ class MoELaunches:
                      a["out"][1], res, M, k, ks=ks)
         return True
 
-    def _moe_rows(self, x, K, rows, wopts, kind):
+    def _moe_rows(self, x, K, rows, wopts, kind, held: int | None = None):
         """(kernels, scratch offset, row bytes) once x [rows, K] is prepared in the scratch (as
         _prep_rows: a linear before that read the same rows leaves them), or None where they do
-        not fit, there is no scratch, or the weights are floats."""
+        not fit, there is no scratch, or the weights are floats. held: where x's one row is
+        already prepared (the fused decode's act scratch): read there, nothing prepared."""
         if self.moe_scratch is None or kind == "wt" or K % QK:
             return None
         bits = self.rows_act[2] if self.rows_act is not None else self.moe_bits
@@ -106,6 +107,8 @@ class MoELaunches:
         ks = self._kernels(64, bits, None, wopts)
         if rows * row_bytes > nbytes or "moe_linear_act" not in ks:
             return None
+        if held is not None and rows == 1:
+            return ks, held, row_bytes
         if self._prepared != (x, rows):
             self._go("prep_rows", (round_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, rows, ks=ks)
             self._prepared = (x, rows)
