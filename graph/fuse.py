@@ -218,9 +218,9 @@ def _fuse(prog: StepProgram, proc: str) -> list:
         nxt = tasks[i + 1] if i + 1 < len(tasks) else None
         # a MoE layer's norm (read by its router, a float linear, and its experts): a norm_prep
         # that stores its row, so that it joins the o projection's launch as its epilogue
-        router = not run and nxt is not None and nxt.op == "linear" and not nxt.waits \
-            and nxt.args["x"] == t.args["out"] and nxt.args["w"][0] == "wt" \
-            and t.args.get("heads", 1) == 1 and any(u.op == "moe_route" for u in tasks[i + 2:i + 3])
+        router = t.op == "rmsnorm" and not run and t.args.get("heads", 1) == 1 \
+            and [u.op for u in tasks[i + 1:i + 3]] == ["linear", "moe_route"] \
+            and nxt.args["x"] == t.args["out"] and nxt.args["w"][0] == "wt" and not nxt.waits
         if t.op == "rmsnorm" and (run or router) and not t.signals and not (run and run[0].waits):
             store = bool(readers[t.seq] - {u.seq for u in run})
             out.append(Fused("norm_prep", {**t.args, "store": store}, t.waits, [], (t.seq,), t.layer))

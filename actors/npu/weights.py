@@ -57,8 +57,7 @@ class Weights:
         but runs a one-row step 3-4x faster than dequantizing inputs in the graph (measured)."""
         _, qs, d, m = ref
         nb = K // QK
-        q = ov.op.Constant(ov.Tensor(self.view(qs, (M * K // 2,), np.uint8), [M, nb, QK], ov.Type.u4),
-                           shared_memory=True)
+        q = self._codes_const(qs, M, K)
         d32 = self.view(d, (M, nb, 1), np.float16).astype(F32)
         m32 = self.view(m, (M, nb, 1), np.float16).astype(F32)
         # d == 0 (w = m for the whole block): a tiny scale and a zero point of -+2^15 give
@@ -78,8 +77,7 @@ class Weights:
             return ops.matmul(x, self.matrix(ref, M, K), False, True)
         _, qs, d, m = ref
         nb = K // QK
-        q = ov.op.Constant(ov.Tensor(self.view(qs, (M * K // 2,), np.uint8), [M, nb, QK], ov.Type.u4),
-                           shared_memory=True)
+        q = self._codes_const(qs, M, K)
         d32 = self.view(d, (M, nb, 1), np.float16).astype(F32)
         off = self.view(m, (M, nb), np.float16).astype(F32) + 8 * d32[:, :, 0]
         zp = ops.constant(np.array(8, np.uint8))
@@ -88,6 +86,11 @@ class Weights:
         sums = ops.reduce_sum(ops.reshape(x, np.array([-1, nb, QK], np.int64), False),
                               np.array([2], np.int64), False)                  # [B, K/32]
         return ops.add(y, ops.matmul(sums, f32(off), False, True))
+
+    def _codes_const(self, qs: int, M: int, K: int) -> ov.Node:
+        """A Q4_1 weight's u4 codes [M, K/32, 32] as a Constant sharing the arena's bytes."""
+        view = self.view(qs, (M * K // 2,), np.uint8)
+        return ov.op.Constant(ov.Tensor(view, [M, K // QK, QK], ov.Type.u4), shared_memory=True)
 
     def matrix(self, ref, M: int, K: int) -> ov.Node:
         """A weight [M, K] of any block format: Q4_1 / Q4_0 as w4; the others (models/quant.py)
