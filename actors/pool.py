@@ -7,13 +7,12 @@ actors, revive one that dies, tear it all down.
 The service (actors/service.py) drives its steps through actors/runner.py; so does
 generate_ids, for one sequence at a time, on the same paged programs. The pool starts a local
 Ray instance when none is running (and stops it on close) or joins the running one (`ray start
---head`). It creates the pool, writes the weights into it once, starts the planner and the CPU,
+--head`; actors/front/cluster.py). It creates the pool, writes the weights into it once, starts the planner and the CPU,
 GPU and NPU actors asked for, and tears all of it down on close, on errors and on Ctrl-C: no
 actor, process or shared-memory segment is left behind.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import os
@@ -39,12 +38,11 @@ from socllm.policies.config import DEFAULT_PRECISION, SERVE_PRECISIONS, EngineCo
 from socllm.policies.placement import SERVE_PLANS, weight_problem
 from socllm.policies.rowcut import load_profile
 from socllm.policies.sampling import Sampler, SamplingParams
-from socllm.policies.threads import actor_env
 
+from socllm.actors.front.cluster import ensure_ray, ray_env_options, stop_ray
 from socllm.actors.planner import Planner
 from socllm.actors.processor import ProcessorActor
 
-OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
 
 
 def _trim():
@@ -53,169 +51,6 @@ def _trim():
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def ray_env_options(threads: int) -> dict:
-    """Ray options that give an actor policies/threads.py's actor_env: none where the Ray itself
-    started with it (a private Ray socllm started: every worker inherits the raylet's
-    environment, and an actor with a runtime_env of its own started ~0.2 s later), else a
-    runtime_env that carries it."""
-    env = actor_env(threads)
-    if os.environ.get(INHERITED) == _stamp(env):
-        return {}
-    return {"runtime_env": {"env_vars": env}}
-
-
-INHERITED = "SOCLLM_RAY_ENV"       # set in a private Ray's environment: what its workers inherit
-
-
-def _stamp(env: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(env.items()))
-
-
-def private_ray_env(threads: int) -> dict:
-    """The environment variables a private Ray is started with (and so every actor in it)."""
-    env = actor_env(threads)
-    return env | {INHERITED: _stamp(env)}
-
-
-def ensure_ray(threads: int, address: str | None = None) -> bool:
-    """Join the running Ray cluster (actors/cluster.py's rules: address, RAY_ADDRESS, Ray's
-    cluster file), else start a private local one. Returns True if we started it. A cluster
-    that is found but does not answer (a stale cluster file) is passed over at once; an
-    explicit `address` that does not answer raises NoCluster."""
-    if ray.is_initialized():
-        return False
-    from socllm.actors.cluster import NoCluster, join
-    try:
-        join(address)
-        return False
-    except NoCluster:
-        if address:
-            raise
-    _start_private_ray(threads)
-    return True
-
-
-def _start_private_ray(threads: int):
-    """A new local Ray instance for this process (never the address of a stale cluster file or
-    RAY_ADDRESS), for a budget of `threads`:
-    - its workers run at nice 0, not Ray's 15: on a 2-core device our actors' kernel threads
-      then yield to Ray's own daemons (at 0, decode measured ~5 % faster and steadier);
-    - PRIVATE_WORKERS worker processes started with it, and no API server (_no_api_server);
-    - the thread budget's variables in its own environment, which every worker inherits: no
-      runtime_env per actor (ray_env_options); stop_ray() puts them back;
-    - its autoscaler monitor and log monitor stopped as they appear: one machine has no nodes to
-      add and no worker log goes to the driver; they took CPU from everything else's start (~0.2
-      s of the README's command on two cores), and ray.shutdown() waited a second for the first."""
-    import threading
-    env = private_ray_env(threads)
-    _saved_env.update({k: os.environ.get(k) for k in env})
-    os.environ.update(env)
-    started = threading.Event()
-    watcher = threading.Thread(target=_stop_idle_daemons, args=(started,), daemon=True)
-    watcher.start()
-    try:
-        with _no_api_server():
-            ray.init(address="local", num_cpus=PRIVATE_WORKERS, object_store_memory=OBJECT_STORE_BYTES,
-                     include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                     _system_config=PRIVATE_RAY_CONFIG)
-    finally:
-        started.set()
-        watcher.join()
-
-
-# The worker processes a private Ray starts with itself, for the two actors every engine starts
-# (the service and its base processor): their Python starts while Ray's agents start, not after
-# (~1 s of the README's command on a 2-core Xeon). Ray prestarts one a CPU it is given, and
-# socllm's actors take no CPU slots: the private Ray is given this many CPUs.
-PRIVATE_WORKERS = 2
-PRIVATE_RAY_CONFIG = {"worker_niceness": 0, "enable_worker_prestart": False,
-                      "prestart_worker_first_driver": True,
-                      # no task events: they feed Ray's state API and dashboard, which a private Ray
-                      # does not run, and the driver's flush of them took ~0.25 s of ray.shutdown()
-                      # (0.24-0.37 -> 0.10-0.15 s on a 2-core Xeon)
-                      "task_events_report_interval_ms": 0}
-
-
-@contextlib.contextmanager
-def _no_api_server():
-    """Ray's start without its API server: Ray's dashboard.py, which without the dashboard still
-    serves job submission and the state API. Nothing outside this process reaches a private Ray,
-    and ray.init waits for that server's start (~1 s of the README's command on a 2-core Xeon,
-    ~110 MB). And without importing the dashboard's libraries in this process only to learn they
-    are installed (aiohttp, grpc, opentelemetry ...: 0.3 s before the raylet starts, here):
-    _dashboard_deps looks them up unimported. A Ray lacking either function starts unchanged."""
-    node = getattr(getattr(getattr(ray, "_private", None), "node", None), "Node", None)
-    utils = getattr(getattr(ray, "_private", None), "utils", None)
-    patches = [(owner, name, stand_in) for owner, name, stand_in in
-               ((node, "start_api_server", lambda self, **_: None),
-                (utils, "get_dashboard_dependency_error", _dashboard_deps))
-               if getattr(owner, name, None) is not None]
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    for owner, name, stand_in in patches:
-        setattr(owner, name, stand_in)
-    try:
-        yield
-    finally:
-        for owner, name, original in saved:
-            setattr(owner, name, original)
-
-
-DASHBOARD_DEPS = ("aiohttp", "aiohttp_cors", "grpc", "opencensus", "opentelemetry",
-                  "prometheus_client", "pydantic")   # ray/dashboard/optional_deps.py's packages
-
-
-def _dashboard_deps():
-    """ray._private.utils.get_dashboard_dependency_error, by finding the packages, not importing
-    them: None where all are installed (ray[default]), else an ImportError naming one missing."""
-    import importlib.util
-    missing = next((m for m in DASHBOARD_DEPS if importlib.util.find_spec(m) is None), None)
-    return None if missing is None else ImportError(f"No module named '{missing}'")
-
-
-_saved_env: dict = {}          # what ensure_ray's private Ray changed in this process's environment
-
-
-def stop_ray():
-    """Stop the private Ray that ensure_ray started, and undo its environment."""
-    ray.shutdown()
-    for k, v in _saved_env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    _saved_env.clear()
-
-
-IDLE_DAEMONS = {"monitor": "autoscaler/_private/monitor.py", "log_monitor": "_private/log_monitor.py"}
-
-
-def _stop_idle_daemons(started):
-    """Kill the IDLE_DAEMONS among this process's children as they appear, until Ray has
-    started (`started` set); then reap them through Ray's own record (ray.shutdown() passes over
-    a process that is gone)."""
-    import psutil
-    me, left = psutil.Process(), set(IDLE_DAEMONS.values())
-    while left and not started.is_set():
-        for p in me.children():
-            try:
-                cmd = " ".join(p.cmdline())
-            except psutil.Error:
-                continue
-            for tag in [t for t in left if t in cmd]:
-                p.kill()
-                left.discard(tag)
-        started.wait(0.01)
-    started.wait()                      # both may be gone before ray.init has returned
-    node = getattr(ray._private.worker, "_global_node", None)
-    for kind in IDLE_DAEMONS:
-        for info in (getattr(node, "all_processes", None) or {}).get(kind, ()):
-            try:
-                info.process.kill()
-                info.process.wait(timeout=5)
-            except Exception:           # a Ray without this record: ray.shutdown() stops it
-                pass
 
 
 def _resolved(config: EngineConfig | None, fields: dict) -> EngineConfig:

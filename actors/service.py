@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import math
 import os
-import platform
 import secrets
 import threading
 import time
@@ -26,76 +23,22 @@ import ray
 
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
-from socllm.policies.buckets import NPU_PREFILL_ACT
-from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
-from socllm.policies.request import QueueFull, Sequence, check_priority  # noqa: F401
-from socllm.policies.drafting import MODES as SPECULATE, Speculator
-from socllm.policies.sampling import BadParam, Sampler, SamplingParams
+from socllm.policies.placement import NPU_MARGIN
+from socllm.policies.plan_cache import plan_cache, plan_key, processors_for
+from socllm.policies.request import Sequence
+from socllm.policies.drafting import Speculator
+from socllm.policies.sampling import Sampler, SamplingParams
 
 from socllm.actors.engine import Engine
+from socllm.actors.front.intake import Intake, timings
 
 NAMESPACE, NAME = "socllm", "service"
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 # the config's knobs as each processor actor applies them, in status (policies/config.py)
 KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction")
-
-
-def _processors(plan: str) -> tuple:
-    """The processor actors a plan runs on (policies/placement.py SERVE_PLANS): its programs'
-    and the GPU for what they cannot take (auto: the GPU and the NPU, to time them)."""
-    if plan == "auto":
-        return ("gpu", "npu")
-    need = {p for on in SERVE_PLANS[plan] for p in PROCESSORS_OF.get(on, (on,))}
-    return tuple(sorted(need | ({"gpu"} if plan != "cpu" else set())))
-
-
-KERNELS = ("actors/cpu", "actors/gpu", "actors/npu")   # the processors' kernels (_plan_key)
-
-
-def _plan_key(c) -> str:
-    """What an auto plan's choice depends on: the model file, this machine (its CPU, its OpenCL
-    drivers, an NPU's device node), the knobs, the rule, and the processors' kernels (a kernel
-    made faster changes the timings the choice was made from)."""
-    from socllm.graph.store import code_version
-    from socllm.models.gguf_file import model_path
-    path = os.path.realpath(model_path(c.model))
-    st = os.stat(path)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.machine())
-    icd = "/etc/OpenCL/vendors"
-    drivers = ",".join(sorted(os.listdir(icd))) if os.path.isdir(icd) else ""
-    npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))
-    return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
-           f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}|" \
-           f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}|" \
-           f"kernels {code_version(KERNELS, ('.py', '.cl'))[:16]}"
-
-
-def _plan_cache(cache_dir: str | None, key: str | None = None,
-                value: dict | None = None) -> dict | str | None:
-    """The auto plans chosen on this machine (plans.json in the config's cache_dir): -> the
-    whole table (no key), the plan cached for key, or, given a value, stores it."""
-    if cache_dir is None:           # a config made without from_env: nothing kept
-        return {} if key is None else None if value is None else value
-    path = os.path.join(cache_dir, "plans.json")
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except (OSError, ValueError):
-        table = {}
-    if value is None:
-        return table if key is None else (table.get(key) or {}).get("plan")
-    table[key] = value
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(table, f, indent=1)
-    os.replace(tmp, path)
-    return value
 
 
 def _time_chunks(runner, n: int, on: tuple, reps: int = 3) -> dict:
@@ -135,7 +78,6 @@ class Service:
         self.quiet = threading.Event()        # nothing else starts now: timings may be taken
         if not front_ends_start:
             self.quiet.set()
-        self.grammars, self.grammar_lock = None, threading.Lock()   # policies/grammar.py, lazily
         from socllm.actors.metrics import ServiceMetrics
         self.metrics = ServiceMetrics()
         self.thread = threading.Thread(target=self._main, name="socllm-service", daemon=True)
@@ -162,10 +104,11 @@ class Service:
         # the second activation buffer holds proactive chunks that stop between layers
         # (the agent policy's, Agent.xpu §4.4)
         self.slices = spans = POLICIES[c.policy].slice_s is not None
-        self.plan_key = _plan_key(c)
+        from socllm.models.gguf_file import model_path
+        self.plan_key = plan_key(c, model_path(c.model))
         plan = c.plan if c.plan != "auto" else "gpu" if spans else \
-            _plan_cache(c.cache_dir, self.plan_key) or "auto"
-        self.pool = e = Pool(c, processors_=_processors(plan), kv_dtype=KV_DTYPE[c.precision],
+            plan_cache(c.cache_dir, self.plan_key) or "auto"
+        self.pool = e = Pool(c, processors_=processors_for(plan), kv_dtype=KV_DTYPE[c.precision],
                              double_rows=c.prefill_chunk if spans else 0)
         self.precision = c.precision
         self.runner, self.placement = self._start_plan(e)
@@ -189,6 +132,7 @@ class Service:
         spec = None if c.speculate == "off" else \
             Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
         self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish, spec)
+        self.intake = Intake(e, c.speculate, spec is not None and bool(spec.heads))
 
     def _publish(self, seq: Sequence):
         """Wake the polls of a sequence that changed (from the loop's thread)."""
@@ -237,7 +181,7 @@ class Service:
             # static chunk: its graphs would cost memory (~460 MB here) and take little work
             # (measured: the same reactive TTFT with them, scripts/results/serve-ttft-*.json)
             return base, "policy", {}
-        entry = _plan_cache(c.cache_dir).get(self.plan_key) or {}  # the plan and the times it had
+        entry = plan_cache(c.cache_dir).get(self.plan_key) or {}  # the plan and the times it had
         if entry.get("plan"):
             return entry["plan"], "cached", entry.get("chunk_ms", {})
         return ("auto", "timed", {}) if "npu" in e.available else (base, "no npu", {})
@@ -252,7 +196,7 @@ class Service:
         if on != "npu":
             e.drop("npu")            # its graphs and its process: memory no step uses
         runner.plan = plan = "hetero" if on == "npu" else base
-        _plan_cache(self.config.cache_dir, self.plan_key, {"plan": plan, "chunk_ms": chunk_ms})
+        plan_cache(self.config.cache_dir, self.plan_key, {"plan": plan, "chunk_ms": chunk_ms})
         return plan, chunk_ms
 
     def _wait_quiet(self, timeout_s: float = 120.0):
@@ -327,121 +271,20 @@ class Service:
         self.loop = asyncio.get_running_loop()
         if self.pool is None:
             raise RuntimeError(self.error or "the service is still starting")
-        self._check_params(priority, speculate, sampling)
+        self.intake.check_params(priority, speculate, sampling)
         asked = {k: v for k, v in sampling.items() if v is not None}
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
-        ids, rule, tooled = await asyncio.to_thread(self._prompt_ids, prompt, messages, ids, shape)
+        ids, rule, tooled = await asyncio.to_thread(self.intake.prompt_ids, prompt, messages, ids, shape)
         # OpenAI's default max_tokens: up to the context's end
         params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)), **asked})
         seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop, ignore_eos=bool(ignore_eos),
                        sampler=Sampler(params, ids, () if ignore_eos else self.pool.stop_ids),
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
-                       constraint=rule and self._grammars().constraint(rule), tools=tooled,
+                       constraint=rule and self.intake.grammars().constraint(rule), tools=tooled,
                        speculate=speculate)
         self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
         return seq.id
-
-    def _check_params(self, priority, speculate, sampling: dict):
-        """Raise BadParam (ValueError) for a parameter this service does not take or a value it
-        refuses, before anything is tokenized."""
-        for name in set(sampling) - set(SAMPLING_FIELDS):
-            raise BadParam(name, f"is not supported by this service (it takes "
-                                 f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos, "
-                                 f"response_format, grammar, tools, tool_choice, parallel_tool_calls, "
-                                 f"speculate)")
-        check_priority(priority)
-        if speculate is not None:
-            if speculate not in SPECULATE:
-                raise BadParam("speculate", f"must be one of {', '.join(SPECULATE)}, got {speculate!r}")
-            if self.config.speculate == "off" and speculate != "off":
-                raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
-            if speculate == "heads" and not self.core.speculator.heads:
-                raise BadParam("speculate", "heads: this service has no draft heads for its model")
-        SamplingParams(**{"max_tokens": self.pool.context,                   # a bad value
-                          **{k: v for k, v in sampling.items() if v is not None}})
-
-    def _grammars(self):
-        """The mask library on this model's tokenizer, built at the first constrained request."""
-        with self.grammar_lock:
-            if self.grammars is None:
-                from socllm.policies.grammar import Grammars
-                e = self.pool
-                self.grammars = Grammars(e.tokenizer.to_json(), e.cfg.vocab, e.stop_ids)
-        return self.grammars
-
-    def _prompt_ids(self, prompt, messages, ids, shape: dict) -> tuple:
-        """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
-        from socllm.models.tools import chat_messages
-        e = self.pool
-        if sum(x is not None for x in (prompt, messages, ids)) != 1:
-            raise ValueError("give exactly one of prompt, messages or ids")
-        rule, tools, choice = self._reply_rule(shape, chat=messages is not None)
-        if ids is not None:
-            if not ids or not all(isinstance(t, int) and 0 <= t < e.cfg.vocab for t in ids):
-                raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")
-            return self._within(list(ids)), rule, False
-        if messages is not None:
-            from socllm.models.chat import render_chat
-            text = render_chat(e.template, chat_messages(messages, tools, choice))
-            self._fits(text)
-            return self._within(e.tokenizer.encode(text, bos=e.tokenizer.add_bos)), rule, choice != "none"
-        if not isinstance(prompt, str):
-            raise ValueError("the prompt must be a string")
-        self._fits(prompt)
-        return e.encode_prompt(prompt), rule, False
-
-    def _reply_rule(self, shape: dict, chat: bool) -> tuple:
-        """What constrains the reply (policies/grammar.py): (the compiled rule or None, the
-        tools, the tool choice: "none" without tools)."""
-        from socllm.models.tools import call_schema, check_tool_choice, check_tools
-        schema = self._response_schema(shape["response_format"])
-        tools, choice = None, "none"
-        if shape["tools"] is not None or shape["tool_choice"] not in (None, "none", "auto"):
-            if not chat:
-                raise BadParam("tools", "are for chat messages only")
-            tools = check_tools(shape["tools"])
-            choice = check_tool_choice(shape["tool_choice"], tools)
-        if shape["grammar"] is not None and (schema is not None or choice != "none"):
-            raise BadParam("grammar", "cannot be combined with response_format or tools")
-        if choice != "none":
-            return self._grammars().compile("tools", "json_schema",
-                                            call_schema(tools, choice, shape["parallel"], schema)), tools, choice
-        if schema is not None:
-            return self._grammars().compile("response_format", "json_schema", schema), tools, choice
-        if shape["grammar"] is not None:
-            return self._grammars().compile("grammar", "grammar", shape["grammar"]), tools, choice
-        return None, tools, choice
-
-    @staticmethod
-    def _response_schema(fmt) -> dict | None:
-        """OpenAI's response_format -> the JSON schema the reply must match (None: free text)."""
-        if fmt is None or fmt == {"type": "text"}:
-            return None
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind == "json_object":
-            return {"type": "object"}
-        if kind == "json_schema":
-            spec = fmt.get("json_schema")
-            if isinstance(spec, dict) and isinstance(spec.get("schema"), dict):
-                from socllm.models.tools import closed
-                return closed(spec["schema"]) if spec.get("strict") else spec["schema"]
-            raise BadParam("response_format", "json_schema needs {json_schema: {name, schema}}")
-        raise BadParam("response_format", "must be {type: text}, {type: json_object} or "
-                       "{type: json_schema, json_schema: {...}}")
-
-    def _within(self, ids: list) -> list:
-        if len(ids) >= self.pool.context:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds {self.pool.context}")
-        return ids
-
-    def _fits(self, text: str):
-        """Refuse at once a text that cannot fit the context, however it tokenizes (no token is
-        longer than max_token_chars characters): nothing that large is tokenized."""
-        e = self.pool
-        if len(text) > e.context * e.tokenizer.max_token_chars:
-            raise ValueError(f"the prompt has {len(text)} characters, more than the context "
-                             f"({e.context} tokens) can hold")
 
     async def poll(self, rid: str, seen: int = 0, timeout_s: float = 10.0,
                    coalesce_s: float = POLL_COALESCE_S, seen_logprobs: int = 0) -> dict:
@@ -465,7 +308,7 @@ class Service:
         finally:
             seq.polls -= 1
             seq.last_poll = time.monotonic()
-        return self._answer(seq, seen, seen_logprobs)
+        return self.intake.answer(seq, seen, seen_logprobs)
 
     async def poll_many(self, hub: str, asks: dict, timeout_s: float = 10.0) -> dict:
         """The polls of many requests in one call: every stream of a client's event loop (an
@@ -489,7 +332,7 @@ class Service:
             self.hubs.pop(hub, None)
             self.poked.pop(hub, None)
             _watched(live, wake, False)
-        return {rid: {"missing": True} if seqs[rid] is None else self._answer(seqs[rid], *asks[rid])
+        return {rid: {"missing": True} if seqs[rid] is None else self.intake.answer(seqs[rid], *asks[rid])
                 for rid in ready}
 
     def poke(self, hub: str):
@@ -500,45 +343,6 @@ class Service:
             wake.set()
         else:
             self.poked[hub] = True
-
-    def _answer(self, seq: Sequence, seen: int, seen_logprobs: int) -> dict:
-        """A poll's answer: the pieces after `seen`, the state, and where asked the logprobs
-        after `seen_logprobs`; an ended reply with tools, its content and tool calls."""
-        pieces = seq.pieces[seen:]
-        out = {"pieces": pieces, "seen": seen + len(pieces), "state": seq.state,
-               "finish_reason": seq.finish_reason, "error": seq.error, "usage": seq.usage()}
-        if seq.params.logprobs is not None:       # the tokens' since the last poll
-            out["logprobs"] = self._logprobs(seq, seen_logprobs)
-            out["seen_logprobs"] = seen_logprobs + len(out["logprobs"])
-        if seq.ended:
-            out["timings"] = _timings(seq)
-            if seq.params.prompt_logprobs is not None:    # once, with the end
-                out["prompt_logprobs"] = self._logprobs(seq, 0, prompt=True)
-        if seq.tools and seq.ended:           # the reply, read as models/tools.py's format
-            from socllm.models.tools import parse_reply
-            content, calls = parse_reply(seq.text)
-            out["message"] = {"content": content, "tool_calls": calls}
-            if calls and seq.finish_reason == "stop":
-                out["finish_reason"] = "tool_calls"
-        return out
-
-    def _logprobs(self, seq: Sequence, start: int, prompt: bool = False) -> list:
-        """[{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}] (OpenAI's chat
-        shape) of the tokens chosen from `start` on, a stop token left out as the text leaves it;
-        prompt: of the prompt's tokens instead (prompt_logprobs), the first with logprob and
-        top_logprobs None (nothing comes before it), each with its id and rank (vLLM's shape)."""
-        tk, stops = self.pool.tokenizer, () if seq.ignore_eos else self.pool.stop_ids
-
-        def entry(t: int, lp: float) -> dict:
-            text = tk.decode([t])
-            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-        if prompt:
-            return [entry(seq.prompt[0], None) | {"id": seq.prompt[0], "rank": None, "top_logprobs": None}] + [
-                entry(t, lp) | {"id": t, "rank": rank,
-                                "top_logprobs": [entry(a, alp) | {"id": a} for a, alp in top]}
-                for t, lp, top, rank in seq.sampler.prompt_logprobs]
-        return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
-                for t, lp, top in seq.sampler.logprobs[start:] if t not in stops]
 
     async def cancel(self, rid: str) -> bool:
         """Cancel a request: a waiting one leaves the queue, a running one stops at its next
@@ -561,28 +365,18 @@ class Service:
         out["finish"] = req.finish
         return out | {"usage": req.usage(), "plan": self.plan, "precision": self.precision,
                       "placement": {"prefill": self.runner.chunk_on, "decode": self.runner.decode_on},
-                      "timings": _timings(req)}
+                      "timings": timings(req)}
 
     async def tokenize(self, prompt: str | None = None, messages: list | None = None,
                        add_special: bool = True) -> list:
         """The ids a request with this prompt (or these chat messages, through the model's
         template) would start from; add_special False: without the BOS the model adds. In a
         thread without the GIL, as submit's; the context does not bound it (a client counts)."""
-        from socllm.models.chat import render_chat
-        from socllm.models.tools import chat_messages
-        if (prompt is None) == (messages is None):
-            raise ValueError("give exactly one of prompt or messages")
-        if prompt is not None and not isinstance(prompt, str):
-            raise ValueError("the prompt must be a string")
-        text = prompt if messages is None else render_chat(self.pool.template, chat_messages(messages, None, "none"))
-        tok = self.pool.tokenizer
-        return await asyncio.to_thread(tok.encode, text, bool(add_special) and tok.add_bos)
+        text, bos = self.intake.tokens(prompt, messages, add_special)
+        return await asyncio.to_thread(self.pool.tokenizer.encode, text, bos)
 
     def detokenize(self, ids: list) -> str:
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                and 0 <= t < self.pool.cfg.vocab for t in ids):
-            raise ValueError(f"tokens must be a list of token ids below {self.pool.cfg.vocab}")
-        return self.pool.tokenizer.decode(ids)
+        return self.intake.detokenize(ids)
 
     # -- what runs -------------------------------------------------------------------------------
     def register_frontend(self, name: str, pid: int, url: str):
@@ -655,16 +449,6 @@ def _heads(c, e):
     from socllm.actors.pool import _trim
     _trim()                   # the embedding's rows were read through a copy of its table
     return h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])
-
-
-def _timings(seq: Sequence) -> dict:
-    """How a request ran so far: time to its first token, and its prefill and decode rates."""
-    first = seq.first_token or seq.arrival
-    ttft, n_dec = first - seq.arrival, max(0, len(seq.tokens) - 1)
-    dt = (seq.finish or time.monotonic()) - first
-    return {"ttft_s": ttft, "prefill_s": first - (seq.prefill_start or first), "decode_s": dt,
-            "decode_tok_s": n_dec / dt if n_dec and dt > 0 else 0.0,
-            "prefill_tok_s": len(seq.prompt) / ttft if ttft > 0 else 0.0}
 
 
 def _wake(seq: Sequence):

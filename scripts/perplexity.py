@@ -155,7 +155,7 @@ def llama_greedy(llm, prompt: list[int], n: int) -> list[int]:
 def start_ray(threads: int = 2):
     """A private local Ray instance (never a cluster found on this machine)."""
     import ray
-    from socllm.actors.pool import OBJECT_STORE_BYTES
+    from socllm.actors.front.cluster import OBJECT_STORE_BYTES
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=threads, object_store_memory=OBJECT_STORE_BYTES,
                  include_dashboard=False, log_to_driver=False, logging_level="ERROR",

@@ -79,7 +79,7 @@ def ray_session():
     import os
 
     import ray
-    from socllm.actors.pool import OBJECT_STORE_BYTES
+    from socllm.actors.front.cluster import OBJECT_STORE_BYTES
     with _own_agent_port(free_port()):
         ctx = ray.init(address="local", num_cpus=2, object_store_memory=OBJECT_STORE_BYTES,
                        include_dashboard=True,

@@ -1,4 +1,4 @@
-"""Finding the Ray cluster (actors/cluster.py) with real `ray start` heads: one started with
+"""Finding the Ray cluster (actors/front/cluster.py) with real `ray start` heads: one started with
 --temp-dir and RAY_TMPDIR, with token authentication on, found without RAY_AUTH_MODE; a cluster
 file left by a Ray that was killed answered at once; no cluster, an error naming what was tried.
 And reap_orphans() passing over a segment it may not unlink.
@@ -144,7 +144,7 @@ def test_a_cluster_file_of_another_user_is_not_followed(short_tmp, monkeypatch):
     """A planted /tmp/ray/ray_current_cluster naming a live address redirects nothing."""
     import socket
 
-    from socllm.actors import cluster
+    from socllm.actors.front import cluster
     os.makedirs(os.path.join(short_tmp, "ray"))
     planted = os.path.join(short_tmp, "ray", "ray_current_cluster")
     with socket.socket() as s:
@@ -182,10 +182,10 @@ def test_reap_orphans_passes_over_a_segment_it_may_not_unlink(tmp_path, monkeypa
 
 @pytest.mark.parametrize("env", [{}, {"TMPDIR": "/t1"}, {"RAY_TMPDIR": "/t2", "TMPDIR": "/t1"}])
 def test_the_cluster_file_is_looked_for_by_rays_own_rule(monkeypatch, env):
-    """actors/cluster.py finds Ray's temp dir without importing Ray (`generate` to a running
+    """actors/front/cluster.py finds Ray's temp dir without importing Ray (`generate` to a running
     service imports none): the folder Ray's own function gives."""
     from ray._common.utils import get_default_system_temp_dir
-    from socllm.actors.cluster import ray_temp_root
+    from socllm.actors.front.cluster import ray_temp_root
     for name in ("RAY_TMPDIR", "TMPDIR"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():

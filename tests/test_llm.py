@@ -130,7 +130,7 @@ print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY
                        timeout=300)
     assert r.returncode == 0, r.stderr
     cmds, actors, after = [json.loads(line) for line in r.stdout.strip().splitlines()[-3:]]
-    # the private Ray runs without Ray's API server (actors/pool.py _no_api_server), and the
+    # the private Ray runs without Ray's API server (actors/front/cluster.py _no_api_server), and the
     # daemons stopped as they appeared are reaped (a zombie's cmdline() would have raised)
     # nor its dashboard libraries imported in this process only to learn they are installed:
     # the dashboard agent still runs in its full form, as Ray starts it where they are

@@ -88,20 +88,19 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         started = {p["processor"] for p in llm.status()["processors"]}
         assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
     # other knobs: another key, so a start with them is timed anew (as the first one was)
-    from socllm.actors import service
-    from socllm.actors.service import _plan_key
+    from socllm.policies.plan_cache import KERNELS, plan_key
     from socllm.policies.config import ServeConfig
     from socllm.models.gguf_file import default_model_path
     config = dataclasses.replace(ServeConfig.from_env(model=default_model_path(), http_port=0, **knobs),
                                  threads=ServeConfig.from_env().budget)
-    assert _plan_key(config) == key
-    assert _plan_key(dataclasses.replace(config, max_seqs=2)) not in (key, None)
+    assert plan_key(config, config.model) == key
+    assert plan_key(dataclasses.replace(config, max_seqs=2), config.model) not in (key, None)
     # and other kernels another: a kernel made faster must not keep a choice timed before it
     from socllm.graph import store
     saved = dict(store._digests)
     try:
-        store._digests = {k: ("0" * 64 if k[0] == service.KERNELS else v) for k, v in saved.items()}
-        assert _plan_key(config) != key
+        store._digests = {k: ("0" * 64 if k[0] == KERNELS else v) for k, v in saved.items()}
+        assert plan_key(config, config.model) != key
     finally:
         store._digests = saved
     # the agent policy's proactive chunks stop between layers on the GPU and its reactive

@@ -137,9 +137,9 @@ class ServiceNotRunning(RuntimeError):
 
 def connect(address: str | None = None) -> "Client":
     """Find the running service through Ray: this process's cluster if it has joined one, else
-    the one at `address`, else the one actors/cluster.py finds (RAY_ADDRESS, which a `ray job`
+    the one at `address`, else the one actors/front/cluster.py finds (RAY_ADDRESS, which a `ray job`
     sets, else the cluster file `ray start` wrote)."""
-    from socllm.actors.cluster import NoCluster, join
+    from socllm.actors.front.cluster import NoCluster, join
     try:
         join(address, NAMESPACE)
     except NoCluster as e:

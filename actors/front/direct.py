@@ -26,7 +26,7 @@ import urllib.parse
 
 from socllm.policies.config import ServeConfig
 
-from socllm.actors.cluster import NoCluster, find
+from socllm.actors.front.cluster import NoCluster, find
 
 
 SHAPING_OFF = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -42,7 +42,7 @@ def _folder() -> str:
 
 
 def record_path(address: str) -> str:
-    """The record of the service on the cluster at `address` (the form actors/cluster.py finds)."""
+    """The record of the service on the cluster at `address` (the form actors/front/cluster.py finds)."""
     return os.path.join(_folder(), "service-" + re.sub(r"[^A-Za-z0-9.-]", "_", address) + ".json")
 
 

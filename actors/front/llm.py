@@ -44,9 +44,9 @@ class LLM:
 
         from socllm.models.gguf_file import model_path
         from socllm.policies.config import ServeConfig
-        from socllm.actors.pool import ray_env_options
+        from socllm.actors.front.cluster import ray_env_options
         from socllm.actors.front.client import Client
-        from socllm.actors.pool import ensure_ray
+        from socllm.actors.front.cluster import ensure_ray
         from socllm.actors.service import Service
         bad = {"http_host", "http_port"} & set(knobs)
         if bad:
@@ -92,7 +92,7 @@ class LLM:
             ray.kill(self._service)
             self._service = None
         if self._started_ray:
-            from socllm.actors.pool import stop_ray
+            from socllm.actors.front.cluster import stop_ray
             stop_ray()
             self._started_ray = False
 

@@ -206,7 +206,7 @@ def _moe(tasks: list, chunk: int, model: str | None) -> dict:
 
 def _auto_plans() -> dict:
     """What `socllm serve --plan auto` timed and chose at earlier starts on this machine
-    (actors/service.py plan cache): model and processors -> plan and chunk times."""
+    (policies/plan_cache.py): model and processors -> plan and chunk times."""
     from socllm.policies.config import EngineConfig
-    from socllm.actors.service import _plan_cache
-    return _plan_cache(EngineConfig.from_env().cache_dir)
+    from socllm.policies.plan_cache import plan_cache
+    return plan_cache(EngineConfig.from_env().cache_dir)

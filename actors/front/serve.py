@@ -15,10 +15,10 @@ from socllm.policies.placement import NPU_MARGIN
 from socllm.actors.service import NAME, NAMESPACE
 
 def _join(address: str | None) -> str:
-    """Join the Ray cluster the user runs (actors/cluster.py: --address, RAY_ADDRESS, Ray's
+    """Join the Ray cluster the user runs (actors/front/cluster.py: --address, RAY_ADDRESS, Ray's
     cluster file) and return its address; NoCluster, naming what was tried, if none answers.
     Nothing is started."""
-    from socllm.actors.cluster import join
+    from socllm.actors.front.cluster import join
     return join(address, NAMESPACE)
 
 
@@ -46,7 +46,7 @@ def serve(a) -> int:
     import ray
 
     from socllm.policies.config import ServeConfig
-    from socllm.actors.pool import ray_env_options
+    from socllm.actors.front.cluster import ray_env_options
     from socllm.actors.front.cli import config_of
     from socllm.actors.service import Service
     if a.model is not None and not os.path.isfile(a.model):
@@ -160,7 +160,7 @@ def _gone(pids: list[int], timeout: float = 60.0):
 
 
 def stop(a) -> int:
-    from socllm.actors.cluster import NoCluster
+    from socllm.actors.front.cluster import NoCluster
     from socllm.actors.front.direct import remove_record
     try:
         address = _join(a.address)
@@ -257,7 +257,7 @@ def generate_served(a) -> int | None:
     """Run `socllm generate` on the running service; None when there is none (a private
     engine runs it). A cluster named with --address must answer; one found otherwise that does
     not (a cluster file left by a Ray that died) is passed over with a note."""
-    from socllm.actors.cluster import NoCluster
+    from socllm.actors.front.cluster import NoCluster
     try:
         _join(a.address)
     except NoCluster as e:
