@@ -15,6 +15,8 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from socllm.policies.request import QueueFull, Sequence
 
 from socllm.actors.runner import ProcessorLost
@@ -161,10 +163,10 @@ class Engine:
             # gives up its buffer and starts over later (at most one chunk's work), so that no
             # proactive chunk ever runs whole where a reactive arrival would wait for all of it
             part = self.part = None
-        # reactive chunks run whole in the first buffer (and those whose every row's logits
-        # are asked for: prompt_logprobs)
+        # reactive chunks run whole in the first buffer (and those whose every row's output
+        # is asked for: prompt_logprobs, an embedding)
         if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:] \
-                or seq.params.prompt_logprobs is not None:
+                or seq.every_row:
             self._prefill_chunk(seq)
             return False
         return self._prefill_spans(seq)
@@ -182,14 +184,16 @@ class Engine:
     def _end_chunk(self, seq: Sequence, rows: list, last: bool, logits, t0: float):
         seq.computed += len(rows)
         self._name_blocks(seq)
-        if last:
+        if last and seq.embed is not None:
+            self._embedded(seq)
+        elif last:
             self.accept(seq, self._sample(seq, logits[0]))
         self.times["prefill_chunks"] += 1
         self.times["prefill_s"] += time.perf_counter() - t0
 
     def _prefill_chunk(self, seq: Sequence):
         t0 = time.perf_counter()
-        if seq.params.prompt_logprobs is not None:
+        if seq.every_row:
             return self._prefill_logged(seq, t0)
         rows, last = self._start_chunk(seq, self.config.prefill_chunk)
         self.doing = f"chunk {seq.priority} {len(rows)}"
@@ -207,9 +211,30 @@ class Engine:
         logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=True)
         logged = seq.sampler.prompt_logprobs
         for i, (_, pos, _) in enumerate(rows):
-            if pos == len(logged) and pos + 1 < len(seq.prompt):
+            if pos == len(logged) and pos + 1 < len(seq.prompt) and seq.params.prompt_logprobs is not None:
                 seq.sampler.log_prompt(logits[i], seq.prompt[pos + 1])
+        if seq.embed is not None:
+            self._pool(seq, rows)
         self._end_chunk(seq, rows, last, logits[len(rows) - 1:], t0)
+
+    def _pool(self, seq: Sequence, rows: list):
+        """An embedding's rows: each prompt row's final-normed hidden state (the LM head's
+        input), summed ("mean") or the last kept ("last"), each row once (a request re-prefilled
+        after a preemption pools only the rows it had not)."""
+        hidden = self.runner.hidden_rows()
+        for i, (_, pos, _) in enumerate(rows):
+            if pos == seq.embedded:
+                h = hidden[i].astype(np.float64)
+                seq.embedding = h if seq.embed == "last" or seq.embedding is None else seq.embedding + h
+                seq.embedded += 1
+
+    def _embedded(self, seq: Sequence):
+        """The embedding's vector, L2-normalized (as OpenAI's and llama-server's are); the
+        request ends without a reply."""
+        v = seq.embedding / (seq.embedded if seq.embed == "mean" else 1)
+        norm = float(np.linalg.norm(v))
+        seq.embedding = (v / norm if norm > 0 else v).astype(np.float32).tolist()
+        self.end(seq, "finished", "stop")
 
     def _prefill_spans(self, seq: Sequence) -> bool:
         """Agent.xpu §4.4 ②: spans of about slice_s (the per-stage time learned from earlier

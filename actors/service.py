@@ -260,29 +260,29 @@ class Service:
                      ignore_eos: bool = False, response_format: dict | None = None,
                      grammar: str | None = None, tools: list | None = None, tool_choice=None,
                      parallel_tool_calls: bool | None = None, queue_bound: bool = True,
-                     speculate: str | None = None, **sampling) -> str:
+                     speculate: str | None = None, embed: str | None = None, **sampling) -> str:
         """A new request: bad input raises ValueError before it queues, one too many waiting
-        QueueFull. Returns an unguessable handle (a client reads and cancels only its own). The
-        prompt is tokenized beside the loop in a thread without the GIL (models/tokenizer.py): a
-        huge one stalls no one. response_format (OpenAI's), grammar (Lark or GBNF) and tools
-        (with tool_choice, parallel_tool_calls; chat only) constrain the reply (policies/
-        grammar.py); speculate: its drafting (policies/drafting.py MODES; None: the service's);
-        queue_bound False: the 2nd .. nth choice of one request (HTTP's n), past max_waiting."""
+        QueueFull. -> an unguessable handle (a client reads and cancels only its own). Tokenized
+        beside the loop in a thread without the GIL: a huge prompt stalls no one. response_format (OpenAI's), grammar (Lark or GBNF) and tools (with tool_choice,
+        parallel_tool_calls; chat only) constrain the reply (policies/grammar.py); speculate:
+        policies/drafting.py MODES; queue_bound False: the 2nd .. nth choice of one request
+        (HTTP's n); embed "mean" | "last": the prompt's embedding, no reply (Intake.check_embed)."""
         self.loop = asyncio.get_running_loop()
         if self.pool is None:
             raise RuntimeError(self.error or "the service is still starting")
         self.intake.check_params(priority, speculate, sampling)
-        asked = {k: v for k, v in sampling.items() if v is not None}
+        sampling = self.intake.check_embed(embed, messages, sampling, self.runner.hidden_rows() is not None,
+                                           (response_format, grammar, tools))
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
         ids, rule, tooled = await asyncio.to_thread(self.intake.prompt_ids, prompt, messages, ids, shape)
-        # OpenAI's default max_tokens: up to the context's end
-        params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)), **asked})
+        params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)),  # OpenAI's
+                                   **{k: v for k, v in sampling.items() if v is not None}})
         seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop, ignore_eos=bool(ignore_eos),
                        sampler=Sampler(params, ids, () if ignore_eos else self.pool.stop_ids),
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
                        constraint=rule and self.intake.grammars().constraint(rule), tools=tooled,
-                       speculate=speculate)
+                       speculate=speculate, embed=embed)
         self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
         return seq.id
 

@@ -65,6 +65,7 @@ class Request:
     arrived_during: str = ""              # what the service's loop was running when it arrived
     first_token: float | None = None
     finish: float | None = None
+    embed: str | None = None              # "mean" | "last": an embedding of the prompt, no reply
 
     def __post_init__(self):
         check_priority(self.priority)
@@ -83,6 +84,12 @@ class Request:
     def ids(self) -> list:
         """Every row's token: prompt and generated."""
         return self.prompt + self.tokens
+
+    @property
+    def every_row(self) -> bool:
+        """Each prompt row's output is asked for (prompt_logprobs, an embedding): no row may
+        come from the prefix cache."""
+        return self.params.prompt_logprobs is not None or self.embed is not None
 
     @property
     def prefilled(self) -> bool:
@@ -146,6 +153,8 @@ class Sequence(Request):
     tools: bool = False                   # its reply is models/tools.py's JSON (tool calls)
     speculate: str | None = None          # policies/drafting.py MODES; None: the service's
     spec: object = None                   # policies/drafting.Speculation, once it drafts
+    embedding: object = None              # embed: the pooled hidden states so far, then the vector
+    embedded: int = 0                     # embed: prompt rows pooled so far
 
     __eq__, __hash__ = object.__eq__, object.__hash__     # one object per request: identity
 

@@ -83,9 +83,9 @@ class FCFS:
         """A waiting request's blocks: those of the prefix cache holding its leading rows (their
         rows count as computed), then blank ones for the rest. False, holding nothing, if the
         rest does not fit."""
-        # a request that asks every prompt row's logits (prompt_logprobs) computes every row
-        found = self.kv.match(req.blocks, req.names, req.ids, req.rows) \
-            if req.params.prompt_logprobs is None else 0
+        # a request that asks every prompt row's output (prompt_logprobs, an embedding)
+        # computes every row
+        found = self.kv.match(req.blocks, req.names, req.ids, req.rows) if not req.every_row else 0
         if not self.kv.can_grow(req.blocks, req.rows):
             self.kv.release(req.blocks, req.names)
             return False

@@ -376,3 +376,30 @@ def test_n_choices_stream_interleaved_by_index(oa):
     assert sorted(texts) == [0, 1, 2] and sorted(reasons) == [0, 1, 2]
     assert [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]   # seeds 4, 5, 6
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_embeddings_through_the_openai_client_are_the_oracles(oa, door, oracle, tokenizer):
+    """/v1/embeddings with the official client (which asks for base64 unless told otherwise)
+    and as floats: the mean of the prompt rows' final hidden states, L2-normalized, as the
+    oracle computes it, one per input in order; usage counts the inputs' tokens. What the
+    service does not honour is a 400 naming it; the key is needed here too."""
+    import numpy as np
+    import requests
+    texts = ["The capital of France is", "def fib(n):\n    return n", "Once upon a time"]
+    want = []
+    for t in texts:
+        ids = tokenizer.encode(t)
+        h = oracle._hidden(ids, 0, oracle.new_cache(len(ids))).astype(np.float64).mean(0)
+        want.append(h / np.linalg.norm(h))
+    for fmt in ({}, {"encoding_format": "float"}):
+        r = oa.embeddings.create(model="m", input=texts, **fmt)
+        assert [d.index for d in r.data] == [0, 1, 2]
+        np.testing.assert_allclose([d.embedding for d in r.data], want, atol=2e-5)
+        assert r.usage.prompt_tokens == sum(len(tokenizer.encode(t)) for t in texts)
+    url, auth = door[1] + "/v1/embeddings", {"Authorization": f"Bearer {KEY}"}
+    assert requests.post(url, json={"input": "Hi"}, timeout=60).status_code == 401
+    for body, param in (({"input": "Hi", "dimensions": 8}, "dimensions"), ({"input": ""}, "input"),
+                        ({"input": []}, "input"), ({"input": "Hi", "encoding_format": "hex"}, "encoding_format"),
+                        ({"input": "Hi", "pooling": "max"}, "embed")):
+        r = requests.post(url, json=body, headers=auth, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)

@@ -139,3 +139,31 @@ print(json.dumps({{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "SOCLLM_RAY
     assert len(actors) == 2 and all(e == {"OMP_NUM_THREADS": "1", "POCL_MAX_PTHREAD_COUNT": "1"}
                                     for e in actors)
     assert after == {"OMP_NUM_THREADS": None, "SOCLLM_RAY_ENV": None, "aiohttp": False}
+
+
+def _oracle_embedding(oracle, ids: list, pooling: str):
+    import numpy as np
+    h = oracle._hidden(ids, 0, oracle.new_cache(len(ids))).astype(np.float64)
+    v = h.mean(0) if pooling == "mean" else h[-1]
+    return v / np.linalg.norm(v)
+
+
+def test_embeddings_are_the_oracles_pooled_hidden_states(llm, oracle, tokenizer):
+    """An embedding: the prompt rows' final-normed hidden states (the LM head's input), their
+    mean or the last, L2-normalized, as the oracle computes them; prompts longer than one
+    step's rows (4 here), in order; a prompt whose blocks an earlier request left in the prefix
+    cache is computed whole (every row's state is needed)."""
+    import numpy as np
+    texts = [PROMPTS[0], PROMPTS[2] + " " + PROMPTS[1]]
+    llm.generate(texts[1], max_tokens=2)
+    for pooling in ("mean", "last"):
+        got = np.array(llm.embed(texts, pooling))
+        want = [_oracle_embedding(oracle, tokenizer.encode(t), pooling) for t in texts]
+        np.testing.assert_allclose(got, want, atol=2e-5)
+        assert abs(float(got[0] @ got[1])) < 0.999          # different texts, different vectors
+    [one] = llm.embed(tokenizer.encode(PROMPTS[1]))          # token ids
+    np.testing.assert_allclose(one, _oracle_embedding(oracle, tokenizer.encode(PROMPTS[1]), "mean"), atol=2e-5)
+    for bad, name in ((dict(pooling="max"), "embed"), (dict(inputs=""), "empty")):
+        with pytest.raises(ValueError, match=name):
+            llm.embed(**{"inputs": PROMPTS[0], **bad})
+    assert llm.status()["kv"]["sequences_used"] == 0

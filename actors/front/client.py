@@ -264,6 +264,22 @@ class Client:
             return {"role": "assistant", "content": text, "tool_calls": []}
         return {"role": "assistant", **said}
 
+    def embed(self, inputs, pooling: str = "mean", **params) -> list:
+        """The embedding of each input (a string, token ids, or a list of those), in order: its
+        rows' final hidden states pooled ("mean" or "last"), L2-normalized."""
+        batch = [inputs] if isinstance(inputs, str) or inputs and isinstance(inputs[0], int) else inputs
+        if not isinstance(batch, (list, tuple)) or not batch:
+            raise ValueError("give one input (text or token ids) or a non-empty list of them")
+        rids = [self.submit(**({"ids": x} if isinstance(x, list) else {"prompt": x}), embed=pooling,
+                            queue_bound=i == 0, **params) for i, x in enumerate(batch)]
+        return [self._embedding(rid) for rid in rids]
+
+    def _embedding(self, rid: str) -> list:
+        out = None
+        for out in self.polls(rid):
+            pass
+        return out["embedding"]
+
     def _run(self, stream: bool, **request):
         it = self.pieces(self.submit(**request))
         return it if stream else "".join(it)

@@ -23,8 +23,10 @@ Ray 2.5x; 1 of 50 and 0 of 30 on Ray 2.60): the disconnect never reaches the rep
 polls on until the generation ends or Serve stops taking its pieces (then --abandon-s applies).
 """
 import asyncio
+import base64
 import hmac
 import json
+import struct
 import time
 from contextlib import aclosing, asynccontextmanager
 
@@ -172,6 +174,29 @@ def _one_prompt(p) -> dict:
         raise BadRequest("'prompt' must be a non-empty string, a list of token ids, or a list "
                          "of those (a batch)", "prompt")
     return {"prompt": p}
+
+
+MAX_INPUTS = 256          # inputs of one embeddings request
+
+
+def _embed_inputs(v) -> list:
+    """OpenAI's embeddings input: a text, token ids, or a list of either -> submit()'s
+    arguments, one per input."""
+    batch = [v] if isinstance(v, str) or _token_ids(v) else v
+    if not isinstance(batch, list) or not batch or len(batch) > MAX_INPUTS:
+        raise BadRequest(f"'input' must be a non-empty string, a list of token ids, or a list of "
+                         f"at most {MAX_INPUTS} of those", "input")
+    out = []
+    for x in batch:
+        if not (_token_ids(x) or isinstance(x, str) and x.strip()):
+            raise BadRequest("each 'input' must be a non-empty string or a list of token ids", "input")
+        out.append({"ids": x} if _token_ids(x) else {"prompt": x})
+    return out
+
+
+def _encoded(v: list, fmt: str):
+    """An embedding as OpenAI sends it: floats, or base64 of little-endian float32s."""
+    return v if fmt == "float" else base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode()
 
 
 def parse(body, chat: bool) -> dict:
@@ -476,6 +501,38 @@ class OpenAIServer:
             _only(body, {"tokens", "model"})
             text = await self.svc.detokenize.remote(body.get("tokens"))
             return {"content": text, "prompt": text}
+        return await self._tool(request, run)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(self, request: Request):
+        """OpenAI's: {"input": text | ids | a list of those, "encoding_format": "float" |
+        "base64"} -> {"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+        "model", "usage"}; the extension "pooling": "mean" (default) | "last" (the prompt rows'
+        final hidden states, L2-normalized: actors/engine.py _pool)."""
+        async def run(body):
+            _only(body, {"input", "model", "encoding_format", "user", "pooling"})
+            inputs = _embed_inputs(body.get("input"))
+            fmt = body.get("encoding_format") or "float"
+            if fmt not in ("float", "base64"):
+                raise BadRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+            pooling = body.get("pooling") or "mean"
+            rids = []
+            try:
+                for i, x in enumerate(inputs):          # one request each, queued together
+                    rids.append(await self.svc.submit.remote(**x, embed=pooling, queue_bound=i == 0))
+                outs = [r[1] for r in await asyncio.gather(*(self._gather(rid) for rid in rids))]
+            finally:
+                for rid in rids:                         # a no-op for those that ended
+                    self.svc.cancel.remote(rid)
+            for o in outs:
+                if o.get("embedding") is None:          # failed or cancelled inside the service
+                    raise BadRequest(f"an input was not embedded ({o['state']}: {o.get('error')})",
+                                     status=500)
+            n = sum(o["usage"]["prompt_tokens"] for o in outs)
+            return {"object": "list", "model": self.model,
+                    "data": [{"object": "embedding", "index": i, "embedding": _encoded(o["embedding"], fmt)}
+                             for i, o in enumerate(outs)],
+                    "usage": {"prompt_tokens": n, "total_tokens": n}}
         return await self._tool(request, run)
 
     async def _tool(self, request: Request, run):

@@ -13,6 +13,7 @@ from socllm.policies.drafting import MODES as SPECULATE
 from socllm.policies.sampling import BadParam, SamplingParams
 
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+EMBED = ("mean", "last")        # an embedding's pooling of the prompt rows' final hidden states
 
 
 class Intake:
@@ -40,6 +41,26 @@ class Intake:
                 raise BadParam("speculate", "heads: this service has no draft heads for its model")
         SamplingParams(**{"max_tokens": self.pool.context,                   # a bad value
                           **{k: v for k, v in sampling.items() if v is not None}})
+
+    def check_embed(self, embed, messages, sampling: dict, hidden: bool, shape: tuple) -> dict:
+        """An embedding request (embed not None): a pooling this service has, a prompt (text or
+        ids: no chat messages, and none of shape's response_format, grammar, tools), no reply's
+        sampling; hidden: whether this plan's decode steps write the rows' hidden states
+        (runner.hidden_rows). -> the sampling fields to take (one token's: it never decodes)."""
+        if embed is None:
+            return sampling
+        if embed not in EMBED:
+            raise BadParam("embed", f"must be one of {', '.join(EMBED)}, got {embed!r}")
+        if messages is not None or any(x is not None for x in shape):
+            raise BadParam("embed", "takes a prompt (text or token ids): no chat messages, "
+                                    "response_format, grammar or tools")
+        for name, v in sampling.items():
+            if v is not None and name != "max_tokens":
+                raise BadParam(name, "is not taken by an embedding request")
+        if not hidden:
+            raise ValueError("embeddings need a plan whose decode steps run on the GPU or the CPU "
+                             "(this service's write no hidden states)")
+        return {"max_tokens": 1}
 
     def grammars(self):
         """The mask library on this model's tokenizer, built at the first constrained request."""
@@ -136,6 +157,8 @@ class Intake:
             out["timings"] = timings(seq)
             if seq.params.prompt_logprobs is not None:    # once, with the end
                 out["prompt_logprobs"] = self._logprobs(seq, 0, prompt=True)
+        if seq.embed is not None and seq.ended:
+            out["embedding"] = seq.embedding
         if seq.tools and seq.ended:           # the reply, read as models/tools.py's format
             from socllm.models.tools import parse_reply
             content, calls = parse_reply(seq.text)

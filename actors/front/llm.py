@@ -76,6 +76,13 @@ class LLM:
             conversations = [conversations]
         return self._batch([dict(messages=m, **params) for m in _listed(conversations, list)])
 
+    def embed(self, inputs, pooling: str = "mean") -> list:
+        """The embedding of each input (a string, token ids, or a list of those), in order: its
+        rows' final hidden states pooled ("mean" or "last"), L2-normalized (list of floats)."""
+        if self._service is None:
+            raise RuntimeError("this socllm.LLM is closed")
+        return self._client.embed(inputs, pooling)
+
     def status(self) -> dict:
         """The engine's status (as `socllm status --json` shows a service's)."""
         import ray
