@@ -193,6 +193,8 @@ class Engine:
 
     def _prefill_chunk(self, seq: Sequence):
         t0 = time.perf_counter()
+        if seq.embed is not None:
+            return self._prefill_embed(seq, t0)
         if seq.every_row:
             return self._prefill_logged(seq, t0)
         rows, last = self._start_chunk(seq, self.config.prefill_chunk)
@@ -211,11 +213,18 @@ class Engine:
         logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=True)
         logged = seq.sampler.prompt_logprobs
         for i, (_, pos, _) in enumerate(rows):
-            if pos == len(logged) and pos + 1 < len(seq.prompt) and seq.params.prompt_logprobs is not None:
+            if pos == len(logged) and pos + 1 < len(seq.prompt):
                 seq.sampler.log_prompt(logits[i], seq.prompt[pos + 1])
-        if seq.embed is not None:
-            self._pool(seq, rows)
         self._end_chunk(seq, rows, last, logits[len(rows) - 1:], t0)
+
+    def _prefill_embed(self, seq: Sequence, t0: float):
+        """A chunk of an embedding's prompt, on the base processor's chunk program, whose final
+        norm writes every row's hidden state to the pool (runner.hidden_rows), pooled at once."""
+        rows, last = self._start_chunk(seq, self.config.prefill_chunk)
+        self.doing = f"chunk {seq.priority} {len(rows)} (embedding)"
+        logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False, on=self.runner.base)
+        self._pool(seq, rows)
+        self._end_chunk(seq, rows, last, logits, t0)
 
     def _pool(self, seq: Sequence, rows: list):
         """An embedding's rows: each prompt row's final-normed hidden state (the LM head's

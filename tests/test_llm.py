@@ -150,11 +150,12 @@ def _oracle_embedding(oracle, ids: list, pooling: str):
 
 def test_embeddings_are_the_oracles_pooled_hidden_states(llm, oracle, tokenizer):
     """An embedding: the prompt rows' final-normed hidden states (the LM head's input), their
-    mean or the last, L2-normalized, as the oracle computes them; prompts longer than one
-    step's rows (4 here), in order; a prompt whose blocks an earlier request left in the prefix
-    cache is computed whole (every row's state is needed)."""
+    mean or the last, L2-normalized, as the oracle computes them, in order; a prompt longer than
+    one chunk (128 rows), pooled over both; a prompt whose blocks an earlier request left in the
+    prefix cache is computed whole (every row's state is needed)."""
     import numpy as np
-    texts = [PROMPTS[0], PROMPTS[2] + " " + PROMPTS[1]]
+    texts = [PROMPTS[0], " ".join([PROMPTS[2], PROMPTS[1], PROMPTS[0]] * 6)]
+    assert 128 < len(tokenizer.encode(texts[1])) < 250
     llm.generate(texts[1], max_tokens=2)
     for pooling in ("mean", "last"):
         got = np.array(llm.embed(texts, pooling))
