@@ -13,7 +13,7 @@ The targets (the default model, greedy, one stream):
   tokens  socllm's with drafting identical to its own without (the target is at --precision f32).
 
 What runs. socllm: one socllm.LLM engine (service speculate "auto", plan gpu, policy fcfs,
-max_seqs 9: a lone request has 8 more rows for drafts; 2 threads), each request's `speculate`
+max_seqs 16, `serve`'s: a lone request has 15 more rows for drafts, --draft-max of them; 2 threads), each request's `speculate`
 field set to each of --modes. llama.cpp: Llama(n_threads=2, n_threads_batch=2, n_ctx=2048)
 through create_chat_completion(stream=True, temperature=0); "lookupN" is the same with
 draft_model=LlamaPromptLookupDecoding(num_pred_tokens=N) (one Llama object for every lookup
@@ -67,6 +67,7 @@ from socllm.policies.drafting import MODES
 HERE = Path(__file__).resolve().parent
 PROMPTS = HERE / "data" / "spec_prompts.json"
 RESULTS = HERE / "results"
+MAX_SEQS = 16             # socllm serve's default
 KINDS = ("grounded", "open")
 THREADS = 2
 CONTEXT = 2048
@@ -263,7 +264,7 @@ class Socllm:
 
     def __init__(self, model, precision: str, draft_max: int, prefix_cache: bool):
         import socllm
-        self.llm = socllm.LLM(model, precision=precision, plan="gpu", policy="fcfs", max_seqs=9,
+        self.llm = socllm.LLM(model, precision=precision, plan="gpu", policy="fcfs", max_seqs=MAX_SEQS,
                               threads=THREADS, context=CONTEXT, speculate="auto",
                               draft_max=draft_max, prefix_cache=prefix_cache)
         self.client, self.service = self.llm._client, self.llm._service
@@ -400,7 +401,7 @@ def main(argv=None) -> int:
     engines: dict = {}                  # variant -> (runner, run's extra argument)
     socllm_engine = lookup = None
     try:
-        print(f"# socllm: starting ({a.precision}, plan gpu, fcfs, max_seqs 9)", flush=True)
+        print(f"# socllm: starting ({a.precision}, plan gpu, fcfs, max_seqs {MAX_SEQS})", flush=True)
         socllm_engine = Socllm(a.model, a.precision, a.draft_max, a.prefix_cache)
         report["socllm_describe"] = socllm_engine.llm.describe
         for m in modes:
