@@ -22,7 +22,7 @@ prompt is one user message through each engine's reading of the GGUF's chat temp
 --max-tokens, EOS ends it. For each of --reps repetitions, each prompt runs once on every variant,
 the variants' order rotated from prompt to prompt and rep to rep; a warm-up run of every variant
 comes first and is not kept. Only one engine works at a time: socllm's stays open and idle while
-llama.cpp runs. By default neither engine reuses an earlier request's prompt (socllm's prefix
+llama.cpp runs, in a process of its own (LlamaCppProcess: in one process both decoded slower). By default neither engine reuses an earlier request's prompt (socllm's prefix
 cache off; llama-cpp-python's Llama reset before each request), so every run prefills its whole
 prompt and end-to-end times compare; --prefix-cache leaves both on.
 
@@ -354,6 +354,40 @@ class LlamaCpp:
                 "text": "".join(pieces), "ids": ids}
 
 
+class LlamaCppProcess:
+    """A LlamaCpp in a process of its own, asked over a pipe (one JSON line each way): its
+    threads and memory apart from socllm's engine and this process. With both engines in this
+    process each decoded slower (the 2-core Xeon VM, 6 grounded prompts: socllm off 44-60 tok/s
+    against 67-73, llama.cpp 52-65 against 71-78), and the ratios moved little."""
+
+    def __init__(self, gguf: str, lookup: bool, keep_cache: bool):
+        self.proc = subprocess.Popen([sys.executable, "-m", "socllm.scripts.spec_bench", "--serve-llama",
+                                      json.dumps([gguf, lookup, keep_cache])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, messages: list, max_tokens: int, num_pred: int | None) -> dict:
+        self.proc.stdin.write(json.dumps([messages, max_tokens, num_pred]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the llama.cpp process ended (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _serve_llama(spec: str) -> int:
+    """--serve-llama: one LlamaCpp answering LlamaCppProcess's lines until stdin closes."""
+    gguf, lookup, keep_cache = json.loads(spec)
+    eng = LlamaCpp(gguf, lookup, keep_cache)
+    for line in sys.stdin:
+        messages, max_tokens, num_pred = json.loads(line)
+        print(json.dumps(eng.run(messages, max_tokens, num_pred)), flush=True)
+    return 0
+
+
 # -- the run -------------------------------------------------------------------------------------
 def _git() -> str:
     try:
@@ -382,7 +416,10 @@ def main(argv=None) -> int:
                     help="leave socllm's prefix cache and llama-cpp-python's prompt reuse on")
     ap.add_argument("--model", default=None, help="a GGUF (default: the default model)")
     ap.add_argument("--tag", default="2core")
+    ap.add_argument("--serve-llama", default=None, help=argparse.SUPPRESS)   # LlamaCppProcess's child
     a = ap.parse_args(argv)
+    if a.serve_llama:
+        return _serve_llama(a.serve_llama)
     kinds = [k for k in a.kinds.split(",") if k]
     if not set(kinds) <= set(KINDS):
         ap.error(f"--kinds: of {', '.join(KINDS)}")
@@ -412,9 +449,9 @@ def main(argv=None) -> int:
                 report["llama_cpp"] = llama_cpp.__version__
                 for name, n in llamas:
                     if n is None:
-                        engines[name] = (LlamaCpp(gguf, False, a.prefix_cache), None)
+                        engines[name] = (LlamaCppProcess(gguf, False, a.prefix_cache), None)
                     else:
-                        lookup = lookup or LlamaCpp(gguf, True, a.prefix_cache)
+                        lookup = lookup or LlamaCppProcess(gguf, True, a.prefix_cache)
                         engines[name] = (lookup, n)
             except ImportError as e:
                 report["missing"]["llama.cpp"] = (f"llama-cpp-python is not installed ({e}): "
@@ -445,6 +482,8 @@ def main(argv=None) -> int:
     finally:
         if socllm_engine is not None:
             socllm_engine.close()
+        for eng in {id(e): e for e, _ in engines.values() if e is not socllm_engine}.values():
+            eng.close()
     report["load_after"] = os.getloadavg()
     prompt_rows = per_prompt(rows, prompts, variants)
     kinds_out = per_kind(prompt_rows, rows, variants)
