@@ -170,24 +170,39 @@ class StepCosts:
     profile measured at start where there is one (runner.profile_batches), then an average of the
     steps that ran (the cost under today's contention and context lengths, Ghidorah §III-C3). A
     row count not seen yet costs what the largest count below it costs: optimistic, so that the
-    chooser tries it once and learns."""
+    chooser tries it once and learns. So does one not seen for STALE steps whose cost is above
+    that: a slow step (a busy moment) would otherwise keep the chooser from ever trying that many
+    rows again, and so from learning that they pay (measured: one run drafted almost nothing
+    after a 2-row step had once taken 55 ms, where 2 rows take ~14); its next step is learned
+    afresh."""
+
+    STALE = 256
 
     def __init__(self, max_rows: int, profile: dict | None = None, weight: float = 0.2):
         self.max_rows, self.weight = max_rows, weight
         self.s = [None] * (max_rows + 1)
+        self.at = [None] * (max_rows + 1)      # the step at which each count was last observed
+        self.steps = 0
         for n, sec in (profile or {}).items():
             if 1 <= n <= max_rows:
                 self.s[n] = float(sec)
 
     def observe(self, n: int, seconds: float):
+        self.steps += 1
         if 1 <= n <= self.max_rows:
-            old = self.s[n]
+            old = None if self._stale(n) else self.s[n]
             self.s[n] = seconds if old is None else old + self.weight * (seconds - old)
+            self.at[n] = self.steps
+
+    def _stale(self, n: int) -> bool:
+        return self.at[n] is not None and self.steps - self.at[n] > self.STALE
 
     def table(self) -> list:
         out, last = [0.0], None
         for n in range(1, self.max_rows + 1):
-            last = self.s[n] if self.s[n] is not None else last
+            s = self.s[n]
+            if s is not None and not (self._stale(n) and last is not None and s > last):
+                last = s
             out.append(last if last is not None else 1.0)
         return out
 

@@ -124,6 +124,24 @@ def test_step_costs_start_from_the_profile_and_learn():
     assert StepCosts(2).table() == [0.0, 1.0, 1.0]
 
 
+def test_a_row_count_that_once_ran_slow_is_tried_again_later():
+    """One slow 2-row step must not keep 2-row steps from being tried for good: after STALE
+    steps without one, 2 rows cost what 1 row costs again (optimistic, as an unseen count), and
+    the next 2-row step is learned afresh, not averaged into the old one."""
+    c = StepCosts(4, {1: 0.010, 2: 0.012})
+    for _ in range(10):
+        c.observe(2, 0.055)
+    assert c.table()[2] > 0.04
+    for _ in range(StepCosts.STALE):
+        c.observe(1, 0.010)
+    assert c.table()[2] > 0.04                     # not yet stale
+    c.observe(1, 0.010)
+    assert c.table()[2] == c.table()[1] == pytest.approx(0.010)
+    c.observe(2, 0.013)
+    assert c.table()[2] == pytest.approx(0.013)    # afresh
+    assert c.table()[3] == c.table()[2]
+
+
 def test_modes_are_checked():
     assert check_mode("lookup") == "lookup"
     with pytest.raises(ValueError, match="speculate"):
