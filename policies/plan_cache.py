@@ -25,14 +25,20 @@ def processors_for(plan: str) -> tuple:
 KERNELS = ("actors/cpu", "actors/gpu", "actors/npu")   # the processors' kernels (plan_key)
 
 
+def cpu_name() -> str:
+    """This machine's CPU model as /proc/cpuinfo names it (else the architecture)."""
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                    platform.machine())
+
+
 def plan_key(c, model_file: str) -> str:
     """What an auto plan's choice depends on: the model file, this machine (its CPU, its OpenCL
     drivers, an NPU's device node), the knobs, the rule, and the processors' kernels (a kernel
     made faster changes the timings the choice was made from)."""
     path = os.path.realpath(model_file)
     st = os.stat(path)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.machine())
+    cpu = cpu_name()
     icd = "/etc/OpenCL/vendors"
     drivers = ",".join(sorted(os.listdir(icd))) if os.path.isdir(icd) else ""
     npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 
 SIZES = (1, 2, 4, 8, 16)
@@ -39,8 +38,8 @@ def main(argv=None) -> int:
                 prof = r.profile_batches(a.max_seqs)
                 runs[plan].append({n: 1e3 * prof[n] for n in SIZES if n <= a.max_seqs})
     sizes = [n for n in SIZES if n <= a.max_seqs]
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.machine())
+    from socllm.policies.plan_cache import cpu_name
+    cpu = cpu_name()
     out = {"device": f"{cpu}, {c.budget} threads (the gpu actor: PoCL; the npu actor: OpenVINO CPU)",
            "precision": a.precision, "what": "ms of a decode step of B rows (min/median/max over "
            "repetitions of the fastest of 3)", "by_batch": {}}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -70,8 +69,8 @@ def main(argv=None) -> int:
             vecs[eng] = out["vectors"]
     import numpy as np
     cos = [float(np.dot(x, y) / np.linalg.norm(x) / np.linalg.norm(y)) for x, y in zip(vecs["socllm"], vecs["llamacpp"])]
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.machine())
+    from socllm.policies.plan_cache import cpu_name
+    cpu = cpu_name()
     res = {"device": f"{cpu}, 2 threads", "texts": len(TEXTS),
            "tok_s": {k: [round(min(v)), round(statistics.median(v)), round(max(v))] for k, v in runs.items()},
            "ratio_median": round(statistics.median(runs["socllm"]) / statistics.median(runs["llamacpp"]), 2),
