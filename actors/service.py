@@ -20,6 +20,7 @@ import time
 import traceback
 
 import ray
+from threadpoolctl import threadpool_limits
 
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
@@ -68,6 +69,10 @@ class Service:
         so that the front end's start-up does not take their CPU."""
         if not isinstance(config, ServeConfig):
             raise TypeError(f"the service takes a ServeConfig, got {type(config).__name__}")
+        # this process's numpy (the draft heads' two GEMMs a step) on one BLAS thread: OpenBLAS's
+        # idle threads spin after each call, on the cores the next step's kernels run on (a
+        # 3-row step 19-20 ms after the heads on two threads, 15-16 on one, Xeon VM)
+        threadpool_limits(1, user_api="blas")
         self.config = config
         self.frontends: dict = {}             # name -> (pid, url)
         self.started = time.time()
