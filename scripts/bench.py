@@ -18,11 +18,9 @@ import os
 import statistics
 import sys
 
-import psutil
-
 from socllm.actors.metrics import pss_mb
 
-from .peers import PEERS, PeerMissing
+from .peers import PEERS, PeerMissing, PeerProcess
 
 CHECK_TOKENS = 8
 
@@ -64,15 +62,21 @@ def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=pr
     """engine: a running socllm Pool. Returns the report dict (see README)."""
     runners, missing, mem = [Socllm(engine, p) for p in plans], {}, {}
     mem["socllm"] = pss_mb(engine.pids())
-    me = psutil.Process()
-    for name in peers:
-        before = me.memory_full_info().pss
+    procs = []
+    for name in peers:       # each in a process of its own (scripts/peers.py PeerProcess)
         try:
-            runners.append(PEERS[name](engine.model_path, engine.threads))
-            mem[name] = (me.memory_full_info().pss - before) / 1e6
+            procs.append(PeerProcess(name, engine.model_path, engine.threads))
         except PeerMissing as e:
             missing[name] = str(e)
             log(f"peer {name}: MISSING ({e})")
+    try:
+        return _run(engine, runners + procs, prompts, n_decode, reps, oracle, mem, missing, log)
+    finally:
+        for p in procs:
+            p.close()
+
+
+def _run(engine, runners, prompts, n_decode, reps, oracle, mem, missing, log) -> dict:
     variants = iter(range(1, 1 + len(prompts) * (reps + 1)))
     ids = {(n, rep): prompt_ids(engine.tokenizer, n, next(variants))    # rep -1: the warm-up
            for rep in range(-1, reps) for n in prompts}
@@ -104,6 +108,7 @@ def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=pr
                 "per_rep": {k: [round(r[k], 4) for r in runs]
                             for k in ("ttft_s", "prefill_tok_s", "decode_tok_s")}}
     mem["socllm"] = max(mem["socllm"], pss_mb(engine.pids()))
+    mem.update({r.name: pss_mb([r.pid]) for r in runners if hasattr(r, "pid")})
     info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
     return {"model": os.path.basename(engine.model_path),
             "device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,

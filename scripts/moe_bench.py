@@ -18,7 +18,7 @@ import os
 import sys
 
 from .bench import Socllm, prompt_ids, stats
-from .peers import PEERS, PeerMissing
+from .peers import PeerMissing, PeerProcess
 
 # variant -> (serving plan, the NPU's moe_graphs)
 VARIANTS = {"hetero": ("hetero", "dense"),      # the service's default: NPU prefill, GPU decode
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     eng = next(iter(engines.values()))
     for peer in [x for x in a.peers.split(",") if x]:
         try:
-            runners.append(PEERS[peer](a.model, 2, context=a.prompt + a.decode + 64))
+            runners.append(PeerProcess(peer, a.model, 2, context=a.prompt + a.decode + 64))
         except PeerMissing as e:
             print(f"peer {peer}: MISSING ({e})", file=sys.stderr)
     ids = [prompt_ids(eng.tokenizer, a.prompt, v) for v in range(a.reps + 1)]
@@ -78,6 +78,9 @@ def main(argv=None) -> int:
            "pss_mb": {g: pss_mb(e.pids()) for g, e in engines.items()}}
     for e in engines.values():
         e.close()
+    for r in runners:
+        if isinstance(r, PeerProcess):
+            r.close()
     med = {n: r["ttft_s"]["median"] for n, r in out["results"].items()}
     for n, t in med.items():
         print(f"{n:20s} ttft median {t * 1e3:8.1f} ms"

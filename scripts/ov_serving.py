@@ -23,9 +23,34 @@ submitted as input ids, so the prompt is exactly the given text.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import numpy as np
+
+
+def run_ov_cb_process(gguf_path: str, prompts: list[str], max_new_tokens: int, threads: int = 2) -> dict:
+    """run_ov_cb in a process of its own (`--child`: JSON in on stdin, out on stdout), with that
+    process's PSS at the end of the run as pss_mb: OpenVINO's TBB workers and its memory apart
+    from the benchmark's process and the engine measured next (scripts/peers.py PeerProcess)."""
+    out = subprocess.run([sys.executable, "-m", "socllm.scripts.ov_serving", "--child"],
+                         input=json.dumps([gguf_path, prompts, max_new_tokens, threads]),
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"the OpenVINO GenAI process failed (exit {out.returncode}): "
+                           f"{out.stderr.strip().splitlines()[-1:] or ''}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _child() -> int:
+    import psutil
+    gguf_path, prompts, max_new_tokens, threads = json.load(sys.stdin)
+    r = run_ov_cb(gguf_path, prompts, max_new_tokens, threads)
+    r["pss_mb"] = psutil.Process().memory_full_info().pss / 1e6
+    print(json.dumps(r), flush=True)
+    return 0
 
 
 def run_ov_cb(gguf_path: str, prompts: list[str], max_new_tokens: int, threads: int = 2,
@@ -81,6 +106,8 @@ def run_ov_cb(gguf_path: str, prompts: list[str], max_new_tokens: int, threads: 
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--child"]:
+        sys.exit(_child())
     import argparse
     import statistics
 

@@ -4,11 +4,19 @@ llama.cpp (llama-cpp-python) and OpenVINO GenAI (LLMPipeline loads the GGUF dire
 Every runner has `run(ids, n_decode) -> {"ttft_s", "prefill_tok_s", "decode_tok_s", "tokens"}`:
 greedy, no stop at EOS, the first token counted in TTFT, decode over the remaining n_decode - 1.
 A runner whose package is missing raises `PeerMissing` with the install hint.
+
+`PeerProcess(name, ...)` runs one of them in a process of its own (`python -m
+socllm.scripts.peers --serve`, one JSON line each way), as the benchmarks use them: a peer's
+threads (llama.cpp's, OpenVINO's TBB workers) spin for a while after each call, and in the
+benchmark's own process they did so on the cores the next engine's run had (spec_bench measured
+both engines 25-35 % slower that way on the 2-core Xeon VM).
 """
 from __future__ import annotations
 
+import json
 import os
-
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -92,3 +100,62 @@ def _timings(n_prompt, out, t0, t1, t2) -> dict:
 
 
 PEERS = {"llama.cpp": LlamaCpp, "openvino-genai": OpenVINOGenAI}
+
+
+class PeerProcess:
+    """PEERS[name](model_path, threads, context) in a child process: the same `run(ids,
+    n_decode)`, `name` and `version`; `pid` for its memory. Raises PeerMissing as the peer does."""
+
+    def __init__(self, name: str, model_path: str, threads: int, context: int = 2048):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "socllm.scripts.peers", "--serve",
+                                      json.dumps([name, model_path, threads, context])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+        hello = self._read()
+        if "missing" in hello:
+            self.close()
+            raise PeerMissing(hello["missing"])
+        self.version = hello["version"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} process ended (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self, ids: list, n_decode: int) -> dict:
+        self.proc.stdin.write(json.dumps([[int(i) for i in ids], n_decode]) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _serve(spec: str) -> int:
+    """--serve: one peer answering PeerProcess's lines until stdin closes."""
+    name, model_path, threads, context = json.loads(spec)
+    try:
+        peer = PEERS[name](model_path, threads, context)
+    except PeerMissing as e:
+        print(json.dumps({"missing": str(e)}), flush=True)
+        return 0
+    print(json.dumps({"version": getattr(peer, "version", None)}), flush=True)
+    for line in sys.stdin:
+        ids, n_decode = json.loads(line)
+        print(json.dumps(peer.run(ids, n_decode)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--serve"] or len(sys.argv) != 3:
+        print("usage: python -m socllm.scripts.peers --serve '[name, model, threads, context]'",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_serve(sys.argv[2]))

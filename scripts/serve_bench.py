@@ -9,8 +9,8 @@ Each client sends `--requests` requests one after another, each a distinct promp
 output tokens (greedy, EOS ignored). socllm and llama.cpp's `llama-server --parallel N` (continuous
 batching; scripts/build_llama_server.sh builds it) are measured through the same streaming HTTP
 client (`/v1/completions`, server-sent events); OpenVINO GenAI's ContinuousBatchingPipeline has no
-server, so it runs in this process with all of a level's requests added at once
-(scripts/ov_serving.py). Same GGUF, thread budget 2 everywhere; engines alternate within each
+server, so it runs with all of a level's requests added at once, in a process of its own for
+each level (scripts/ov_serving.py run_ov_cb_process; it ran in this process before 2026-11-28). Same GGUF, thread budget 2 everywhere; engines alternate within each
 repetition. Reported per engine and level: aggregate output tokens/s, TTFT and inter-token
 latency percentiles (p50/p90/p99), time per output token (each request's mean gap; p50/p90), and
 PSS of the engine's processes after the level.
@@ -269,19 +269,21 @@ class OVGenAI:
     name = "openvino-genai"
 
     def __init__(self, gguf: str):
-        from .ov_serving import run_ov_cb      # raises ImportError without openvino-genai
-        import openvino_genai
-        self.run, self.gguf, self.version = run_ov_cb, gguf, f"OpenVINO GenAI {openvino_genai.__version__}"
+        # each level in a process of its own (its TBB workers apart from the engine run next)
+        from .ov_serving import run_ov_cb_process
+        import openvino_genai                 # raises ImportError without openvino-genai
+        self.run, self.gguf, self.version = run_ov_cb_process, gguf, f"OpenVINO GenAI {openvino_genai.__version__}"
 
     def level(self, n, per_client, words, max_tokens, salt) -> dict:
-        results, wall = [], 0.0
+        results, wall, pss = [], 0.0, 0.0
         texts = prompts(n * per_client, words, salt)
         for k in range(per_client):       # each client's requests one after another
             r = self.run(self.gguf, texts[k * n:(k + 1) * n], max_tokens, 2)
             results += r["requests"]
             wall += r["wall_s"]
+            pss = max(pss, r["pss_mb"])
         out = summarize(results, wall)
-        out["pss_mb"] = pss_mb([os.getpid()])
+        out["pss_mb"] = pss
         return out
 
     def close(self):
