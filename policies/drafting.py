@@ -154,11 +154,11 @@ class Heads:
                  prior: float = Acceptance.prior):
         """prior: the first head's accuracy on held-out rows, the acceptance expected before any
         is seen."""
-        self.W, self.b, self.vocab, self.embed = W, b, vocab, embed      # [K,D,D] [K,D] [V'] [V',D]
-        self.k, self.prior = W.shape[0], prior
-        # every head's W_k as one matrix [D, K*D] and E' transposed [D, V']: two GEMMs a step
-        # (np.einsum would loop in C without BLAS: 1.7-3 ms a step on the Xeon VM, against the
-        # step's ~15 ms of kernels)
+        # W [K,D,D], b [K,D], vocab [V'], embed [V',D], kept as every head's W_k in one matrix
+        # [D, K*D] and E' transposed [D, V']: two GEMMs a step (np.einsum would loop in C without
+        # BLAS: 1.7-3 ms a step on the Xeon VM, against the step's ~15 ms of kernels); the
+        # arrays as given are not kept (13 MB for the default model's)
+        self.b, self.vocab, self.k, self.prior = b, vocab, W.shape[0], prior
         self.Wt = np.ascontiguousarray(W.reshape(-1, W.shape[-1]).T)
         self.Et = np.ascontiguousarray(embed.T)
 
