@@ -565,6 +565,64 @@ def _paged_attention_case(arena, clk, kv, lay, rng, lengths, window):
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [0, 13])
+@pytest.mark.parametrize("runs", [[(37, 5), (5, 1), (300, 9), (16, 16)], [(9, 3), (30, 2), (31, 1)]])
+def test_paged_attention_of_a_sequences_consecutive_rows_sees_each_rows_own_keys(kvdev, lay, rng,
+                                                                                 runs, window):
+    """A step's rows of one sequence at consecutive positions (drafted tokens being verified, a
+    prefill chunk), beside other sequences' rows: each row attends to its own keys 0 .. pos (the
+    rows after it in the step are in the cache already, and must not be seen); runs: (sequence
+    length, rows: its last positions)."""
+    arena, clk, kv = kvdev
+    kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
+    n_blocks, cols = 40, KVH * HD
+    lengths = [L for L, _ in runs]
+    MB = max(-(-L // BR) for L in lengths)
+    ids, tables, b = rng.permutation(n_blocks), [], 0
+    for L in lengths:
+        tables.append(ids[b: b + -(-L // BR)])
+        b += len(tables[-1])
+    btab = np.full((len(lengths), MB), 10**6, np.int32)
+    for s, t in enumerate(tables):
+        btab[s, :len(t)] = t
+    phys = [btab[s, np.arange(L) // BR] * BR + np.arange(L) % BR for s, L in enumerate(lengths)]
+    row_seq = np.array([s for s, (L, n) in enumerate(runs) for _ in range(n)], np.int32)
+    row_pos = np.array([p for L, n in runs for p in range(L - n, L)], np.int32)
+    N = len(row_pos)
+    cache = rng.standard_normal((2, n_blocks * BR, cols)).astype(kvt)
+    used = np.zeros(n_blocks * BR, bool)
+    for p in phys:
+        used[p] = True
+    cache[:, ~used] = np.nan
+    k, v = lay.put(cache[0] * 2.0), lay.put(cache[1])
+    q, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
+    args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
+            "pos": ("a", lay.put(row_pos)), "seq": ("a", lay.put(row_seq)), "btab": ("a", lay.put(btab)),
+            "heads": H, "kv_heads": KVH, "head_dim": HD, "block_rows": BR, "max_blocks": MB,
+            **({"window": window} if window else {})}
+    saved, clk.att_group = clk.att_group, True
+    try:
+        check(kvdev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)], clk=clk, kv=kv)
+    finally:
+        clk.att_group = saved
+    got = arena[out: out + N * H * HD * 4].view(np.float32).reshape(N, H * HD)
+    qs = arena[q: q + N * H * HD * 4].view(np.float32).reshape(N, -1)
+    for n in range(N):
+        p = phys[row_seq[n]][:row_pos[n] + 1]
+        L = len(p)
+        kk, vv = (arena[o: o + n_blocks * BR * cols * kvb].view(kvt).reshape(-1, cols)[p]
+                  .astype(np.float32) for o in (k, v))
+        ref = np.zeros(1 << 22, np.uint8)
+        offs = [0, L * cols * 4, 2 * L * cols * 4, 2 * L * cols * 4 + H * HD * 4]
+        for o, a in zip(offs, (kk, vv, qs[n].copy())):
+            ref[o: o + a.nbytes] = a.reshape(-1).view(np.uint8)
+        NumpyKernels(ref).run("attention", {"q": ("a", offs[2]), "k": ("kv", 0), "v": ("kv", offs[1]),
+                                            "out": ("a", offs[3]), "heads": H, "kv_heads": KVH,
+                                            "head_dim": HD, "window": window}, 1, L - 1)
+        want = ref[offs[3]: offs[3] + H * HD * 4].view(np.float32)
+        np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5, err_msg=f"row {n}")
+
+
 @pytest.mark.parametrize("lengths", [[20, 3, 33, 1], [21]], ids=["gemm", "gemv"])
 def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(kvdev, lay, rng, lengths):
     arena, clk, kv = kvdev
