@@ -102,32 +102,26 @@ def _timings(n_prompt, out, t0, t1, t2) -> dict:
 PEERS = {"llama.cpp": LlamaCpp, "openvino-genai": OpenVINOGenAI}
 
 
-class PeerProcess:
-    """PEERS[name](model_path, threads, context) in a child process: the same `run(ids,
-    n_decode)`, `name` and `version`; `pid` for its memory. Raises PeerMissing as the peer does."""
+class LineChild:
+    """A child process `python -m <module> <flag> <spec JSON>` asked over a pipe, one JSON line
+    each way (ask), until close() ends its stdin (serve_lines is the child's side)."""
 
-    def __init__(self, name: str, model_path: str, threads: int, context: int = 2048):
+    def __init__(self, name: str, module: str, flag: str, spec: list):
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", "socllm.scripts.peers", "--serve",
-                                      json.dumps([name, model_path, threads, context])],
+        self.proc = subprocess.Popen([sys.executable, "-m", module, flag, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.pid = self.proc.pid
-        hello = self._read()
-        if "missing" in hello:
-            self.close()
-            raise PeerMissing(hello["missing"])
-        self.version = hello["version"]
 
-    def _read(self) -> dict:
+    def read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the {self.name} process ended (exit {self.proc.wait()})")
         return json.loads(line)
 
-    def run(self, ids: list, n_decode: int) -> dict:
-        self.proc.stdin.write(json.dumps([[int(i) for i in ids], n_decode]) + "\n")
+    def ask(self, obj) -> dict:
+        self.proc.stdin.write(json.dumps(obj) + "\n")
         self.proc.stdin.flush()
-        return self._read()
+        return self.read()
 
     def close(self):
         if self.proc.poll() is None:
@@ -136,6 +130,29 @@ class PeerProcess:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def serve_lines(answer) -> int:
+    """The child's side of LineChild: answer(request) for each line of stdin, until it closes."""
+    for line in sys.stdin:
+        print(json.dumps(answer(json.loads(line))), flush=True)
+    return 0
+
+
+class PeerProcess(LineChild):
+    """PEERS[name](model_path, threads, context) in a child process: the same `run(ids,
+    n_decode)`, `name` and `version`; `pid` for its memory. Raises PeerMissing as the peer does."""
+
+    def __init__(self, name: str, model_path: str, threads: int, context: int = 2048):
+        super().__init__(name, "socllm.scripts.peers", "--serve", [name, model_path, threads, context])
+        hello = self.read()
+        if "missing" in hello:
+            self.close()
+            raise PeerMissing(hello["missing"])
+        self.version = hello["version"]
+
+    def run(self, ids: list, n_decode: int) -> dict:
+        return self.ask([[int(i) for i in ids], n_decode])
 
 
 def _serve(spec: str) -> int:
@@ -147,10 +164,7 @@ def _serve(spec: str) -> int:
         print(json.dumps({"missing": str(e)}), flush=True)
         return 0
     print(json.dumps({"version": getattr(peer, "version", None)}), flush=True)
-    for line in sys.stdin:
-        ids, n_decode = json.loads(line)
-        print(json.dumps(peer.run(ids, n_decode)), flush=True)
-    return 0
+    return serve_lines(lambda req: peer.run(*req))
 
 
 if __name__ == "__main__":

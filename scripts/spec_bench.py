@@ -64,6 +64,8 @@ from pathlib import Path
 
 from socllm.policies.drafting import MODES
 
+from .peers import LineChild, serve_lines
+
 HERE = Path(__file__).resolve().parent
 PROMPTS = HERE / "data" / "spec_prompts.json"
 RESULTS = HERE / "results"
@@ -354,38 +356,24 @@ class LlamaCpp:
                 "text": "".join(pieces), "ids": ids}
 
 
-class LlamaCppProcess:
-    """A LlamaCpp in a process of its own, asked over a pipe (one JSON line each way): its
-    threads and memory apart from socllm's engine and this process. With both engines in this
-    process each decoded slower (the 2-core Xeon VM, 6 grounded prompts: socllm off 44-60 tok/s
-    against 67-73, llama.cpp 52-65 against 71-78), and the ratios moved little."""
+class LlamaCppProcess(LineChild):
+    """A LlamaCpp in a process of its own (scripts/peers.py LineChild): its threads and memory
+    apart from socllm's engine and this process. With both engines in this process each decoded
+    slower (the 2-core Xeon VM, 6 grounded prompts: socllm off 44-60 tok/s against 67-73,
+    llama.cpp 52-65 against 71-78), and the ratios moved little."""
 
     def __init__(self, gguf: str, lookup: bool, keep_cache: bool):
-        self.proc = subprocess.Popen([sys.executable, "-m", "socllm.scripts.spec_bench", "--serve-llama",
-                                      json.dumps([gguf, lookup, keep_cache])],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        super().__init__("llama.cpp", "socllm.scripts.spec_bench", "--serve-llama",
+                         [gguf, lookup, keep_cache])
 
     def run(self, messages: list, max_tokens: int, num_pred: int | None) -> dict:
-        self.proc.stdin.write(json.dumps([messages, max_tokens, num_pred]) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the llama.cpp process ended (exit {self.proc.wait()})")
-        return json.loads(line)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return self.ask([messages, max_tokens, num_pred])
 
 
 def _serve_llama(spec: str) -> int:
     """--serve-llama: one LlamaCpp answering LlamaCppProcess's lines until stdin closes."""
-    gguf, lookup, keep_cache = json.loads(spec)
-    eng = LlamaCpp(gguf, lookup, keep_cache)
-    for line in sys.stdin:
-        messages, max_tokens, num_pred = json.loads(line)
-        print(json.dumps(eng.run(messages, max_tokens, num_pred)), flush=True)
-    return 0
+    eng = LlamaCpp(*json.loads(spec))
+    return serve_lines(lambda req: eng.run(*req))
 
 
 # -- the run -------------------------------------------------------------------------------------
