@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from socllm.policies.drafting import Tree
 from socllm.policies.request import QueueFull, Sequence
 
 from socllm.actors.runner import ProcessorLost
@@ -280,22 +281,22 @@ class Engine:
         """One decode step of every sequence in the batch, with its drafted tokens as more rows
         (policies/drafting.py: the step verifies them; the rows of rejected ones are written
         past the sequence's length, and the next step writes over them)."""
+        batch = self._fit(batch)
         drafts = self._drafts(batch)
-        rows = []
-        for s, d in zip(batch, drafts):
-            rows.append((s.tokens[-1], s.computed, s.slot))
-            rows += [(t, s.computed + 1 + j, s.slot) for j, t in enumerate(d)]
+        rows, tree = _rows(batch, drafts)
         self.doing = f"decode {len(rows)}"
         t0 = time.perf_counter()
         # the constrained rows' masks are computed on a CPU thread while the step runs
         masks = [s.constraint for s in batch if s.constraint is not None]
         filling = self.masker.submit(_fill, masks) if masks else None
-        logits = self.runner.step(rows, {s.slot: s.blocks for s in batch}, all_rows=True)
+        logits = self.runner.step(rows, {s.slot: s.blocks for s in batch}, all_rows=True, tree=tree)
         if filling is not None:
             filling.result()
         t1 = time.perf_counter()
         r = 0
         for seq, d in zip(batch, drafts):
+            r += seq.lag                     # rows fed again: their K/V are in place now
+            seq.computed, seq.lag = seq.computed + seq.lag, 0
             self._verify(seq, d, logits[r: r + 1 + len(d)], r)
             r += 1 + len(d)
         t = self.times
@@ -305,6 +306,21 @@ class Engine:
         t["decode_s"] += time.perf_counter() - t0
         if self.speculator:         # a step's cost: its kernels and the verification of its rows
             self.speculator.costs.observe(len(rows), time.perf_counter() - t0)
+
+    def _fit(self, batch: list) -> list:
+        """The batch whose rows (each sequence's last token and those it feeds again) fit a step;
+        a sequence left out feeds its rows as a prefill chunk instead (not `prefilled`)."""
+        over = sum(1 + s.lag for s in batch) - self.runner.max_decode_rows
+        if over <= 0:
+            return batch
+        out = []
+        for s in reversed(batch):
+            if over > 0 and s.lag:
+                over -= s.lag
+                s.lag = 0
+            else:
+                out.append(s)
+        return out[::-1]
 
     def _drafts(self, batch: list) -> list:
         """Each sequence's drafted tokens for this step (none without a speculator), as many as
@@ -326,17 +342,19 @@ class Engine:
         with self.cv:
             for s, d in zip(batch, drafts):
                 k = len(d)
-                while k and not kv.can_grow(s.blocks, s.computed + 1 + k):
+                while k and not kv.can_grow(s.blocks, s.rows + k):
                     k -= 1
                 if k:
-                    kv.grow(s.blocks, s.computed + 1 + k)
-                out.append(d[:k])
+                    kv.grow(s.blocks, s.rows + k)
+                out.append(d[:k] if k else [])
         return out
 
     def _verify(self, seq: Sequence, drafted: list, logits, row: int):
         """A sequence's rows of the step (from `row` on): each row's token sampled as plain
         decoding samples it; the next row counts only while the token sampled equals the one
         drafted there. The last row's hidden state is kept for the draft heads."""
+        if isinstance(drafted, Tree):
+            return self._verify_tree(seq, drafted, logits, row)
         accepted = 0
         for j in range(len(drafted) + 1):
             seq.computed += 1
@@ -350,6 +368,30 @@ class Engine:
             self.speculator.verified(seq, len(drafted), accepted)
             if seq.spec is not None:
                 seq.spec.hidden = None if self.hidden is None else self.hidden[row + j].copy()
+
+    def _verify_tree(self, seq: Sequence, tree: Tree, logits, row: int):
+        """A draft tree's rows (policies/drafting.py Tree; logits [1 + len(tree)], the root's
+        first): from the root, each row's token sampled as plain decoding samples it, then on to
+        the child drafted with that token, if any. A path off the tree's chain leaves its rows'
+        K/V away from their positions: they are fed again at the next step (lag)."""
+        node, accepted, trials = -1, 0, []
+        while True:
+            if tree.in_place(node):
+                seq.computed += 1
+                self._name_blocks(seq)
+            else:
+                seq.lag += 1
+            tok = self._sample(seq, logits[node + 1])
+            self.accept(seq, tok)
+            trials += [(tree.rank[c], tree.tokens[c] == tok)
+                       for c, p in enumerate(tree.parents) if p == node]
+            nxt = None if seq.ended else tree.child(node, tok)
+            if nxt is None:
+                break
+            node, accepted = nxt, accepted + 1
+        self.speculator.verified(seq, len(tree), accepted, trials)
+        if seq.spec is not None:
+            seq.spec.hidden = None if self.hidden is None else self.hidden[row + node + 1].copy()
 
     @staticmethod
     def _sample(seq: Sequence, logits):
@@ -442,6 +484,29 @@ class Engine:
         self.stopping = True
         with self.cv:
             self.cv.notify_all()
+
+
+def _rows(batch: list, drafts: list) -> tuple:
+    """A decode step's rows [(token, position, slot)]: each sequence's rows fed again (lag),
+    its last token's, then its drafts'; and, where a draft is a tree, runner.step's `tree`
+    (each row's KV position, its tree entry)."""
+    rows, at, ent, trees = [], [], [], False
+    for s, d in zip(batch, drafts):
+        last = s.rows - 1
+        rows += [(t, last - s.lag + j, s.slot) for j, t in enumerate(s.tokens[len(s.tokens) - 1 - s.lag:])]
+        if isinstance(d, Tree):
+            pos, kv, e = d.entries(last)
+            rows += [(t, int(p), s.slot) for t, p in zip(d.tokens, pos)]
+            at += list(range(last - s.lag, last + 1)) + kv.tolist()
+            ent += [np.zeros((1 + s.lag, 4), np.int32), e]
+            trees = True
+            continue
+        rows += [(t, last + 1 + j, s.slot) for j, t in enumerate(d)]
+        at += list(range(last - s.lag, last + 1 + len(d)))
+        ent.append(np.zeros((1 + s.lag + len(d), 4), np.int32))
+    if not trees:
+        return rows, None
+    return rows, (np.array(at, np.int32), np.concatenate(ent))
 
 
 def _fill(constraints: list):

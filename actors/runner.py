@@ -116,6 +116,7 @@ class Runner:
         def io(name, n, dtype=np.int32, where=lay.io):
             return buf[where[name]: where[name] + n * np.dtype(dtype).itemsize].view(dtype)
         self.meta = [{k: io(k, lay.max_rows) for k in ("ids", "pos", "rows", "seq")}]
+        self.tmask = io("tmask", 4 * lay.max_rows).reshape(lay.max_rows, 4)
         if lay.double:
             self.meta.append({k: io(k, lay.double_rows, where=lay.double)
                               for k in ("ids", "pos", "rows", "seq")})
@@ -131,6 +132,17 @@ class Runner:
             return None
         off, dim = self.lay.slots[slot], self.eng.cfg.dim
         return self.eng.arena.buf[off: off + 4 * dim * self.lay.max_rows].view(np.float32).reshape(-1, dim)
+
+    @property
+    def max_decode_rows(self) -> int:
+        """A decode step's rows, at most (its logits' rows in the pool)."""
+        return self.lay.max_seqs
+
+    @property
+    def trees(self) -> bool:
+        """Whether decode steps can verify draft trees: their attention runs in the GPU's or the
+        CPU's kernels (paged.cl tree_row; the NPU's graphs see chains only)."""
+        return self.decode_on in ("gpu", "cpu")
 
     @property
     def ran(self) -> collections.Counter:
@@ -202,17 +214,21 @@ class Runner:
         return (self.base, False, 0, 0)
 
     def step(self, rows: list, tables: dict, all_rows: bool, buffer: int = 0,
-             span: tuple | None = None, on: str | None = None) -> np.ndarray:
+             span: tuple | None = None, on: str | None = None, tree: tuple | None = None) -> np.ndarray:
         """rows: [(token id, position, sequence slot)], tables: slot -> block ids. Returns the
         logits [N, V] (all_rows) or [1, V] of the last row, a view into the pool.
         buffer 1: a prefill chunk in the second activation buffer; span (lo, hi): only its stages
         lo .. hi-1 (of `self.stages`), the rest at later calls with the same rows, other steps
         in between (Agent.xpu §4.4: a proactive prefill stops between layers). The logits are
         the last stage's. A prefill chunk runs on the plan's chunk program where it fits, else
-        on the base processor; on: that chunk program instead ("npu" must fit: npu_fits)."""
-        n, br = len(rows), self.lay.block_rows
+        on the base processor; on: that chunk program instead ("npu" must fit: npu_fits).
+        tree (a decode step verifying draft trees, policies/drafting.py Tree): (each row's KV
+        position [N], its tree entry [N, 4]: the keys it sees, actors/gpu/cl/paged.cl tree_row)."""
+        n = len(rows)
         meta = self.meta[buffer]
         self._check_step(rows, all_rows, buffer, span, on)
+        if tree is not None and not (all_rows and self.trees):
+            raise ValueError("draft trees are verified in decode steps on the GPU's or the CPU's kernels")
         if all_rows:
             key = (self.decode_on, True, 0, self._batch_bucket(n))
         else:
@@ -220,17 +236,25 @@ class Runner:
         prog = self._program(key)
         if span is None or span[0] == 0:
             self.steps[key] += 1             # a step's only bookkeeping: named when read
-            for slot, blocks in tables.items():
-                self.btab[slot, :len(blocks)] = blocks
-            tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
-            meta["ids"][:n], meta["pos"][:n], meta["seq"][:n] = tok, pos, seq
-            meta["rows"][:n] = self.btab[seq, pos // br] * br + pos % br
+            self._write_rows(rows, tables, meta, all_rows, tree)
         # one row: its position is also pos0 (the fused decode kernels' RoPE and key count); a
         # static chunk's first position picks its KV-length bucket (npu/segment.py)
         static = key[3] and not all_rows
         self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0,
                   self.precision, span)
         return self.logits[:n if all_rows else 1]
+
+    def _write_rows(self, rows: list, tables: dict, meta: dict, all_rows: bool, tree):
+        """A step's row metadata and block tables into the pool (step's arguments)."""
+        n, br = len(rows), self.lay.block_rows
+        for slot, blocks in tables.items():
+            self.btab[slot, :len(blocks)] = blocks
+        tok, pos, seq = (np.fromiter((r[i] for r in rows), np.int32, n) for i in range(3))
+        meta["ids"][:n], meta["pos"][:n], meta["seq"][:n] = tok, pos, seq
+        at = pos if tree is None else tree[0]
+        meta["rows"][:n] = self.btab[seq, at // br] * br + at % br
+        if all_rows:
+            self.tmask[:n] = 0 if tree is None else tree[1]
 
     def warm(self, max_seqs: int, chunks=(1, 2, 3, 5, 128)):
         """Runs a decode batch of every size up to max_seqs and prefill chunks of a few lengths

@@ -135,7 +135,8 @@ class Service:
         extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
         self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         spec = None if c.speculate == "off" else \
-            Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e))
+            Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e),
+                       c.draft_ranks if self.runner.trees else 1)
         self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish, spec)
         self.intake = Intake(e, c.speculate, spec is not None and bool(spec.heads))
 

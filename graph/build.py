@@ -34,6 +34,8 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         for name in ("pos", "rows", "seq"):
             g.tensor(name, (N,), "i32", "input")       # [N] per-row metadata
         g.tensor("btab", (paged["max_seqs"], paged["max_blocks"]), "i32", "input")
+        if all_rows:        # a decode step's draft tree rows: the keys each sees (paged.cl tree_row)
+            g.tensor("tmask", (N, 4), "i32", "input")
         rowmeta = {"pos": "pos"}
     g.tensor("token_embd.weight", (cfg.vocab, D), "q8_0", "weight")
     head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"   # the lm-head's table
@@ -103,7 +105,7 @@ def build_graph(cfg, n_layers: int | None = None, paged: dict | None = None) -> 
         att = {"q": p + "qr", "k": f"kcache.{i}", "v": f"vcache.{i}"}
         pages = {}
         if paged:
-            att.update(pos="pos", seq="seq", btab="btab")
+            att.update(pos="pos", seq="seq", btab="btab", **({"tmask": "tmask"} if all_rows else {}))
             pages = dict(block_rows=paged["block_rows"], max_blocks=paged["max_blocks"])
         win = {"window": cfg.layer_window(i)} if cfg.layer_window(i) else {}
         g.add("attention", att, {"out": p + "att"}, i, heads=H, kv_heads=KVH, head_dim=hd, **pages, **win)

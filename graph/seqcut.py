@@ -23,7 +23,7 @@ if TYPE_CHECKING:              # the processor actors import part_rows: not symp
     from .ir import Graph
 
 SEP = "@"        # a part's activation: name@lo, its rows from lo in the same slot
-ROW_INPUTS = ("ids", "pos", "rows", "seq")     # a step's per-row inputs [N] (paged: all four)
+ROW_INPUTS = ("ids", "pos", "rows", "seq", "tmask")    # a step's per-row inputs (tmask: [N, 4])
 
 
 def base_name(name: str) -> tuple:

@@ -129,14 +129,16 @@ def plan_layout(weights: dict, n_layers: int, kv_cols: int, slot_bytes: list, ma
     # attention's partials, ATT_SPLITS x heads x (head_dim + 2) f32 (heads x head_dim <= max_k,
     # head_dim >= 16)
     act = 4 * max_k + 8 * max_k // 32
-    # pos, rows, seq: a serving step's row metadata; btab: its block tables (graph/build.py)
+    # pos, rows, seq: a serving step's row metadata; tmask: a decode step's draft tree rows;
+    # btab: its block tables (graph/build.py)
     # act_rows: a decode batch's or a prefill chunk's rows prepared for its linears, in int16 (q16)
     # or int8 (q8), padded to whole tiles of 16 rows (actors/gpu/cl/batch.cl, paged.cl);
     # rope: the fused decode row's cos / sin and its kernels' counters; rope_rows: a serving
     # step's cos / sin per row
     lay.io = {"ids": take(max_rows * 4), "logits": take(max_seqs * vocab * 4),
               "pos": take(max_rows * 4), "rows": take(max_rows * 4),
-              "seq": take(max_rows * 4), "btab": take(max_seqs * lay.max_blocks * 4),
+              "seq": take(max_rows * 4), "tmask": take(max_rows * 16),
+              "btab": take(max_seqs * lay.max_blocks * 4),
               "act_rows": take(align(max(max_seqs, max_rows), 16)
                                * align(2 * max_k + 8 * max_k // 32, 64), 64),
               "act": take(act), "rope": take(4 * 1024), "rope_rows": take(4 * max_rows * kv_cols),

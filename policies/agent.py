@@ -154,7 +154,7 @@ class AgentPolicy(FCFS):
     def _preempt(self, req: Request) -> Request:
         self.running.remove(req)
         self.kv.release(req.blocks, req.names, req.ids, req.computed)
-        req.computed = 0
+        req.computed, req.lag = 0, 0
         (self.reactive if req.priority == "reactive" else self.proactive).appendleft(req)
         return req
 

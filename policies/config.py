@@ -203,6 +203,9 @@ class ServeConfig(EngineConfig):
     # off never. A request's speculate field chooses for it, unless this is off.
     speculate: str = "auto"
     draft_max: int = 8                # tokens one sequence drafts in a step, at most
+    # the draft heads' candidates per head: 2 verifies a tree of each head's two likeliest tokens
+    # (its nodes chosen best first, policies/drafting.py Tree), 1 a chain of the likeliest
+    draft_ranks: int = 2
 
     def __post_init__(self):
         super().__post_init__()
@@ -225,3 +228,5 @@ class ServeConfig(EngineConfig):
         _need(self.speculate in SPECULATE, "speculate", "one of " + ", ".join(SPECULATE), self.speculate)
         _need(_whole(self.draft_max) and 1 <= self.draft_max <= MAX_DRAFT, "draft_max",
               f"in [1, {MAX_DRAFT}]", self.draft_max)
+        _need(_whole(self.draft_ranks) and 1 <= self.draft_ranks <= 4, "draft_ranks", "in [1, 4]",
+              self.draft_ranks)

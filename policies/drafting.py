@@ -35,6 +35,9 @@ HEADS = -2                            # ... when draft heads made it
 # short requests (acceptance still the prior) on a step that is already compute-bound lost 12 %
 # of its throughput to drafts at 0 (8-16 streams, scripts/results/serve-2core-zen5-q16tiles*.json)
 MARGIN = 0.05
+# a draft head's second candidate, accepted once its parent was, before any was seen (measured
+# on the default model's open chat prompts: see docs/serving.md)
+SIDE_PRIOR = 0.1
 
 
 def check_mode(mode) -> str:
@@ -99,6 +102,15 @@ class Acceptance:
         else:
             self.rate += 0.05 * (self.prior - self.rate)
 
+    def observe(self, trials: int, hits: int):
+        """`trials` drafted tokens whose parents were accepted, `hits` of them accepted (a tree's
+        nodes of one rank)."""
+        if trials:
+            self.drafted += trials
+            self.accepted += hits
+            self.steps += 1
+            self.rate += self.weight * (hits / trials - self.rate)
+
 
 def expected(rate: float, k: int) -> float:
     """Tokens a step emits when a sequence drafts k tokens, each accepted with probability `rate`
@@ -107,32 +119,42 @@ def expected(rate: float, k: int) -> float:
 
 
 def choose(cost: list, rates: list, limits: list, max_rows: int, margin: float = 0.0) -> list:
-    """Drafted tokens per sequence for one step.
+    """Drafted tokens per sequence for one step, for chains: choose_rows where sequence i's
+    k-th drafted token is accepted with probability rates[i]^k, limits[i]: the most it may draft
+    (what its drafter found, its room in the context and max_tokens)."""
+    return choose_rows(cost, [[r ** k for k in range(1, n + 1)] for r, n in zip(rates, limits)],
+                       max_rows, margin)
+
+
+def choose_rows(cost: list, gains: list, max_rows: int, margin: float = 0.0,
+                rows: int | None = None) -> list:
+    """Drafted rows per sequence for one step.
 
     cost[n]: seconds of a step of n rows (n = 1 .. len(cost) - 1; cost[0] unused), this device's
-    profile; rates[i]: sequence i's acceptance rate; limits[i]: the most it may draft (what its
-    drafter found, its room in the context and max_tokens). A step has one row per sequence plus
-    its drafts, at most max_rows (and len(cost) - 1). A row is added where its expected tokens
-    (rate^(k+1)) are highest, as long as tokens per second grow (by more than `margin`, a share:
-    what the costs' noise and the rates' errors could eat)."""
-    ks = [0] * len(rates)
-    rows = len(rates)
+    profile; gains[i]: the chance that each of sequence i's drafted rows is accepted, in the order
+    they would be added (not increasing: a chain's rate^k, a tree's nodes best first, Tree). A
+    step has one row per sequence (`rows`: those and the rows fed again, Request.lag) plus its
+    drafts, at most max_rows (and len(cost) - 1). A row is added where its expected tokens are
+    highest, as long as tokens per second grow (by more than `margin`, a share: what the costs'
+    noise and the rates' errors could eat)."""
+    ks = [0] * len(gains)
+    tokens = float(len(gains))
+    rows = len(gains) if rows is None else rows
     top = min(max_rows, len(cost) - 1)
     if rows == 0 or rows > top:
         return ks
-    tokens = float(rows)
     best = tokens / cost[rows]
     while rows < top:
-        gains = [(rates[i] ** (ks[i] + 1), i) for i in range(len(ks)) if ks[i] < limits[i]]
-        if not gains:
+        open_ = [(gains[i][ks[i]], i) for i in range(len(ks)) if ks[i] < len(gains[i])]
+        if not open_:
             break
-        gain, i = max(gains)
+        gain, i = max(open_)
         # a row that does not pay now may still pay with more behind it (a flat stretch of the
         # cost curve): look ahead along this sequence's next rows
         trial_k, trial_tokens, trial_rows = ks[i], tokens, rows
-        while trial_rows < top and trial_k < limits[i]:
+        while trial_rows < top and trial_k < len(gains[i]):
+            trial_tokens += gains[i][trial_k]
             trial_k += 1
-            trial_tokens += rates[i] ** trial_k
             trial_rows += 1
             if trial_tokens / cost[trial_rows] > best * (1 + margin):
                 break
@@ -141,6 +163,112 @@ def choose(cost: list, rates: list, limits: list, max_rows: int, margin: float =
         ks[i], tokens, rows = trial_k, trial_tokens, trial_rows
         best = tokens / cost[rows]
     return ks
+
+
+class Tree:
+    """A sequence's drafted tokens as a tree (Medusa's candidates, SpecInfer's token tree),
+    verified in one step: node i is token tokens[i] after its parent parents[i] (-1: after the
+    sequence's last token, the root row), rank[i] the place of its token among its head's
+    candidates (0: the likeliest).
+
+    Nodes are laid out parents first, the chain of rank-0 nodes from the root at the front: node i
+    of that chain (depth i + 1) writes its K/V at its own position, so an accepted path along the
+    chain leaves the cache as a chain draft would. Every other node writes past the chain and sees
+    the prefix and its ancestors only (entries, actors/gpu/cl/paged.cl tree_row); a path that
+    leaves the chain is fed again at the next step (Request.lag), nothing is copied."""
+
+    def __init__(self, tokens: list, parents: list, rank: list):
+        if not (len(tokens) == len(parents) == len(rank)) or \
+                any(not -1 <= p < i for i, p in enumerate(parents)):
+            raise ValueError("a tree's nodes come after their parents")
+        if len(tokens) > 64:
+            raise ValueError(f"a tree of {len(tokens)} nodes (at most 64)")
+        self.tokens, self.parents, self.rank = list(tokens), list(parents), list(rank)
+        self.depth = []
+        for p in self.parents:
+            self.depth.append(1 if p < 0 else self.depth[p] + 1)
+        self.chain = 0                    # nodes 0 .. chain-1: the rank-0 chain at its positions
+        while self.chain < len(tokens) and self.parents[self.chain] == self.chain - 1 \
+                and self.rank[self.chain] == 0:
+            self.chain += 1
+
+    @classmethod
+    def laid_out(cls, tokens: list, parents: list, rank: list) -> "Tree":
+        """The tree of these nodes (any order with parents first), laid out chain first."""
+        chain, at = [], -1
+        while True:
+            nxt = [i for i, p in enumerate(parents) if p == at and rank[i] == 0]
+            if not nxt:
+                break
+            chain.append(nxt[0])
+            at = nxt[0]
+        order = chain + [i for i in range(len(tokens)) if i not in set(chain)]
+        new = {old: k for k, old in enumerate(order)}
+        return cls([tokens[i] for i in order], [new.get(parents[i], -1) for i in order],
+                   [rank[i] for i in order])
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, k):
+        """A prefix of the nodes (a slice from 0) is a tree: parents come first."""
+        if not isinstance(k, slice) or k.start not in (None, 0) or k.step not in (None, 1):
+            raise TypeError("a tree is cut to its first nodes only")
+        n = len(self.tokens) if k.stop is None else min(k.stop, len(self.tokens))
+        return Tree(self.tokens[:n], self.parents[:n], self.rank[:n])
+
+    def in_place(self, i: int) -> bool:
+        """Node i's K/V are at its own position (-1: the root)."""
+        return i < self.chain
+
+    def child(self, i: int, token: int) -> int | None:
+        """Node i's child (-1: the root's) whose token is `token`, if drafted."""
+        for c, p in enumerate(self.parents):
+            if p == i and self.tokens[c] == token:
+                return c
+        return None
+
+    def entries(self, root: int) -> tuple:
+        """For the step's rows of the nodes, the root at position `root`: (positions [T], KV
+        positions [T], tree entries [T, 4] int32: L, base, mask low, mask high; paged.cl tree_row:
+        a chain node's entry is 0, it sees 0 .. its position)."""
+        T = len(self.tokens)
+        pos = np.array([root + d for d in self.depth], np.int32)
+        at = np.arange(root + 1, root + 1 + T, dtype=np.int32)
+        ent = np.zeros((T, 4), np.int32)
+        for i in range(self.chain, T):
+            mask, a = 0, i
+            while a >= 0:
+                mask |= 1 << a
+                a = self.parents[a]
+            lo, hi = mask & 0xFFFFFFFF, mask >> 32
+            ent[i] = (root + 1, root + 1, lo - (lo >> 31 << 32), hi - (hi >> 31 << 32))
+        return pos, at, ent
+
+
+def tree_candidates(top: np.ndarray, rates: list, depth: int, width: int) -> tuple:
+    """The likeliest nodes of a draft tree from the heads' candidates: top [K, R], head k's R
+    likeliest tokens (k + 1 places after the next one); rates[r]: the chance that a rank-r
+    candidate is accepted once its parent was. A node's chance is the product along its path;
+    best first (a parent before its children), at most `width` nodes of depth <= `depth`.
+    -> (tokens, parents, ranks, chances), in that order."""
+    import heapq
+    K, R = top.shape
+    depth = min(depth, K)
+    heap = [(-rates[r], r, -1, 1, r) for r in range(R) if depth >= 1]
+    heapq.heapify(heap)
+    tokens, parents, ranks, chances = [], [], [], []
+    while heap and len(tokens) < width:
+        negp, _, parent, d, r = heapq.heappop(heap)
+        tokens.append(int(top[d - 1, r]))
+        parents.append(parent)
+        ranks.append(r)
+        chances.append(-negp)
+        if d < depth:
+            me = len(tokens) - 1
+            for r2 in range(R):
+                heapq.heappush(heap, (negp * rates[r2], len(tokens) * R + r2, me, d + 1, r2))
+    return tokens, parents, ranks, chances
 
 
 class Heads:
@@ -162,13 +290,18 @@ class Heads:
         self.Wt = np.ascontiguousarray(W.reshape(-1, W.shape[-1]).T)
         self.Et = np.ascontiguousarray(embed.T)
 
-    def propose(self, hidden: np.ndarray) -> np.ndarray:
-        """hidden [S, D] (each sequence's last row) -> drafted tokens [S, K]."""
+    def propose(self, hidden: np.ndarray, ranks: int = 1) -> np.ndarray:
+        """hidden [S, D] (each sequence's last row) -> drafted tokens [S, K] (ranks > 1: each
+        head's `ranks` likeliest, the likeliest first [S, K, ranks])."""
         s, d = hidden.shape
         z = (hidden @ self.Wt).reshape(s, self.k, d) + self.b
         h = hidden[:, None, :] + z / (1.0 + np.exp(-z))                  # ResBlock: x + SiLU(.)
         logits = h.reshape(-1, d) @ self.Et                               # one pass over E'
-        return self.vocab[logits.argmax(1)].reshape(s, self.k)
+        if ranks == 1:
+            return self.vocab[logits.argmax(1)].reshape(s, self.k)
+        top = np.argpartition(-logits, ranks - 1, axis=1)[:, :ranks]
+        order = np.argsort(-np.take_along_axis(logits, top, 1), axis=1, kind="stable")
+        return self.vocab[np.take_along_axis(top, order, 1)].reshape(s, self.k, ranks)
 
 
 class StepCosts:
@@ -217,9 +350,15 @@ class Speculator:
     """The drafts of a decode batch's sequences (actors/engine.py asks before each decode step)."""
 
     def __init__(self, mode: str, max_rows: int, draft_max: int, profile: dict | None = None,
-                 heads: Heads | None = None):
+                 heads: Heads | None = None, ranks: int = 1):
+        """ranks: the heads' candidates per head; above 1, their drafts are trees (Tree) of at
+        most draft_max nodes, chosen best first by the running acceptance of each rank."""
         self.mode = check_mode(mode)
-        self.max_rows, self.draft_max, self.heads = max_rows, draft_max, heads
+        self.max_rows, self.draft_max, self.heads, self.ranks = max_rows, draft_max, heads, ranks
+        # a rank's chance to be accepted once its parent was: rank 0 is each sequence's heads
+        # rate; the others are the service's (few trials a sequence)
+        self.side = [Acceptance(prior=SIDE_PRIOR, rate=SIDE_PRIOR) for _ in range(ranks)]
+        self.trees = self.side_accepted = 0
         self.heads_s = None                 # seconds the heads take a step (an average)
         self.costs = StepCosts(max_rows, profile)
         self.drafted = self.accepted = self.steps = 0     # the service's, for status and metrics
@@ -240,7 +379,8 @@ class Speculator:
                     p = self.heads.prior
                     s.spec.by_n[HEADS] = Acceptance(prior=p, rate=p)
             sp = s.spec
-            room = min(self.draft_max, context - 1 - s.computed - 1,
+            # the rows after the last token's (Request.lag: rows fed again come before it)
+            room = min(self.draft_max, context - 1 - (s.rows - 1) - 1,
                        s.params.max_tokens - len(s.tokens) - 1)
             # what a grammar forces next (a schema's keys, a tool call's punctuation) is accepted
             # whatever the model says; else the lookup (the loop cuts it where the grammar would
@@ -259,26 +399,44 @@ class Speculator:
             found.append(draft)
             # lookup: drafted wherever found, while the step has rows
             rates.append(1.0 if mode == "lookup" or forced else sp.rate())
+        gains = [[r ** k for k in range(1, len(f) + 1)] for r, f in zip(rates, found)]
         if ask:
-            t0 = time.perf_counter()
-            tokens = self.heads.propose(np.stack([batch[i].spec.hidden for i, _ in ask]))
-            dt = time.perf_counter() - t0
-            self.heads_s = dt if self.heads_s is None else self.heads_s + 0.2 * (dt - self.heads_s)
-            for (i, room), t in zip(ask, tokens):
-                found[i] = [int(x) for x in t[:room]]
-                batch[i].spec.n = HEADS
-                rates[i] = batch[i].spec.rate()
-        ks = choose(cost, rates, [len(f) for f in found], self.max_rows, MARGIN)
+            self._ask_heads(batch, ask, found, rates, gains)
+        fixed = sum(1 + s.lag for s in batch)          # each sequence's rows before its drafts
+        ks = choose_rows(cost, gains, self.max_rows, MARGIN, fixed)
         # a drafter asked for by name (lookup, heads) drafts whenever it has a draft, as rows allow:
         # the measured step costs decide only for auto (and a step's costs measured on a busy
         # machine would otherwise decide what a test sees)
         named = [(self.mode if s.speculate is None else s.speculate) in ("lookup", "heads") for s in batch]
-        spare = min(self.max_rows, len(cost) - 1) - len(batch) - sum(k for k, n in zip(ks, named) if not n)
+        spare = min(self.max_rows, len(cost) - 1) - fixed - sum(k for k, n in zip(ks, named) if not n)
         for i, n in enumerate(named):
             if n:
-                ks[i] = max(0, min(len(found[i]), spare))
+                ks[i] = max(0, min(len(gains[i]), spare))
                 spare -= ks[i]
-        return [f[:k] for f, k in zip(found, ks)]
+        return [f[:k] if not isinstance(f, tuple) else Tree.laid_out(*(x[:k] for x in f)) if k else []
+                for f, k in zip(found, ks)]
+
+    def _ask_heads(self, batch: list, ask: list, found: list, rates: list, gains: list):
+        """The heads' drafts for the sequences in `ask` [(index, room)]: a chain of each head's
+        likeliest token, or (ranks > 1, no grammar) the candidates of a tree, best first, as
+        (tokens, parents, ranks) with their chances in `gains`."""
+        t0 = time.perf_counter()
+        top = self.heads.propose(np.stack([batch[i].spec.hidden for i, _ in ask]), self.ranks)
+        dt = time.perf_counter() - t0
+        self.heads_s = dt if self.heads_s is None else self.heads_s + 0.2 * (dt - self.heads_s)
+        for (i, room), t in zip(ask, top):
+            s = batch[i]
+            s.spec.n = HEADS
+            rates[i] = s.spec.rate()
+            if self.ranks == 1 or s.constraint is not None:
+                found[i] = [int(x) for x in (t if self.ranks == 1 else t[:, 0])[:room]]
+                gains[i] = [rates[i] ** k for k in range(1, len(found[i]) + 1)]
+                continue
+            # a tree's depth: as a chain's; its nodes: as the context's room (draft_max at most)
+            depth = min(room, s.params.max_tokens - len(s.tokens) - 1)
+            rank_rates = [rates[i]] + [a.rate for a in self.side[1:]]
+            tokens, parents, ranks, chances = tree_candidates(t, rank_rates, depth, room)
+            found[i], gains[i] = (tokens, parents, ranks), chances
 
     def _heads_pay(self, cost: list, rate: float, room: int, rows: int) -> bool:
         """Whether running the heads for one more sequence of a step of `rows` rows can pay for
@@ -292,9 +450,21 @@ class Speculator:
         return any((rows - 1 + expected(rate, k)) / (cost[rows + k] + extra) > plain
                    for k in range(1, min(room, len(cost) - 1 - rows) + 1))
 
-    def verified(self, seq, drafted: int, accepted: int):
+    def verified(self, seq, drafted: int, accepted: int, trials: list | None = None):
+        """trials (a tree's): [(rank, accepted)] of each node whose parent was accepted; rank 0
+        counts for the sequence's rate, the others for the service's rate of their rank."""
         if seq.spec is not None:
-            seq.spec.update(drafted, accepted)
+            if trials is None:
+                seq.spec.update(drafted, accepted)
+            else:
+                seq.spec.update_tree(drafted, accepted, [hit for r, hit in trials if r == 0])
+        for r in range(1, self.ranks):
+            hits = [hit for rank, hit in trials or () if rank == r]
+            if hits:
+                self.side[r].observe(len(hits), sum(hits))
+        if trials is not None:
+            self.trees += 1
+            self.side_accepted += sum(hit for r, hit in trials if r > 0)
         if drafted:
             self.drafted += drafted
             self.accepted += accepted
@@ -302,6 +472,8 @@ class Speculator:
 
     def describe(self) -> dict:
         return {"mode": self.mode, "draft_max": self.draft_max, "heads": self.heads is not None,
+                "tree": {"ranks": self.ranks, "steps": self.trees, "side_accepted": self.side_accepted,
+                         "side_rates": [round(a.rate, 3) for a in self.side[1:]]},
                 "drafted": self.drafted,
                 "accepted": self.accepted, "verify_steps": self.steps,
                 "step_ms": [round(1e3 * c, 2) for c in self.costs.table()[1:]]}
@@ -332,6 +504,16 @@ class Speculation:
                 a.update(0, 0)              # unused: drifts back to the prior
         if drafted:
             self.by_n.setdefault(self.n, Acceptance()).update(drafted, accepted)
+
+    def update_tree(self, drafted: int, accepted: int, hits: list):
+        """A tree's verification: `drafted` nodes, `accepted` on the path; hits: whether each of
+        its rank-0 nodes whose parent was accepted was accepted too."""
+        self.drafted += drafted
+        self.accepted += accepted
+        for n, a in self.by_n.items():
+            if n != self.n:
+                a.update(0, 0)
+        self.by_n.setdefault(self.n, Acceptance()).observe(len(hits), sum(hits))
 
     def usage(self) -> dict:
         """OpenAI's names (its Predicted Outputs): drafted tokens the model accepted, and those

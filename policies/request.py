@@ -59,6 +59,9 @@ class Request:
     blocks: list = field(default_factory=list)    # KV block table (memory/blocks.py)
     names: list = field(default_factory=list)     # its full blocks' prefix-cache names, in order
     computed: int = 0                     # rows of prompt + tokens whose K/V are in the cache
+    # rows after those whose K/V a draft tree's step wrote away from their positions (an accepted
+    # path off the tree's chain, policies/drafting.py Tree): the next decode step feeds them again
+    lag: int = 0
     cached: int = 0                       # prompt rows found in the prefix cache at admission
     arrival: float = field(default_factory=time.monotonic)
     prefill_start: float | None = None   # its first prefill chunk began (preemption latency)
@@ -95,7 +98,7 @@ class Request:
     def prefilled(self) -> bool:
         """Its K/V are in the cache up to the last token: it decodes (feeds that token) next.
         A fresh request, or one preempted and resumed, prefills all its rows first."""
-        return bool(self.tokens) and self.computed == self.rows - 1
+        return bool(self.tokens) and self.computed + self.lag == self.rows - 1
 
     def end(self, state: str, reason: str | None = None, error: str | None = None):
         if self.ended:

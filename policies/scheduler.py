@@ -90,7 +90,7 @@ class FCFS:
             self.kv.release(req.blocks, req.names)
             return False
         self.kv.grow(req.blocks, req.rows)
-        req.computed = found
+        req.computed, req.lag = found, 0
         if not req.tokens:                 # a first admission (a preempted one is counted once)
             req.cached = found
             self.kv.count(len(req.prompt), found)
@@ -99,7 +99,7 @@ class FCFS:
     def _preempt(self, req: Request) -> Request:
         self.running.remove(req)
         self.kv.release(req.blocks, req.names, req.ids, req.computed)
-        req.computed = 0
+        req.computed, req.lag = 0, 0
         self.waiting.appendleft(req)
         return req
 

@@ -177,3 +177,73 @@ def test_heads_run_only_where_they_can_pay_for_their_own_time():
     assert s._heads_pay(s.costs.table(), 0.3, 3, 1)              # free heads: 1.3 in 9 ms
     assert not s._heads_pay(s.costs.table(), 0.15, 3, 1)         # 1.15 in 9 ms: within the margin of 1 in 8
     assert not s._heads_pay(s.costs.table(), 0.9, 3, 8)          # a full step has no row for them
+
+
+def test_heads_give_each_heads_likeliest_tokens_in_order():
+    from socllm.policies.drafting import Heads
+    rng = np.random.default_rng(2)
+    K, D, V = 3, 16, 40
+    heads = Heads(rng.normal(0, 0.3, (K, D, D)).astype(np.float32),
+                  rng.normal(0, 0.1, (K, D)).astype(np.float32), rng.choice(1000, V, replace=False),
+                  rng.normal(0, 1, (V, D)).astype(np.float32))
+    x = rng.normal(0, 1, (4, D)).astype(np.float32)
+    top = heads.propose(x, 3)
+    assert top.shape == (4, K, 3) and (top[:, :, 0] == heads.propose(x)).all()
+    z = (x @ heads.Wt).reshape(4, K, D) + heads.b
+    logits = (x[:, None, :] + z / (1 + np.exp(-z))) @ heads.Et
+    want = heads.vocab[np.argsort(-logits, axis=2, kind="stable")[:, :, :3]]
+    assert (top == want).all()
+
+
+def _tree_brute(top, rates, depth, width):
+    """Every node (a path of ranks) with its chance, the likeliest `width` of them."""
+    K, R = top.shape
+    nodes = [(np.prod([rates[r] for r in path]), path)
+             for d in range(1, min(depth, K) + 1) for path in itertools.product(range(R), repeat=d)]
+    return sorted(nodes, key=lambda n: -n[0])[:width]
+
+
+@pytest.mark.parametrize("rates", [[0.7, 0.2], [0.3, 0.25, 0.1], [0.9, 0.05]])
+def test_tree_candidates_are_the_likeliest_paths_parents_first(rates):
+    from socllm.policies.drafting import Tree, tree_candidates
+    top = np.arange(4 * len(rates)).reshape(4, len(rates)) + 100
+    for depth, width in ((4, 8), (2, 5), (3, 16)):
+        tokens, parents, ranks, chances = tree_candidates(top, rates, depth, width)
+        want = _tree_brute(top, rates, depth, width)
+        assert sorted(chances, reverse=True) == chances
+        assert chances == pytest.approx([c for c, _ in want])
+        for i, p in enumerate(parents):                       # a node's path: its parent's + its rank
+            assert p < i and chances[i] == pytest.approx((chances[p] if p >= 0 else 1) * rates[ranks[i]])
+            d, a = 1, p
+            while a >= 0:
+                d, a = d + 1, parents[a]
+            assert tokens[i] == top[d - 1, ranks[i]]
+        t = Tree.laid_out(tokens, parents, ranks)
+        # the chain of rank-0 nodes first, at their own positions; every node after its parent
+        assert t.rank[:t.chain] == [0] * t.chain and t.parents[:t.chain] == list(range(-1, t.chain - 1))
+        assert all(p < i for i, p in enumerate(t.parents)) and sorted(t.tokens) == sorted(tokens)
+
+
+def test_a_trees_entries_name_the_prefix_and_each_nodes_ancestors():
+    from socllm.policies.drafting import Tree
+    t = Tree([7, 8, 9, 10, 11], [-1, 0, -1, 2, 0], [0, 0, 1, 0, 1])
+    pos, at, ent = t.entries(40)
+    assert t.chain == 2 and list(pos) == [41, 42, 41, 42, 42] and list(at) == [41, 42, 43, 44, 45]
+    assert (ent[:2] == 0).all()                                  # chain nodes: keys 0 .. position
+    assert [tuple(e) for e in ent[2:]] == [(41, 41, 0b100, 0), (41, 41, 0b1100, 0), (41, 41, 0b10001, 0)]
+    assert t.child(-1, 9) == 2 and t.child(0, 11) == 4 and t.child(0, 9) is None
+    assert t.in_place(-1) and t.in_place(1) and not t.in_place(2)
+    assert t[:3].tokens == [7, 8, 9] and len(t[:9]) == 5
+    with pytest.raises(ValueError):
+        Tree([1, 2], [1, -1], [0, 0])                            # a parent after its child
+
+
+def test_the_chooser_takes_a_trees_nodes_best_first_while_they_pay():
+    from socllm.policies.drafting import choose_rows
+    cost = [0] + [1.0 + 0.1 * k for k in range(1, 17)]
+    chances = [0.6, 0.36, 0.2, 0.12, 0.05, 0.02]
+    [k] = choose_rows(cost, [chances], 16)
+    tokens = 1 + sum(chances[:k])
+    assert tokens / cost[1 + k] == max((1 + sum(chances[:j])) / cost[1 + j] for j in range(7))
+    # rows fed again count: a step of 15 rows already has room for one draft
+    assert choose_rows(cost, [chances], 16, rows=15) == [1]

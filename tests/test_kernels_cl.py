@@ -565,6 +565,47 @@ def _paged_attention_case(arena, clk, kv, lay, rng, lengths, window):
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5)
 
 
+def _paged_cache(lay, rng, kvt, n_blocks, cols, phys) -> tuple:
+    """K and V caches in the pool (K scaled: scores of some spread) whose rows of no sequence
+    are NaN: a kernel that reads one fails."""
+    cache = rng.standard_normal((2, n_blocks * BR, cols)).astype(kvt)
+    used = np.zeros(n_blocks * BR, bool)
+    for p in phys:
+        used[p] = True
+    cache[:, ~used] = np.nan
+    return lay.put(cache[0] * 2.0), lay.put(cache[1])
+
+
+def _run_paged(kvdev, lay, args, N, q, out, group: bool) -> tuple:
+    """The paged attention step both ways (check: numpy's kernel agrees, nothing else in the
+    pool changed) -> (its output [N, H*HD], its queries)."""
+    arena, clk, kv = kvdev
+    saved, clk.att_group = clk.att_group, group
+    try:
+        check(kvdev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)], clk=clk, kv=kv)
+    finally:
+        clk.att_group = saved
+    return (arena[out: out + N * H * HD * 4].view(np.float32).reshape(N, H * HD),
+            arena[q: q + N * H * HD * 4].view(np.float32).reshape(N, -1))
+
+
+def _spec_attention(arena, kv, k, v, n_blocks, q_row, keys, window=0) -> np.ndarray:
+    """The spec of one paged row: numpy's contiguous f32 attention over exactly the KV rows
+    `keys`, gathered in order, the row seeing them all (window: the last of them)."""
+    kvt, cols = KV_NUMPY[kv], KVH * HD
+    kvb, L = np.dtype(kvt).itemsize, len(keys)
+    kk, vv = (arena[o: o + n_blocks * BR * cols * kvb].view(kvt).reshape(-1, cols)[keys]
+              .astype(np.float32) for o in (k, v))
+    ref = np.zeros(1 << 22, np.uint8)
+    offs = [0, L * cols * 4, 2 * L * cols * 4, 2 * L * cols * 4 + H * HD * 4]
+    for o, a in zip(offs, (kk, vv, q_row.copy())):
+        ref[o: o + a.nbytes] = a.reshape(-1).view(np.uint8)
+    NumpyKernels(ref).run("attention", {"q": ("a", offs[2]), "k": ("kv", 0), "v": ("kv", offs[1]),
+                                        "out": ("a", offs[3]), "heads": H, "kv_heads": KVH,
+                                        "head_dim": HD, "window": window}, 1, L - 1)
+    return ref[offs[3]: offs[3] + H * HD * 4].view(np.float32)
+
+
 @pytest.mark.parametrize("window", [0, 13])
 @pytest.mark.parametrize("runs", [[(37, 5), (5, 1), (300, 9), (16, 16)], [(9, 3), (30, 2), (31, 1)]])
 def test_paged_attention_of_a_sequences_consecutive_rows_sees_each_rows_own_keys(kvdev, lay, rng,
@@ -589,37 +630,69 @@ def test_paged_attention_of_a_sequences_consecutive_rows_sees_each_rows_own_keys
     row_seq = np.array([s for s, (L, n) in enumerate(runs) for _ in range(n)], np.int32)
     row_pos = np.array([p for L, n in runs for p in range(L - n, L)], np.int32)
     N = len(row_pos)
-    cache = rng.standard_normal((2, n_blocks * BR, cols)).astype(kvt)
-    used = np.zeros(n_blocks * BR, bool)
-    for p in phys:
-        used[p] = True
-    cache[:, ~used] = np.nan
-    k, v = lay.put(cache[0] * 2.0), lay.put(cache[1])
+    k, v = _paged_cache(lay, rng, kvt, n_blocks, cols, phys)
     q, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
     args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
             "pos": ("a", lay.put(row_pos)), "seq": ("a", lay.put(row_seq)), "btab": ("a", lay.put(btab)),
             "heads": H, "kv_heads": KVH, "head_dim": HD, "block_rows": BR, "max_blocks": MB,
             **({"window": window} if window else {})}
-    saved, clk.att_group = clk.att_group, True
-    try:
-        check(kvdev, lay, "attention", args, N, 0, [(out, N * H * HD * 4)], clk=clk, kv=kv)
-    finally:
-        clk.att_group = saved
-    got = arena[out: out + N * H * HD * 4].view(np.float32).reshape(N, H * HD)
-    qs = arena[q: q + N * H * HD * 4].view(np.float32).reshape(N, -1)
+    got, qs = _run_paged(kvdev, lay, args, N, q, out, True)
     for n in range(N):
-        p = phys[row_seq[n]][:row_pos[n] + 1]
-        L = len(p)
-        kk, vv = (arena[o: o + n_blocks * BR * cols * kvb].view(kvt).reshape(-1, cols)[p]
-                  .astype(np.float32) for o in (k, v))
-        ref = np.zeros(1 << 22, np.uint8)
-        offs = [0, L * cols * 4, 2 * L * cols * 4, 2 * L * cols * 4 + H * HD * 4]
-        for o, a in zip(offs, (kk, vv, qs[n].copy())):
-            ref[o: o + a.nbytes] = a.reshape(-1).view(np.uint8)
-        NumpyKernels(ref).run("attention", {"q": ("a", offs[2]), "k": ("kv", 0), "v": ("kv", offs[1]),
-                                            "out": ("a", offs[3]), "heads": H, "kv_heads": KVH,
-                                            "head_dim": HD, "window": window}, 1, L - 1)
-        want = ref[offs[3]: offs[3] + H * HD * 4].view(np.float32)
+        want = _spec_attention(arena, kv, k, v, n_blocks, qs[n], phys[row_seq[n]][:row_pos[n] + 1], window)
+        np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5, err_msg=f"row {n}")
+
+
+# draft trees (policies/drafting.py Tree): parents of nodes 0 .. T-1 (-1: the root), ranks 0 along
+# the chain from the root; a small tree, and a wide one whose masks reach past bit 32
+TREES = {"small": ([-1, 0, 1, -1, 3, 0, 2], [0, 0, 0, 1, 0, 1, 0]),
+         "wide": ([-1, 0] + [1] * 36 + [37, 38, 2], [0, 0] + [0] + [1] * 35 + [0, 0, 1])}
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["per-kv-head", "per-head"])
+@pytest.mark.parametrize("tree", list(TREES))
+def test_paged_attention_of_a_draft_tree_sees_the_prefix_and_each_nodes_ancestors(kvdev, lay, rng,
+                                                                                  tree, group):
+    """A sequence's root row and its draft tree's rows beside another sequence's row: a node on
+    the chain sees keys 0 .. its position; any other node the prefix (0 .. root) and its own
+    ancestors' keys and its own, which the step wrote past the chain (never its siblings' or
+    their subtrees'); numpy's paged kernel and the spec (contiguous attention over exactly those
+    keys, gathered in order) agree, and nothing else in the pool changes."""
+    from socllm.policies.drafting import Tree
+    arena, clk, kv = kvdev
+    kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
+    parents, ranks = TREES[tree]
+    t = Tree(list(range(len(parents))), parents, ranks)
+    root = 29                                            # the tree's rows: KV 30 .. 30 + T - 1
+    node_pos, node_at, ent = t.entries(root)
+    lengths = [root + 1 + len(t), 45]                    # KV rows each sequence holds
+    n_blocks, cols = 40, KVH * HD
+    pos_, rows_, seq_, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
+    bt = arena[btab[1]: btab[1] + 4 * 2 * MB].view(np.int32).reshape(2, MB)
+    row_seq = np.array([0] * (1 + len(t)) + [1], np.int32)
+    row_pos = np.array([root, *node_pos, 44], np.int32)
+    row_at = np.array([root, *node_at, 44], np.int32)
+    tm = np.concatenate([np.zeros((1, 4), np.int32), ent, np.zeros((1, 4), np.int32)])
+    N = len(row_pos)
+    k, v = _paged_cache(lay, rng, kvt, n_blocks, cols, phys)
+    q, out = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
+    args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
+            "pos": ("a", lay.put(row_pos)), "seq": ("a", lay.put(row_seq)), "btab": btab,
+            "tmask": ("a", lay.put(tm)), "heads": H, "kv_heads": KVH, "head_dim": HD,
+            "block_rows": BR, "max_blocks": MB}
+    got, qs = _run_paged(kvdev, lay, args, N, q, out, group)
+    for n in range(N):
+        if n == 0 or n == N - 1:                          # the root, the other sequence
+            keys = list(range(row_pos[n] + 1))
+        else:                                             # the spec: the prefix, then the path
+            path, a = [], n - 1
+            while a >= 0:
+                path.append(root + 1 + a)
+                a = parents[a]
+            keys = list(range(root + 1)) + path[::-1]
+            if n - 1 < t.chain:                           # a chain node: its own position
+                assert keys == list(range(row_pos[n] + 1)) and row_at[n] == row_pos[n]
+        p = np.asarray(keys)
+        want = _spec_attention(arena, kv, k, v, n_blocks, qs[n], bt[row_seq[n], p // BR] * BR + p % BR)
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5, err_msg=f"row {n}")
 
 

@@ -112,13 +112,21 @@ def test_constrained_replies_draft_what_the_grammar_forces_and_match_plain_decod
 
 def test_draft_heads_give_plain_decodings_tokens_on_open_prompts(llm):
     """The default model's trained draft heads (models/heads/) draft from the last row's hidden
-    state on prompts whose text the lookup cannot find; their accepted drafts keep the tokens."""
+    state on prompts whose text the lookup cannot find, as trees; their accepted drafts keep the
+    tokens, alone or three sequences in one step."""
     assert llm.status()["speculation"]["heads"]
     convs = [[{"role": "user", "content": c}] for c in
              ("Write a short poem about the sea.", "Give three tips for sleeping well.",
               "Explain what a volcano is.")]
     plain = llm.chat(convs, max_tokens=48, speculate="off")
+    tree = llm.status()["speculation"]["tree"]
     drafted = llm.chat(convs, max_tokens=48, speculate="heads")
-    assert [o.text for o in drafted] == [o.text for o in plain]
+    alone = [llm.chat([c], max_tokens=48, speculate="heads")[0] for c in convs]
+    assert [o.text for o in drafted] == [o.text for o in plain] == [o.text for o in alone]
     assert len({o.text for o in plain}) == 3
     assert sum(_spec(o)["accepted_prediction_tokens"] for o in drafted) >= 10
+    # the drafts were trees (each head's two likeliest tokens), and paths off their chains were
+    # accepted: those rows were fed again at the next step (Request.lag)
+    after = llm.status()["speculation"]["tree"]
+    assert after["ranks"] == 2 and after["steps"] > tree["steps"]
+    assert after["side_accepted"] > tree["side_accepted"]

@@ -22,6 +22,17 @@ _NIBBLES = np.stack([np.arange(256) & 0x0F, np.arange(256) >> 4], axis=1).astype
 KV_NUMPY = {"f32": np.float32, "f16": np.float16}    # memory/layout.KV_DTYPES as numpy types
 
 
+
+def tree_keys(pos: int, entry) -> np.ndarray:
+    """The keys a decode row sees: 0 .. pos (a chain's row); a draft tree's row (entry: L, base,
+    mask low, mask high, its mask not 0; actors/gpu/cl/paged.cl tree_row): 0 .. L-1 and base + b
+    for each bit b of the mask."""
+    mask = (int(entry[2]) & 0xFFFFFFFF) | ((int(entry[3]) & 0xFFFFFFFF) << 32)
+    if not mask:
+        return np.arange(pos + 1)
+    return np.concatenate([np.arange(int(entry[0])),
+                           [int(entry[1]) + b for b in range(64) if mask >> b & 1]]).astype(np.int64)
+
 class NumpyKernels:
     def __init__(self, arena: np.ndarray, kv_dtype: str = "f32"):
         self.arena = arena  # uint8 [bytes]
@@ -169,21 +180,24 @@ class NumpyKernels:
 
     def attention_paged(self, a, N):
         """Row n of sequence seq[n] at position pos[n] sees that sequence's keys 0 .. pos[n] (a
-        window: the last `window` of them); key l is KV row btab[seq[n], l // block_rows] * block_rows + l % block_rows."""
+        window: the last `window` of them); key l is KV row btab[seq[n], l // block_rows] * block_rows + l % block_rows.
+        A draft tree's row sees the keys of its tree entry instead (tmask, tree_keys)."""
         H, KVH, hd, br = a["heads"], a["kv_heads"], a["head_dim"], a["block_rows"]
         pos, seq = self.i32(a["pos"], N), self.i32(a["seq"], N)
         btab = self._arr(a["btab"][1], (int(seq.max()) + 1, a["max_blocks"]), np.int32)
         q = self.f32(a["q"][1], N, H * hd)
         out = self.f32(a["out"][1], N, H * hd)
+        tm = self.i32(a["tmask"], 4 * N).reshape(N, 4) if "tmask" in a else np.zeros((N, 4), np.int32)
         for n in range(N):
-            L = int(pos[n]) + 1
-            ls = np.arange(L)
+            ls = tree_keys(int(pos[n]), tm[n])
+            L = len(ls)
             phys = btab[seq[n], ls // br] * br + ls % br
             k = self._kv(a["k"], phys, KVH * hd).reshape(L, KVH, hd)
             v = self._kv(a["v"], phys, KVH * hd).reshape(L, KVH, hd)
             qh = q[n].reshape(KVH, H // KVH, hd)
             s = np.einsum("kgd,lkd->kgl", qh, k) / np.float32(np.sqrt(hd))
-            s = np.where(visible(pos[n:n + 1], L, a.get("window", 0))[0], s, np.float32(-np.inf))
+            if a.get("window", 0):
+                s = np.where(int(pos[n]) - ls < a["window"], s, np.float32(-np.inf))
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             p = s / s.sum(axis=-1, keepdims=True)
             out[n] = np.einsum("kgl,lkd->kgd", p, v).reshape(H * hd)

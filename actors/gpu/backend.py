@@ -52,6 +52,7 @@ class GPUBackend:
         self.host, self.copies = arena_buf, self.kernels.copies
         meta = ("ids", "pos", "rows", "seq")
         self.step_inputs = [(lay.io[k], lay.io[k] + 4 * lay.max_rows) for k in meta] + \
+            [(lay.io["tmask"], lay.io["tmask"] + 16 * lay.max_rows)] + \
             [(lay.io["btab"], lay.io["btab"] + 4 * lay.max_seqs * lay.max_blocks)] + \
             [(lay.double[k], lay.double[k] + 4 * lay.double_rows) for k in meta if lay.double] + \
             [(self.pos_word, self.pos_word + 4)]

@@ -100,8 +100,8 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     # paged.cl
     "rope_rows": [u64] * 4 + [i32, i32, f32, u64, i32, u64],
     "rope_rows_table": [u64] * 2 + [i32, f32, u64],
-    "attention_paged": [u64] * 7 + [i32] * 5,
-    "attention_paged_g": [u64] * 7 + [i32] * 5,     # builds with ATT_G (GQA) only
+    "attention_paged": [u64] * 7 + [i32] * 5 + [u64],
+    "attention_paged_g": [u64] * 7 + [i32] * 5 + [u64],     # builds with ATT_G (GQA) only
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
     "lm_head_rows2": [u64] * 4 + [i32, i32, i32],    # AVX-512 builds only
     "prep_rows": [u64] * 2 + [i32, i32, i32],
@@ -431,7 +431,8 @@ class CLKernels(MoELaunches):
             if br % 8 or br & (br - 1):
                 raise ValueError(f"attention: block_rows {br} is not a power of two >= 8")
             args = (a["q"][1], a["k"][1], a["v"][1], a["out"][1], a["pos"][1], a["seq"][1],
-                    a["btab"][1], H, KVH, a["block_rows"], a["max_blocks"], a.get("window", 0))
+                    a["btab"][1], H, KVH, a["block_rows"], a["max_blocks"], a.get("window", 0),
+                    a["tmask"][1] if "tmask" in a else 0)
             g = H // KVH
             if wg == 1 and g > 1 and self.att_group:
                 # a work-item for the g query heads of a KV head: K and V converted once for them

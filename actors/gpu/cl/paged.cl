@@ -2,9 +2,11 @@
 // belong to different sequences at their own positions. Per-row metadata is data in the pool,
 // written by the runner before each step:
 //   pos  int32 [N]            position of row n in its sequence
-//   rows int32 [N]            the KV row (block * BR + pos % BR) where row n's K and V go
+//   rows int32 [N]            the KV row (block * BR + pos % BR) where row n's K and V go (a
+//                             draft tree's row: its own place past the sequence's length)
 //   seq  int32 [N]            row n's sequence: its block table is btab[seq * MB ..]
 //   btab int32 [seqs, MB]     block tables, MB blocks of BR rows each at most
+//   tmask int32 [N, 4]        a decode step's draft tree rows: the keys they see (tree_row)
 // Keys are read 8 at a time (att_step8); BR is a multiple of 8, so 8 keys never straddle blocks.
 
 // rope of rows at their own positions: x [N, H*hd] -> out rows (KV rows rows[n] if rows_o != 0,
@@ -51,6 +53,49 @@ __kernel void rope_rows_table(__global uchar* arena, ulong pos_o, ulong t_o, int
     const float ang = rope_angle((float)AT(const int, pos_o)[n], i, hd, theta, arena, f_o);
     AT(float, t_o)[n * hd + i] = cos(ang);
     AT(float, t_o)[n * hd + hd / 2 + i] = sin(ang);
+}
+
+// A draft tree's row (speculative decoding, policies/drafting.py Tree): besides its contiguous
+// keys, key base + b of its sequence for each bit b of mask (its ancestors in the tree and
+// itself, whose K/V this step wrote past the sequence's length), one key at a time into the
+// same online softmax.
+inline void att_tree(const __global float8* q, const __global kv8* k, const __global kv8* v,
+                     const __global int* bt, int kw, int BR, float rsq, int base, ulong mask,
+                     float* mx, float* sum, float8* acc)
+{
+    for (int b = 0; b < 64; b++) {
+        if (!((mask >> b) & 1)) continue;
+        const int l = base + b;
+        const size_t row = (size_t)bt[l / BR] * BR + l % BR;
+        const __global kv8* kr = k + row * kw;
+        float8 d = 0.0f;
+#pragma unroll
+        for (int c = 0; c < HC; c++) d += q[c] * KV8(kr + c);
+        const float s = hsum8(d) * rsq;
+        if (s > *mx) {
+            const float a = exp_f32(*mx - s);
+            *sum *= a;
+#pragma unroll
+            for (int c = 0; c < HC; c++) acc[c] *= a;
+            *mx = s;
+        }
+        const float w = exp_f32(s - *mx);
+        *sum += w;
+        const __global kv8* vr = v + row * kw;
+#pragma unroll
+        for (int c = 0; c < HC; c++) acc[c] += w * KV8(vr + c);
+    }
+}
+
+// A row's tree entry (tm_o != 0: [N, 4] int32 L, base, mask low, mask high): a row whose mask
+// is 0 sees keys 0 .. pos (a chain); else keys 0 .. L-1 and those of its mask (att_tree).
+inline ulong tree_row(__global uchar* arena, ulong tm_o, int n, int* L, int* base)
+{
+    if (!tm_o) return 0;
+    const __global int* tm = AT(const int, tm_o) + 4 * n;
+    const ulong mask = (ulong)(uint)tm[2] | ((ulong)(uint)tm[3] << 32);
+    if (mask) *L = tm[0], *base = tm[1];
+    return mask;
 }
 
 // One query row's attention over keys 0 .. L-1 of a block table, ATT_CH keys a pass, for a CPU
@@ -198,7 +243,7 @@ inline void att_rows_g(const __global float8* q, const __global kv8* k, const __
 // attention_paged for a KV head's ATT_G query heads at once (att_rows_g). global (1, KVH, N)
 __kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
                                 ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
-                                int win)
+                                int win, ulong tm_o)
 {
     const int kv = get_global_id(1), n = get_global_id(2), kw = KVH * HC;
     const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + kv * ATT_G) * HC;
@@ -206,7 +251,9 @@ __kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulo
     const __global kv8* v = AT(const kv8, v_o) + kv * HC;
     const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    const int L = AT(const int, pos_o)[n] + 1, lo = win_start(L, win);
+    int L = AT(const int, pos_o)[n] + 1, base = 0;
+    const int lo = win_start(L, win);
+    const ulong mask = tree_row(arena, tm_o, n, &L, &base);
     float8 acc[ATT_G * HC];
     float mx[ATT_G], sum[ATT_G];
 #pragma unroll
@@ -214,6 +261,9 @@ __kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulo
 #pragma unroll
     for (int g = 0; g < ATT_G; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
     att_rows_g(q, k, v, bt, kw, lo, L, BR, rsq, mx, sum, acc);
+#pragma unroll
+    for (int g = 0; g < ATT_G; g++)
+        if (mask) att_tree(q + g * HC, k, v, bt, kw, BR, rsq, base, mask, mx + g, sum + g, acc + g * HC);
     __global float8* out = AT(float8, out_o) + ((size_t)n * H + kv * ATT_G) * HC;
 #pragma unroll
     for (int g = 0; g < ATT_G; g++)
@@ -223,11 +273,12 @@ __kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulo
 #endif
 
 // attention over paged K/V: row n (sequence seq[n], position pos[n]) sees keys 0 .. pos[n] of its
-// sequence (win > 0: the last win of them), key l at KV row btab[seq][l / BR] * BR + l % BR.
+// sequence (win > 0: the last win of them), key l at KV row btab[seq][l / BR] * BR + l % BR; a
+// draft tree's row, its tree entry's keys (tree_row).
 // global (ATT_WG, H, N)
 __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
                               ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
-                              int win)
+                              int win, ulong tm_o)
 {
     const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
     const int kv = h / (H / KVH), kw = KVH * HC;
@@ -236,7 +287,9 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
     const __global kv8* v = AT(const kv8, v_o) + kv * HC;
     const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
     const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    const int L = AT(const int, pos_o)[n] + 1, lo = win_start(L, win);
+    int L = AT(const int, pos_o)[n] + 1, base = 0;
+    const int lo = win_start(L, win);
+    const ulong mask = tree_row(arena, tm_o, n, &L, &base);
     float8 acc[HC];
 #pragma unroll
     for (int c = 0; c < HC; c++) acc[c] = 0.0f;
@@ -249,6 +302,8 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
         att_step8(q, k + shift, v + shift, kw, l, lo, L, rsq, &mx, &sum, acc);
     }
 #endif
+    if (mask && t == 0)
+        att_tree(q, k, v, bt, kw, BR, rsq, base, mask, &mx, &sum, acc);
     __local float part_mx[ATT_WG], part_sum[ATT_WG];
     __local float8 part_acc[ATT_WG * HC];
     att_store(AT(float8, out_o) + ((size_t)n * H + h) * HC, t, mx, sum, acc, part_mx, part_sum,
