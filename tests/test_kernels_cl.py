@@ -615,7 +615,7 @@ def test_paged_attention_of_a_sequences_consecutive_rows_sees_each_rows_own_keys
     rows after it in the step are in the cache already, and must not be seen); runs: (sequence
     length, rows: its last positions)."""
     arena, clk, kv = kvdev
-    kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
+    kvt = KV_NUMPY[kv]
     n_blocks, cols = 40, KVH * HD
     lengths = [L for L, _ in runs]
     MB = max(-(-L // BR) for L in lengths)
@@ -659,7 +659,7 @@ def test_paged_attention_of_a_draft_tree_sees_the_prefix_and_each_nodes_ancestor
     keys, gathered in order) agree, and nothing else in the pool changes."""
     from socllm.policies.drafting import Tree
     arena, clk, kv = kvdev
-    kvt, kvb = KV_NUMPY[kv], np.dtype(KV_NUMPY[kv]).itemsize
+    kvt = KV_NUMPY[kv]
     parents, ranks = TREES[tree]
     t = Tree(list(range(len(parents))), parents, ranks)
     root = 29                                            # the tree's rows: KV 30 .. 30 + T - 1

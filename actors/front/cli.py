@@ -130,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
                         "chooses for it unless this is off")
     s.add_argument("--draft-max", type=int, default=srv.draft_max,
                    help="tokens one request drafts in a step, at most (default %(default)s)")
+    s.add_argument("--draft-ranks", type=int, default=srv.draft_ranks,
+                   help="the draft heads' candidates per head: 2 or more verify a tree of them, "
+                        "1 a chain of each head's likeliest (default %(default)s)")
     s.add_argument("--abandon-s", type=float, default=srv.abandon_s,
                    help="cancel a running request whose client has not asked for its text this "
                         "long: the client is gone (default %(default)s)")
