@@ -490,7 +490,8 @@ def _rows(batch: list, drafts: list) -> tuple:
     """A decode step's rows [(token, position, slot)]: each sequence's rows fed again (lag),
     its last token's, then its drafts'; and, where a draft is a tree, runner.step's `tree`
     (each row's KV position, its tree entry)."""
-    rows, at, ent, trees = [], [], [], False
+    rows, at, ent = [], [], []
+    trees = any(isinstance(d, Tree) for d in drafts)
     for s, d in zip(batch, drafts):
         last = s.rows - 1
         rows += [(t, last - s.lag + j, s.slot) for j, t in enumerate(s.tokens[len(s.tokens) - 1 - s.lag:])]
@@ -499,14 +500,12 @@ def _rows(batch: list, drafts: list) -> tuple:
             rows += [(t, int(p), s.slot) for t, p in zip(d.tokens, pos)]
             at += list(range(last - s.lag, last + 1)) + kv.tolist()
             ent += [np.zeros((1 + s.lag, 4), np.int32), e]
-            trees = True
             continue
         rows += [(t, last + 1 + j, s.slot) for j, t in enumerate(d)]
-        at += list(range(last - s.lag, last + 1 + len(d)))
-        ent.append(np.zeros((1 + s.lag + len(d), 4), np.int32))
-    if not trees:
-        return rows, None
-    return rows, (np.array(at, np.int32), np.concatenate(ent))
+        if trees:
+            at += list(range(last - s.lag, last + 1 + len(d)))
+            ent.append(np.zeros((1 + s.lag + len(d), 4), np.int32))
+    return rows, (np.array(at, np.int32), np.concatenate(ent)) if trees else None
 
 
 def _fill(constraints: list):

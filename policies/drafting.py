@@ -473,6 +473,7 @@ class Speculator:
     def describe(self) -> dict:
         return {"mode": self.mode, "draft_max": self.draft_max, "heads": self.heads is not None,
                 "tree": {"ranks": self.ranks, "steps": self.trees, "side_accepted": self.side_accepted,
+                         "side_tried": sum(a.drafted for a in self.side[1:]),
                          "side_rates": [round(a.rate, 3) for a in self.side[1:]]},
                 "drafted": self.drafted,
                 "accepted": self.accepted, "verify_steps": self.steps,

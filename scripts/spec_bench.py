@@ -3,7 +3,7 @@ drafting against llama.cpp (llama-cpp-python), plain and with its own prompt-loo
 the same run, one engine at a time on this machine's cores.
 
     python -m socllm.scripts.spec_bench [--prompts FILE] [--kinds grounded,open] [--reps 3]
-        [--max-tokens 256] [--precision q16] [--modes off,auto] [--draft-max 8]
+        [--max-tokens 256] [--precision q16] [--modes off,auto] [--draft-max 8] [--draft-ranks 2]
         [--llama-variants plain,lookup10,lookup2] [--limit N] [--prefix-cache] [--tag 2core]
 
 The targets (the default model, greedy, one stream):
@@ -264,11 +264,11 @@ def table(prompt_rows: list, kinds: dict, variants: list) -> str:
 class Socllm:
     """One socllm.LLM engine (service speculate auto), requests through its Python client."""
 
-    def __init__(self, model, precision: str, draft_max: int, prefix_cache: bool):
+    def __init__(self, model, precision: str, draft_max: int, prefix_cache: bool, draft_ranks: int):
         import socllm
         self.llm = socllm.LLM(model, precision=precision, plan="gpu", policy="fcfs", max_seqs=MAX_SEQS,
                               threads=THREADS, context=CONTEXT, speculate="auto",
-                              draft_max=draft_max, prefix_cache=prefix_cache)
+                              draft_max=draft_max, prefix_cache=prefix_cache, draft_ranks=draft_ranks)
         self.client, self.service = self.llm._client, self.llm._service
 
     def counters(self) -> dict:
@@ -397,6 +397,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="q16")
     ap.add_argument("--modes", default="off,auto", help="socllm requests' speculate values")
     ap.add_argument("--draft-max", type=int, default=8, help="socllm's, per sequence and step")
+    ap.add_argument("--draft-ranks", type=int, default=2, help="socllm's draft heads' candidates "
+                    "per head (1: chains)")
     ap.add_argument("--llama-variants", default="plain,lookup10,lookup2",
                     help="plain and/or lookupN (LlamaPromptLookupDecoding(num_pred_tokens=N)); '' for none")
     ap.add_argument("--limit", type=int, default=None, help="prompts per kind (smoke runs)")
@@ -427,7 +429,7 @@ def main(argv=None) -> int:
     socllm_engine = lookup = None
     try:
         print(f"# socllm: starting ({a.precision}, plan gpu, fcfs, max_seqs {MAX_SEQS})", flush=True)
-        socllm_engine = Socllm(a.model, a.precision, a.draft_max, a.prefix_cache)
+        socllm_engine = Socllm(a.model, a.precision, a.draft_max, a.prefix_cache, a.draft_ranks)
         report["socllm_describe"] = socllm_engine.llm.describe
         for m in modes:
             engines[f"socllm-{m}"] = (socllm_engine, m)
