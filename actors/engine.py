@@ -316,7 +316,7 @@ class Engine:
         out = []
         for s in reversed(batch):
             if over > 0 and s.lag:
-                over -= s.lag
+                over -= 1 + s.lag
                 s.lag = 0
             else:
                 out.append(s)

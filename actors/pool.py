@@ -175,6 +175,8 @@ class Pool:
             max(self.cfg.dim, self.cfg.ffn_dim), max_seqs=self.max_seqs,
             kv_blocks=int(self.kv_mb * 2**20 // block_bytes), block_rows=BLOCK_ROWS,
             kv_dtype=self.kv_dtype, double=double)
+        if self.hidden_slot is not None:
+            lay.hidden = [lay.slots[self.hidden_slot], 4 * self.cfg.dim * self.max_seqs]
         self.store = None if self.config.cache_dir is None else ProgramStore(
             self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
         if self.store is None or not self.store.known():

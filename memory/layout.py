@@ -62,6 +62,9 @@ class PoolLayout:
     # a prefill chunk there keeps its activations while other steps run (empty: none)
     double: dict = field(default_factory=dict)
     double_rows: int = 0
+    # a decode step's final-normed hidden rows (the LM head's input, which draft heads read):
+    # [offset, bytes] in the pool (a discrete GPU copies them down with the logits); empty: none
+    hidden: list = field(default_factory=list)
     size: int = 0
 
     @property

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     if args.kernels:
         for p in precisions:
             for n, ks in kernel_times(p, [n for n in ns if n > 1]).items():
-                top = sorted(ks.items(), key=lambda kv: -kv[1])[:4]
+                top = sorted(ks.items(), key=lambda kv: -kv[1])[:8]
                 print(f"{p} n {n:2d} kernels {sum(ks.values()):6.2f} ms: "
                       + ", ".join(f"{k} {t:.2f}" for k, t in top))
     return 0

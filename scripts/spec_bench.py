@@ -431,6 +431,10 @@ def main(argv=None) -> int:
         print(f"# socllm: starting ({a.precision}, plan gpu, fcfs, max_seqs {MAX_SEQS})", flush=True)
         socllm_engine = Socllm(a.model, a.precision, a.draft_max, a.prefix_cache, a.draft_ranks)
         report["socllm_describe"] = socllm_engine.llm.describe
+        gpu = [f"{p.get('api') or ''} {p.get('device') or ''}".strip()
+               for p in socllm_engine.llm.status().get("processors", []) if p.get("processor") == "gpu"]
+        report["device"] = (f"{os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}); "
+                            f"socllm's gpu actor: {gpu[0] if gpu else 'none'}")
         for m in modes:
             engines[f"socllm-{m}"] = (socllm_engine, m)
         if llamas:

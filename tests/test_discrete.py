@@ -79,13 +79,15 @@ def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced
     """The GPU actor on a discrete device: generate_ids (the gpu plan, and the default plan,
     which never moves a request's steps to the NPU: its actor is not started) and the service's
     paged steps (chunks over a block table, then a decode batch) copy only the control plane's
-    writes up and the logits down."""
+    writes up and the logits and the rows' hidden states down (draft heads read those: the
+    last decode step's are the LM head's input of its logits)."""
     from socllm.actors.pool import Pool
     from socllm.actors.runner import Runner
     path = write_tiny(tmp_path / "m.gguf", dim=64, ffn=128, head_dim=32, matrix="Q5_0", layers=2)
     reader = open_gguf(path)
     cfg = load_config(reader)
-    oracle = Oracle(cfg, load_weights(reader, cfg))
+    weights = load_weights(reader, cfg)
+    oracle = Oracle(cfg, weights)
     prompts = [[5, 9, 33, 70, 100, 2, 3], [40, 41, 42]]
     eng = Pool(model=path, context=64, threads=2, max_seqs=2,
                kv_mb=1, kv_dtype="f32")
@@ -97,9 +99,16 @@ def test_the_engine_on_a_discrete_gpu_serves_the_gpu_plan_alone(tmp_path, forced
         with pytest.raises(ValueError, match="needs the npu"):
             eng.generate_ids(prompts[0], plan="tensor", precision="f32", max_tokens=2)
         forced_ids = [oracle.greedy(p, 4) for p in prompts]
-        _, logits = prefill_then_decode(Runner(eng, "gpu", "f32"), prompts, forced_ids, 3)
+        run = Runner(eng, "gpu", "f32")
+        _, logits = prefill_then_decode(run, prompts, forced_ids, 3)
+        hidden = run.hidden_rows()[:len(prompts)].copy()
     finally:
         eng.close()
     for s, ids in enumerate(prompts):
         ref = oracle.logits_for(ids + forced_ids[s])[len(ids) - 1: len(ids) + 3]
         np.testing.assert_allclose(np.array(logits[s]), ref, rtol=0, atol=1e-3 * np.abs(ref).max())
+    from socllm.models.quant import dequant_q8_0
+    table = weights["output.weight" if "output.weight" in weights else "token_embd.weight"]
+    last = np.array([got[-1] for got in logits])
+    np.testing.assert_allclose(hidden @ dequant_q8_0(table["qs"], table["d"]).T, last, rtol=0,
+                               atol=1e-3 * np.abs(last).max())

@@ -56,7 +56,9 @@ class GPUBackend:
             [(lay.io["btab"], lay.io["btab"] + 4 * lay.max_seqs * lay.max_blocks)] + \
             [(lay.double[k], lay.double[k] + 4 * lay.double_rows) for k in meta if lay.double] + \
             [(self.pos_word, self.pos_word + 4)]
-        self.step_output = (lay.io["logits"], lay.io["logits"] + 4 * lay.max_seqs * lay.vocab)
+        # what a step leaves for the host: the logits, and the rows' hidden states (draft heads)
+        self.step_outputs = [(lay.io["logits"], lay.io["logits"] + 4 * lay.max_seqs * lay.vocab)] + \
+            ([(lay.hidden[0], lay.hidden[0] + lay.hidden[1])] if lay.hidden else [])
         self.act_off, self.rope_off = lay.io["act"], lay.io["rope"]
         self.rows_act_off = lay.io["act_rows"]
         self.rows_act_bytes = lay.io["act"] - lay.io["act_rows"]          # the next io region
@@ -139,8 +141,8 @@ class GPUBackend:
 
     def finish(self):
         self.kernels.finish()
-        if self.copies:                         # a discrete GPU: the logits down
-            self.kernels.to_host(self.host, *self.step_output)
+        for lo, hi in self.step_outputs if self.copies else ():    # a discrete GPU: them down
+            self.kernels.to_host(self.host, lo, hi)
 
     def describe(self) -> dict:
         d = self.device
