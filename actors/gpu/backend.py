@@ -82,9 +82,14 @@ class GPUBackend:
             # a decode batch of one row runs the fused decode kernels (at this precision); q8
             # prefill chunks run their linears in int8 as batches do, q16 chunks in the int16
             # weight tiles where those take every linear (tiles_take_all) on a CPU's OpenCL
-            # (measured there; a GPU's chunks keep the f32 GEMM, not measured against them)
-            bits = ACT_BITS.get(precision) if prog.phase == "batch" or precision == "q8" or \
-                precision == "q16" and self.kernels.on_cpu and tiles_take_all(tasks) else None
+            # (measured there; a GPU's chunks keep the f32 GEMM, not measured against them). A
+            # GPU's decode batches of several rows keep it too: those integer kernels are shaped
+            # for a CPU's cores; on an H100 a q16 batch took 16.0 ms at 2 rows and 37.0 at 8 in
+            # them, 7.9 and 8.7 in the f32 GEMM (scripts/results/h100/tree/run1/gpu-rows.txt)
+            # (q8's were not measured there: they keep int8)
+            on_cpu = self.kernels.on_cpu
+            bits = ACT_BITS.get(precision) if prog.phase == "batch" and on_cpu or precision == "q8" \
+                or precision == "q16" and on_cpu and tiles_take_all(tasks) else None
             rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
             # a chunk in the second activation buffer has its own rope table there (its stages
             # may run apart, with other steps between them)

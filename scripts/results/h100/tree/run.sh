@@ -60,7 +60,7 @@ while [ $# -gt 0 ]; do
   rows)
     # what a decode step of n rows of one sequence costs (a verification), and its kernels
     timeout "${ROWS_S:-300}" $PY -m socllm.scripts.gpu_rows --precision q16,f32 --rows 1,2,3,4,8,16 \
-        --reps 5 --kernels > "$RES/gpu-rows.txt" 2>&1
+        --reps 5 ${KERNELS---kernels} > "$RES/gpu-rows.txt" 2>&1
     echo "gpu_rows rc $? at $(( $(date +%s) - T0 )) s"; tail -40 "$RES/gpu-rows.txt"
     ;;
   spec)
@@ -68,7 +68,7 @@ while [ $# -gt 0 ]; do
       for r in 1 2; do
         tag=h100-ranks$r-run$i
         timeout "${SPEC_S:-400}" $PY -m socllm.scripts.spec_bench --kinds "${KINDS:-open,grounded}" \
-            --modes off,auto,heads --llama-variants '' --reps "${REPS:-1}" --draft-ranks $r \
+            --modes "${MODES:-off,auto,heads}" --llama-variants '' --reps "${REPS:-1}" --draft-ranks $r \
             --tag $tag > "$RES/$tag.log" 2>&1
         echo "spec ranks $r run $i rc $? at $(( $(date +%s) - T0 )) s"; tail -4 "$RES/$tag.log"
         cp scripts/results/spec-$tag.json "$RES/" 2>/dev/null
