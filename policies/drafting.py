@@ -360,6 +360,9 @@ class Speculator:
         # tries several and most miss
         self.side = [Acceptance(prior=SIDE_PRIOR, rate=SIDE_PRIOR, weight=0.03) for _ in range(ranks)]
         self.trees = self.side_accepted = 0
+        # acceptance by draft source (Speculation.by_n's keys), over every sequence: a new
+        # sequence's expectation
+        self.by_n: dict = {}
         self.heads_s = None                 # seconds the heads take a step (an average)
         self.costs = StepCosts(max_rows, profile)
         self.drafted = self.accepted = self.steps = 0     # the service's, for status and metrics
@@ -375,8 +378,8 @@ class Speculator:
                 rates.append(0.0)
                 continue
             if s.spec is None:
-                s.spec = Speculation(mode)
-                if self.heads is not None:
+                s.spec = Speculation(mode, service=self.by_n)
+                if self.heads is not None and HEADS not in self.by_n:
                     p = self.heads.prior
                     s.spec.by_n[HEADS] = Acceptance(prior=p, rate=p)
             sp = s.spec
@@ -455,10 +458,15 @@ class Speculator:
         """trials (a tree's): [(rank, accepted)] of each node whose parent was accepted; rank 0
         counts for the sequence's rate, the others for the service's rate of their rank."""
         if seq.spec is not None:
+            service = self.by_n.setdefault(seq.spec.n, Acceptance(weight=0.05)) if drafted else None
             if trials is None:
                 seq.spec.update(drafted, accepted)
+                if service is not None:
+                    service.update(drafted, accepted)
             else:
-                seq.spec.update_tree(drafted, accepted, [hit for r, hit in trials if r == 0])
+                hits = [hit for r, hit in trials if r == 0]
+                seq.spec.update_tree(drafted, accepted, hits)
+                service.observe(len(hits), sum(hits))
         for r in range(1, self.ranks):
             hits = [hit for rank, hit in trials or () if rank == r]
             if hits:
@@ -488,6 +496,9 @@ class Speculation:
     lookup: PromptLookup = field(default_factory=PromptLookup)
     # acceptance by the length of the n-gram that found the draft (a longer match predicts more)
     by_n: dict = field(default_factory=dict)
+    # the service's acceptance by the same sources (Speculator.by_n): where this sequence has
+    # none yet, and what an unused one drifts back to
+    service: dict = field(default_factory=dict)
     n: int = 0                                    # this step's
     hidden: object = None                         # the last row's final hidden state (heads)
     drafted: int = 0
@@ -495,27 +506,43 @@ class Speculation:
 
     def rate(self, n: int | None = None) -> float:
         """The acceptance rate of drafts from this step's source (or `n`'s)."""
-        a = self.by_n.get(self.n if n is None else n)
-        return a.rate if a is not None else Acceptance.prior
+        n = self.n if n is None else n
+        a = self.by_n.get(n)
+        return a.rate if a is not None else self.prior(n)
+
+    def prior(self, n: int) -> float:
+        """What drafts from source n are expected to do before this sequence has tried them: the
+        service's running rate for that source (on a device where a verifying step costs several
+        plain ones, a fixed prior below the break-even never lets a sequence try, and learn)."""
+        s = self.service.get(n)
+        return s.rate if s is not None else Acceptance.prior
+
+    def _mine(self, n: int) -> Acceptance:
+        if n not in self.by_n:
+            p = self.prior(n)
+            self.by_n[n] = Acceptance(prior=p, rate=p)
+        return self.by_n[n]
+
+    def _drift(self, keep: int | None):
+        for n, a in self.by_n.items():
+            if n != keep:
+                a.prior = self.prior(n)
+                a.update(0, 0)              # unused: drifts back to the prior
 
     def update(self, drafted: int, accepted: int):
         self.drafted += drafted
         self.accepted += accepted
-        for n, a in self.by_n.items():
-            if n != self.n or not drafted:
-                a.update(0, 0)              # unused: drifts back to the prior
+        self._drift(self.n if drafted else None)
         if drafted:
-            self.by_n.setdefault(self.n, Acceptance()).update(drafted, accepted)
+            self._mine(self.n).update(drafted, accepted)
 
     def update_tree(self, drafted: int, accepted: int, hits: list):
         """A tree's verification: `drafted` nodes, `accepted` on the path; hits: whether each of
         its rank-0 nodes whose parent was accepted was accepted too."""
         self.drafted += drafted
         self.accepted += accepted
-        for n, a in self.by_n.items():
-            if n != self.n:
-                a.update(0, 0)
-        self.by_n.setdefault(self.n, Acceptance()).observe(len(hits), sum(hits))
+        self._drift(self.n)
+        self._mine(self.n).observe(len(hits), sum(hits))
 
     def usage(self) -> dict:
         """OpenAI's names (its Predicted Outputs): drafted tokens the model accepted, and those

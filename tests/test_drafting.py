@@ -247,3 +247,27 @@ def test_the_chooser_takes_a_trees_nodes_best_first_while_they_pay():
     assert tokens / cost[1 + k] == max((1 + sum(chances[:j])) / cost[1 + j] for j in range(7))
     # rows fed again count: a step of 15 rows already has room for one draft
     assert choose_rows(cost, [chances], 16, rows=15) == [1]
+
+
+def test_a_new_sequence_expects_what_the_services_drafts_from_the_same_source_did():
+    """A sequence's acceptance by source starts from (and drifts back to) the service's rate for
+    that source: where a verifying step costs several plain ones (a GPU: 8 ms against 3), a fixed
+    prior below the break-even would never let a sequence try drafts that pay."""
+    from types import SimpleNamespace
+    from socllm.policies.drafting import Speculator
+    s = Speculator("auto", 8, 8)
+    seqs = [SimpleNamespace(spec=Speculation("auto", service=s.by_n)) for _ in range(3)]
+    for q in seqs[:2]:
+        q.spec.n = 3
+        for _ in range(40):                        # 3-gram lookups: 7 of 8 accepted
+            s.verified(q, 8, 7)
+    fresh = seqs[2].spec
+    assert fresh.rate(3) == pytest.approx(s.by_n[3].rate) and s.by_n[3].rate > 0.8
+    assert fresh.rate(1) == 0.5                    # a source no sequence drafted from yet
+    fresh.n = 3
+    s.verified(seqs[2], 8, 0)                      # its own miss, then unused: back up towards 0.8+
+    low = fresh.rate(3)
+    for _ in range(30):
+        fresh.n = 1
+        s.verified(seqs[2], 0, 0)
+    assert low < fresh.rate(3) <= s.by_n[3].rate
