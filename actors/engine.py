@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from socllm.policies.drafting import Tree
+from socllm.policies.drafting import Tree, step_rows
 from socllm.policies.request import QueueFull, Sequence
 
 from socllm.actors.runner import ProcessorLost
@@ -283,7 +283,7 @@ class Engine:
         past the sequence's length, and the next step writes over them)."""
         batch = self._fit(batch)
         drafts = self._drafts(batch)
-        rows, tree = _rows(batch, drafts)
+        rows, tree = step_rows(batch, drafts)
         self.doing = f"decode {len(rows)}"
         t0 = time.perf_counter()
         # the constrained rows' masks are computed on a CPU thread while the step runs
@@ -484,28 +484,6 @@ class Engine:
         self.stopping = True
         with self.cv:
             self.cv.notify_all()
-
-
-def _rows(batch: list, drafts: list) -> tuple:
-    """A decode step's rows [(token, position, slot)]: each sequence's rows fed again (lag),
-    its last token's, then its drafts'; and, where a draft is a tree, runner.step's `tree`
-    (each row's KV position, its tree entry)."""
-    rows, at, ent = [], [], []
-    trees = any(isinstance(d, Tree) for d in drafts)
-    for s, d in zip(batch, drafts):
-        last = s.rows - 1
-        rows += [(t, last - s.lag + j, s.slot) for j, t in enumerate(s.tokens[len(s.tokens) - 1 - s.lag:])]
-        if isinstance(d, Tree):
-            pos, kv, e = d.entries(last)
-            rows += [(t, int(p), s.slot) for t, p in zip(d.tokens, pos)]
-            at += list(range(last - s.lag, last + 1)) + kv.tolist()
-            ent += [np.zeros((1 + s.lag, 4), np.int32), e]
-            continue
-        rows += [(t, last + 1 + j, s.slot) for j, t in enumerate(d)]
-        if trees:
-            at += list(range(last - s.lag, last + 1 + len(d)))
-            ent.append(np.zeros((1 + s.lag + len(d), 4), np.int32))
-    return rows, (np.array(at, np.int32), np.concatenate(ent)) if trees else None
 
 
 def _fill(constraints: list):

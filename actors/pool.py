@@ -160,7 +160,7 @@ class Pool:
         planner started if programs are to be compiled. -> the layout."""
         slots = assign_slots(build_graph(self.cfg, n_layers))
         # the final-normed hidden state's slot (the LM head's input): draft heads read it
-        self.hidden_slot = slots.assign.get("xf")
+        self.hidden_slot = hid = slots.assign.get("xf")
         slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
         if n_layers is not None:      # a truncated model (tests): only the first layers' weights
             weights = {k: v for k, v in weights.items()
@@ -175,8 +175,7 @@ class Pool:
             max(self.cfg.dim, self.cfg.ffn_dim), max_seqs=self.max_seqs,
             kv_blocks=int(self.kv_mb * 2**20 // block_bytes), block_rows=BLOCK_ROWS,
             kv_dtype=self.kv_dtype, double=double)
-        if self.hidden_slot is not None:
-            lay.hidden = [lay.slots[self.hidden_slot], 4 * self.cfg.dim * self.max_seqs]
+        lay.hidden = [lay.slots[hid], 4 * self.cfg.dim * self.max_seqs] if hid is not None else []  # GPU: down
         self.store = None if self.config.cache_dir is None else ProgramStore(
             self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
         if self.store is None or not self.store.known():

@@ -246,6 +246,29 @@ class Tree:
         return pos, at, ent
 
 
+def step_rows(batch: list, drafts: list) -> tuple:
+    """A decode step's rows [(token, position, slot)] for the sequences of `batch` (Sequence:
+    policies/request.py) and their drafts (a chain or a Tree): each sequence's rows fed again
+    (Request.lag), its last token's, then its drafts'; and, where a draft is a tree, the runner's
+    `tree` argument (each row's KV position, its tree entry; None: no tree)."""
+    rows, at, ent = [], [], []
+    trees = any(isinstance(d, Tree) for d in drafts)
+    for s, d in zip(batch, drafts):
+        last = s.rows - 1
+        rows += [(t, last - s.lag + j, s.slot) for j, t in enumerate(s.tokens[len(s.tokens) - 1 - s.lag:])]
+        if isinstance(d, Tree):
+            pos, kv, e = d.entries(last)
+            rows += [(t, int(p), s.slot) for t, p in zip(d.tokens, pos)]
+            at += list(range(last - s.lag, last + 1)) + kv.tolist()
+            ent += [np.zeros((1 + s.lag, 4), np.int32), e]
+            continue
+        rows += [(t, last + 1 + j, s.slot) for j, t in enumerate(d)]
+        if trees:
+            at += list(range(last - s.lag, last + 1 + len(d)))
+            ent.append(np.zeros((1 + s.lag + len(d), 4), np.int32))
+    return rows, (np.array(at, np.int32), np.concatenate(ent)) if trees else None
+
+
 def tree_candidates(top: np.ndarray, rates: list, depth: int, width: int) -> tuple:
     """The likeliest nodes of a draft tree from the heads' candidates: top [K, R], head k's R
     likeliest tokens (k + 1 places after the next one); rates[r]: the chance that a rank-r

@@ -271,3 +271,20 @@ def test_a_new_sequence_expects_what_the_services_drafts_from_the_same_source_di
         fresh.n = 1
         s.verified(seqs[2], 0, 0)
     assert low < fresh.rate(3) <= s.by_n[3].rate
+
+
+def test_a_steps_rows_feed_lagging_rows_again_then_each_draft_at_its_place():
+    from types import SimpleNamespace
+    from socllm.policies.drafting import Tree, step_rows
+    # a: 10 rows, the last 2 fed again (a tree's path off its chain), a chain draft;
+    # b: 6 rows, a tree draft
+    a = SimpleNamespace(rows=10, lag=2, tokens=[1, 2, 3, 4], slot=0)
+    b = SimpleNamespace(rows=6, lag=0, tokens=[7, 8], slot=1)
+    tree = Tree([50, 51, 52], [-1, 0, -1], [0, 0, 1])
+    rows, (at, ent) = step_rows([a, b], [[40, 41], tree])
+    assert rows == [(2, 7, 0), (3, 8, 0), (4, 9, 0), (40, 10, 0), (41, 11, 0),
+                    (8, 5, 1), (50, 6, 1), (51, 7, 1), (52, 6, 1)]
+    assert list(at) == [7, 8, 9, 10, 11, 5, 6, 7, 8]          # the side node writes past the chain
+    assert (ent[:8] == 0).all() and list(ent[8]) == [6, 6, 0b100, 0]
+    rows, tree_arg = step_rows([a, b], [[40], []])
+    assert tree_arg is None and len(rows) == 5

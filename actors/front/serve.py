@@ -233,7 +233,11 @@ def status(a) -> int:
         rate = f"{sp['accepted']} of {sp['drafted']} drafted tokens accepted" + \
             (f", {1 + sp['accepted'] / sp['verify_steps']:.2f} tokens a verifying step" if sp["verify_steps"] else "")
         cost = " ".join(f"{n}:{ms:.1f}" for n, ms in enumerate(sp["step_ms"], 1))
-        print(f"speculate  {sp['mode']} (at most {sp['draft_max']} drafted a step): {rate}; "
+        tree = sp.get("tree") or {}
+        trees = f"; trees ({tree['ranks']} candidates a head): {tree['steps']} verified, " \
+            f"{tree['side_accepted']} of {tree['side_tried']} second candidates accepted" \
+            if tree.get("ranks", 1) > 1 else ""
+        print(f"speculate  {sp['mode']} (at most {sp['draft_max']} drafted a step): {rate}{trees}; "
               f"step ms by rows {cost}")
     print(f"tokens/s   {st['tokens_per_s_1min']:.1f} (last minute)")
     lp = st["loop"]
