@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from socllm.policies.drafting import Tree, step_rows
+from socllm.policies.drafting import Tree, step_rows, walk
 from socllm.policies.request import QueueFull, Sequence
 
 from socllm.actors.runner import ProcessorLost
@@ -374,8 +374,7 @@ class Engine:
         first): from the root, each row's token sampled as plain decoding samples it, then on to
         the child drafted with that token, if any. A path off the tree's chain leaves its rows'
         K/V away from their positions: they are fed again at the next step (lag)."""
-        node, accepted, trials = -1, 0, []
-        while True:
+        def sample(node: int):
             if tree.in_place(node):
                 seq.computed += 1
                 self._name_blocks(seq)
@@ -383,15 +382,12 @@ class Engine:
                 seq.lag += 1
             tok = self._sample(seq, logits[node + 1])
             self.accept(seq, tok)
-            trials += [(tree.rank[c], tree.tokens[c] == tok)
-                       for c, p in enumerate(tree.parents) if p == node]
-            nxt = None if seq.ended else tree.child(node, tok)
-            if nxt is None:
-                break
-            node, accepted = nxt, accepted + 1
-        self.speculator.verified(seq, len(tree), accepted, trials)
+            return None if seq.ended else tok
+
+        path, trials = walk(tree, sample)
+        self.speculator.verified(seq, len(tree), len(path) - 1, trials)
         if seq.spec is not None:
-            seq.spec.hidden = None if self.hidden is None else self.hidden[row + node + 1].copy()
+            seq.spec.hidden = None if self.hidden is None else self.hidden[row + path[-1] + 1].copy()
 
     @staticmethod
     def _sample(seq: Sequence, logits):

@@ -246,6 +246,28 @@ class Tree:
         return pos, at, ent
 
 
+def walk(tree: Tree, sample) -> tuple:
+    """A draft tree's verification: from the root (node -1), sample(node) is the token sampled
+    from node's row as plain decoding samples it (None: the sequence ended there); then on to the
+    child drafted with that token, if any, and its row. Every token comes from the row whose
+    context is exactly the tokens emitted before it, so the output is plain decoding's, in
+    distribution and, draw for draw, for a seeded sampler. -> (the nodes whose rows were
+    sampled, root first; [(rank, accepted)] of each node whose parent's row was sampled)."""
+    node, path, trials = -1, [-1], []
+    while True:
+        tok = sample(node)
+        if tok is None:
+            break
+        trials += [(tree.rank[c], tree.tokens[c] == tok)
+                   for c, p in enumerate(tree.parents) if p == node]
+        nxt = tree.child(node, tok)
+        if nxt is None:
+            break
+        node = nxt
+        path.append(node)
+    return path, trials
+
+
 def step_rows(batch: list, drafts: list) -> tuple:
     """A decode step's rows [(token, position, slot)] for the sequences of `batch` (Sequence:
     policies/request.py) and their drafts (a chain or a Tree): each sequence's rows fed again
