@@ -100,7 +100,7 @@ def test_ctrl_c_mid_generation_leaves_nothing_behind():
     assert first and _segments() - before, "expected a live pool segment while generating"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and "interrupted" in err
+    assert p.returncode == 130 and "interrupted" in err, (p.returncode, err[-3000:])
     end = time.monotonic() + 60                 # the actors' processes exit after the driver
     while not (_segments() <= before and actors() <= actors_before) and time.monotonic() < end:
         time.sleep(0.2)

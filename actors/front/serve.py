@@ -300,9 +300,21 @@ def generate_private(a, kv_mb: float, chunk: int) -> int:
               **({"draft_max": a.draft_max} if a.draft_max else {}),
               cache_dir=c.cache_dir)
     try:
-        return run_generate(llm._service, a, "private")
-    finally:
-        llm.close()
+        out = run_generate(llm._service, a, "private")
+    except BaseException:
+        _quietly(llm.close)           # Ctrl-C: an error of the cleanup must not hide it
+        raise
+    llm.close()
+    return out
+
+
+def _quietly(close):
+    """A cleanup while an exception (Ctrl-C) unwinds: its own error is printed, not raised, so the
+    interrupt stays what the command reports (exit status 130)."""
+    try:
+        close()
+    except Exception as e:
+        print(f"socllm: while stopping: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def run_generate(svc, a, where: str) -> int:
@@ -328,8 +340,10 @@ def run_generate(svc, a, where: str) -> int:
                 sys.stdout.write(piece)
                 sys.stdout.flush()
             sys.stdout.write("\n")
-    finally:
-        pieces.close()                # Ctrl-C: the request is cancelled in the service
+    except BaseException:
+        _quietly(pieces.close)        # Ctrl-C: the request is cancelled in the service
+        raise
+    pieces.close()
     out = ray.get(svc.request.remote(rid))
     if a.json:
         print(json.dumps({k: out.get(k) for k in ("text", "tokens", "prompt_tokens", "plan", "placement",
