@@ -115,5 +115,17 @@ def test_plan_spec_times_decode_rows_and_reports_the_drafts_that_pay(short_tmp, 
         assert best["tokens_per_step"] == pytest.approx(expected(float(rate), k), abs=1e-3)
         assert best["speedup"] == pytest.approx(expected(float(rate), k) * cost[1] / cost[1 + k], rel=1e-2)
         assert best["speedup"] == 1.0 if k == 0 else best["speedup"] > 0.999
+    # draft trees (this model has no heads: the default model's 3), nodes best first while they pay
+    import numpy as np
+
+    from socllm.policies.drafting import SIDE_PRIOR, choose_rows, tree_candidates
+    trees = out["trees"]
+    assert trees["heads"] == 3 and trees["second_rate"] == SIDE_PRIOR
+    for rate, best in trees["best_by_acceptance"].items():
+        chances = tree_candidates(np.zeros((3, 2), np.int64), [float(rate), SIDE_PRIOR], 3, MAX_DRAFT)[3]
+        k = best["nodes"]
+        assert k == choose_rows(cost, [chances], MAX_DRAFT + 1)[0], rate
+        assert best["tokens_per_step"] == pytest.approx(1 + sum(chances[:k]), abs=1e-3)
+        assert best["speedup"] == pytest.approx((1 + sum(chances[:k])) * cost[1] / cost[1 + k], rel=1e-2)
     r = subprocess.run(cmd + ["--precision", "q3"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -81,7 +81,7 @@ def spec(a) -> int:
     # step_ms unrounded: choose's margin test on a rounded curve could pick another count
     out = {"device": device, "precision": precision,
            "step_ms": {n: 1e3 * cost[n] for n in range(1, rows + 1)},
-           "best_by_acceptance": best}
+           "best_by_acceptance": best, "trees": _trees(cost, rates, _heads_count(a.plan_model))}
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -92,7 +92,40 @@ def spec(a) -> int:
     print("acceptance rate -> drafts a step, expected tokens a step, speed-up over plain decoding:")
     for r, b in best.items():
         print(f"  {r:.2f} -> {b['drafts']:2d} drafts, {b['tokens_per_step']:.2f} tokens, {b['speedup']:.2f}x")
+    t = out["trees"]
+    print(f"draft trees of {t['heads']} heads' two candidates (the second accepted at "
+          f"{t['second_rate']:.2f}): the first's rate -> nodes a step, expected tokens, speed-up:")
+    for r, b in t["best_by_acceptance"].items():
+        print(f"  {r:.2f} -> {b['nodes']:2d} nodes, {b['tokens_per_step']:.2f} tokens, {b['speedup']:.2f}x")
     return 0
+
+
+def _heads_count(model) -> int:
+    """The draft heads trained for this model (models/heads/), else the default model's 3."""
+    import numpy as np
+
+    from socllm.models.gguf_file import model_path
+    from socllm.models.heads import heads_path
+    try:
+        return int(json.loads(bytes(np.load(heads_path(model_path(model)))["meta"]).decode())["heads"])
+    except (OSError, KeyError, ValueError):
+        return 3
+
+
+def _trees(cost: list, rates: tuple, heads: int) -> dict:
+    """At each rank-0 acceptance rate, the tree policies/drafting.py would verify on this cost
+    curve: its nodes best first (tree_candidates) while choose_rows says they pay."""
+    import numpy as np
+
+    from socllm.policies.drafting import MAX_DRAFT, SIDE_PRIOR, choose_rows, tree_candidates
+    best = {}
+    for r in rates:
+        chances = tree_candidates(np.zeros((heads, 2), np.int64), [r, SIDE_PRIOR], heads, MAX_DRAFT)[3]
+        [k] = choose_rows(cost, [chances], len(cost) - 1)
+        tokens = 1 + sum(chances[:k])
+        best[r] = {"nodes": k, "tokens_per_step": round(tokens, 3),
+                   "speedup": round(tokens / cost[1 + k] * cost[1], 3)}
+    return {"heads": heads, "second_rate": SIDE_PRIOR, "best_by_acceptance": best}
 
 
 def run(a) -> int:
