@@ -118,12 +118,16 @@ def expected(rate: float, k: int) -> float:
     return sum(rate ** j for j in range(k + 1))
 
 
+def chain_gains(rate: float, n: int) -> list:
+    """The chance that each of a chain's n drafted tokens is accepted: rate, rate^2, ..."""
+    return [rate ** k for k in range(1, n + 1)]
+
+
 def choose(cost: list, rates: list, limits: list, max_rows: int, margin: float = 0.0) -> list:
     """Drafted tokens per sequence for one step, for chains: choose_rows where sequence i's
     k-th drafted token is accepted with probability rates[i]^k, limits[i]: the most it may draft
     (what its drafter found, its room in the context and max_tokens)."""
-    return choose_rows(cost, [[r ** k for k in range(1, n + 1)] for r, n in zip(rates, limits)],
-                       max_rows, margin)
+    return choose_rows(cost, [chain_gains(r, n) for r, n in zip(rates, limits)], max_rows, margin)
 
 
 def choose_rows(cost: list, gains: list, max_rows: int, margin: float = 0.0,
@@ -448,7 +452,7 @@ class Speculator:
             found.append(draft)
             # lookup: drafted wherever found, while the step has rows
             rates.append(1.0 if mode == "lookup" or forced else sp.rate())
-        gains = [[r ** k for k in range(1, len(f) + 1)] for r, f in zip(rates, found)]
+        gains = [chain_gains(r, len(f)) for r, f in zip(rates, found)]
         if ask:
             self._ask_heads(batch, ask, found, rates, gains)
         fixed = sum(1 + s.lag for s in batch)          # each sequence's rows before its drafts
@@ -479,7 +483,7 @@ class Speculator:
             rates[i] = s.spec.rate()
             if self.ranks == 1 or s.constraint is not None:
                 found[i] = [int(x) for x in (t if self.ranks == 1 else t[:, 0])[:room]]
-                gains[i] = [rates[i] ** k for k in range(1, len(found[i]) + 1)]
+                gains[i] = chain_gains(rates[i], len(found[i]))
                 continue
             # a tree's depth: as a chain's; its nodes: as the context's room (draft_max at most)
             depth = min(room, s.params.max_tokens - len(s.tokens) - 1)
