@@ -168,7 +168,7 @@ class Engine:
         # is asked for: prompt_logprobs, an embedding)
         if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:] \
                 or seq.every_row:
-            self._prefill_chunk(seq)
+            self._prefill_chunk(seq, ready)
             return False
         return self._prefill_spans(seq)
 
@@ -182,20 +182,23 @@ class Engine:
             self.metrics.prefill_started(seq)
         return [(ids[i], i, seq.slot) for i in range(lo, hi)], hi == len(ids)
 
-    def _end_chunk(self, seq: Sequence, rows: list, last: bool, logits, t0: float):
+    def _end_chunk(self, seq: Sequence, rows: list, last: bool, logits, t0: float | None):
+        """t0: the chunk's start (None: a chunk whose time another sequence's call counts)."""
         seq.computed += len(rows)
         self._name_blocks(seq)
         if last and seq.embed is not None:
             self._embedded(seq)
         elif last:
             self.accept(seq, self._sample(seq, logits[0]))
-        self.times["prefill_chunks"] += 1
-        self.times["prefill_s"] += time.perf_counter() - t0
+        if t0 is not None:
+            self.times["prefill_chunks"] += 1
+            self.times["prefill_s"] += time.perf_counter() - t0
 
-    def _prefill_chunk(self, seq: Sequence):
+    def _prefill_chunk(self, seq: Sequence, ready: list):
         t0 = time.perf_counter()
         if seq.embed is not None:
-            return self._prefill_embed(seq, t0)
+            return self._prefill_embeds([seq, *(s for s in ready if s is not seq and s.embed is not None
+                                                and s.priority == seq.priority)], t0)
         if seq.every_row:
             return self._prefill_logged(seq, t0)
         rows, last = self._start_chunk(seq, self.config.prefill_chunk)
@@ -218,23 +221,37 @@ class Engine:
                 seq.sampler.log_prompt(logits[i], seq.prompt[pos + 1])
         self._end_chunk(seq, rows, last, logits[len(rows) - 1:], t0)
 
-    def _prefill_embed(self, seq: Sequence, t0: float):
-        """A chunk of an embedding's prompt, on the base processor's chunk program, whose final
-        norm writes every row's hidden state to the pool (runner.hidden_rows), pooled at once."""
-        rows, last = self._start_chunk(seq, self.config.prefill_chunk)
-        self.doing = f"chunk {seq.priority} {len(rows)} (embedding)"
-        logits = self.runner.step(rows, {seq.slot: seq.blocks}, all_rows=False, on=self.runner.base)
-        self._pool(seq, rows)
-        self._end_chunk(seq, rows, last, logits, t0)
+    def _prefill_embeds(self, seqs: list, t0: float):
+        """One chunk of embeddings' prompts: the rows of as many of seqs as a chunk holds, in
+        order (no logits are read, so several requests' rows share it), on the base processor's
+        chunk program, whose final norm writes every row's hidden state to the pool
+        (runner.hidden_rows), each request's pooled at once."""
+        parts, room = [], self.config.prefill_chunk
+        for seq in seqs:
+            if room:
+                rows, last = self._start_chunk(seq, room)
+                parts.append((seq, rows, last))
+                room -= len(rows)
+        rows = [r for _, rs, _ in parts for r in rs]
+        self.running = [seq for seq, _, _ in parts]     # a failed step fails them all
+        self.doing = f"chunk {seqs[0].priority} {len(rows)} (embedding, {len(parts)} requests)"
+        self.runner.step(rows, {seq.slot: seq.blocks for seq, _, _ in parts}, all_rows=False,
+                         on=self.runner.base)
+        at = 0
+        for i, (seq, rs, last) in enumerate(parts):
+            self._pool(seq, rs, at)
+            self._end_chunk(seq, rs, last, None, t0 if i == len(parts) - 1 else None)
+            at += len(rs)
 
-    def _pool(self, seq: Sequence, rows: list):
-        """An embedding's rows: each prompt row's final-normed hidden state (the LM head's
-        input), summed ("mean") or the last kept ("last"), each row once (a request re-prefilled
-        after a preemption pools only the rows it had not)."""
+    def _pool(self, seq: Sequence, rows: list, at: int):
+        """An embedding's rows (the step's rows at .. at + len(rows)): each prompt row's
+        final-normed hidden state (the LM head's input), summed ("mean") or the last kept
+        ("last"), each row once (a request re-prefilled after a preemption pools only the rows
+        it had not)."""
         hidden = self.runner.hidden_rows()
         for i, (_, pos, _) in enumerate(rows):
             if pos == seq.embedded:
-                h = hidden[i].astype(np.float64)
+                h = hidden[at + i].astype(np.float64)
                 seq.embedding = h if seq.embed == "last" or seq.embedding is None else seq.embedding + h
                 seq.embedded += 1
 
@@ -436,18 +453,21 @@ class Engine:
             self.publish(seq)
 
     # -- the table -----------------------------------------------------------------------------
-    def add(self, seq: Sequence, bound: bool = True):
-        """A new request (raises ValueError for one that could never fit, QueueFull for one too
-        many waiting)."""
-        seq.arrived_during = self.doing
+    def add(self, *seqs: Sequence, bound: bool = True):
+        """New requests, queued together (raises ValueError for one that could never fit,
+        QueueFull where the queue is full: then none queues)."""
         with self.cv:
             waiting = sum(s.state == "waiting" for s in self.table.values())
             if bound and waiting >= self.config.max_waiting:
                 raise QueueFull(f"{waiting} requests are waiting to start, the most this service "
                                 f"queues (--max-waiting): try again later")
-            self.scheduler.add(seq)
-            self.table[seq.id] = seq
-            self.metrics.arrived(seq)
+            for seq in seqs:
+                self.scheduler.check(seq)
+            for seq in seqs:
+                seq.arrived_during = self.doing
+                self.scheduler.add(seq)
+                self.table[seq.id] = seq
+                self.metrics.arrived(seq)
             self.cv.notify()
 
     def cancel(self, seq: Sequence):

@@ -261,18 +261,36 @@ class Service:
                 else "no chunks"}
 
     # -- the client calls ----------------------------------------------------------------------
-    async def submit(self, prompt: str | None = None, messages: list | None = None,
-                     ids: list | None = None, priority: str = "proactive", stop=None,
-                     ignore_eos: bool = False, response_format: dict | None = None,
-                     grammar: str | None = None, tools: list | None = None, tool_choice=None,
-                     parallel_tool_calls: bool | None = None, queue_bound: bool = True,
-                     speculate: str | None = None, embed: str | None = None, **sampling) -> str:
-        """A new request: bad input raises ValueError before it queues, one too many waiting
-        QueueFull. -> an unguessable handle (a client reads and cancels only its own). Tokenized
-        beside the loop in a thread without the GIL: a huge prompt stalls no one. response_format (OpenAI's), grammar (Lark or GBNF) and tools (with tool_choice,
-        parallel_tool_calls; chat only) constrain the reply (policies/grammar.py); speculate:
-        policies/drafting.py MODES; queue_bound False: the 2nd .. nth choice of one request
-        (HTTP's n); embed "mean" | "last": the prompt's embedding, no reply (Intake.check_embed)."""
+    async def submit(self, queue_bound: bool = True, **request) -> str:
+        """A new request (_sequence's arguments): bad input raises ValueError before it queues,
+        one too many waiting QueueFull. -> an unguessable handle (a client reads and cancels only
+        its own). queue_bound False: the 2nd .. nth choice of one request (HTTP's n)."""
+        seq = await self._sequence(**request)
+        self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
+        return seq.id
+
+    async def submit_many(self, requests: list, queue_bound: bool = True) -> list:
+        """Several requests (each submit's keyword arguments), queued at once: the engine's next
+        step sees them all (an embeddings request's inputs share prefill chunks: actors/engine.py
+        _prefill_embeds). All or none: one bad request raises before any queues. -> their
+        handles, in order."""
+        if not isinstance(requests, list) or not requests or not all(isinstance(r, dict) for r in requests):
+            raise ValueError("submit_many takes a non-empty list of requests (dicts)")
+        seqs = [await self._sequence(**r) for r in requests]
+        self.core.add(*seqs, bound=queue_bound)
+        return [s.id for s in seqs]
+
+    async def _sequence(self, prompt: str | None = None, messages: list | None = None,
+                        ids: list | None = None, priority: str = "proactive", stop=None,
+                        ignore_eos: bool = False, response_format: dict | None = None,
+                        grammar: str | None = None, tools: list | None = None, tool_choice=None,
+                        parallel_tool_calls: bool | None = None, speculate: str | None = None,
+                        embed: str | None = None, **sampling) -> Sequence:
+        """A request checked and tokenized, not yet queued. Tokenized beside the loop in a
+        thread without the GIL: a huge prompt stalls no one. response_format (OpenAI's), grammar
+        (Lark or GBNF) and tools (with tool_choice, parallel_tool_calls; chat only) constrain the
+        reply (policies/grammar.py); speculate: policies/drafting.py MODES; embed "mean" |
+        "last": the prompt's embedding, no reply (Intake.check_embed)."""
         self.loop = asyncio.get_running_loop()
         if self.pool is None:
             raise RuntimeError(self.error or "the service is still starting")
@@ -289,8 +307,7 @@ class Service:
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
                        constraint=rule and self.intake.grammars().constraint(rule), tools=tooled,
                        speculate=speculate, embed=embed)
-        self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
-        return seq.id
+        return seq
 
     async def poll(self, rid: str, seen: int = 0, timeout_s: float = 10.0,
                    coalesce_s: float = POLL_COALESCE_S, seen_logprobs: int = 0) -> dict:

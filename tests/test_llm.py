@@ -157,14 +157,22 @@ def test_embeddings_are_the_oracles_pooled_hidden_states(llm, oracle, tokenizer)
     texts = [PROMPTS[0], " ".join([PROMPTS[2], PROMPTS[1], PROMPTS[0]] * 6)]
     assert 128 < len(tokenizer.encode(texts[1])) < 250
     llm.generate(texts[1], max_tokens=2)
+    rows, chunk = sum(len(tokenizer.encode(t)) for t in texts), llm.status()["prefill_chunk"]
     for pooling in ("mean", "last"):
+        before = llm.status()["loop"]["prefill_chunks"]
         got = np.array(llm.embed(texts, pooling))
         want = [_oracle_embedding(oracle, tokenizer.encode(t), pooling) for t in texts]
         np.testing.assert_allclose(got, want, atol=2e-5)
         assert abs(float(got[0] @ got[1])) < 0.999          # different texts, different vectors
+        # queued at once, the inputs' rows share chunks: the short one and the long one's first
+        # rows in one, the long one's rest in the next
+        assert llm.status()["loop"]["prefill_chunks"] - before == -(-rows // chunk) < len(texts) + 1
     [one] = llm.embed(tokenizer.encode(PROMPTS[1]))          # token ids
     np.testing.assert_allclose(one, _oracle_embedding(oracle, tokenizer.encode(PROMPTS[1]), "mean"), atol=2e-5)
-    for bad, name in ((dict(pooling="max"), "embed"), (dict(inputs=""), "empty")):
+    counts = llm.status()["requests"]
+    for bad, name in ((dict(pooling="max"), "embed"), (dict(inputs=""), "empty"),
+                      (dict(inputs=[PROMPTS[0], ""]), "empty")):
         with pytest.raises(ValueError, match=name):
             llm.embed(**{"inputs": PROMPTS[0], **bad})
+    assert llm.status()["requests"] == counts        # all or none: the good input did not queue
     assert llm.status()["kv"]["sequences_used"] == 0

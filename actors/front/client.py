@@ -270,8 +270,12 @@ class Client:
         batch = [inputs] if isinstance(inputs, str) or inputs and isinstance(inputs[0], int) else inputs
         if not isinstance(batch, (list, tuple)) or not batch:
             raise ValueError("give one input (text or token ids) or a non-empty list of them")
-        rids = [self.submit(**({"ids": x} if isinstance(x, list) else {"prompt": x}), embed=pooling,
-                            queue_bound=i == 0, **params) for i, x in enumerate(batch)]
+        try:      # queued at once: their rows share prefill chunks (actors/engine.py _prefill_embeds)
+            rids = ray.get(self.service.submit_many.remote(
+                [{**({"ids": x} if isinstance(x, list) else {"prompt": x}), "embed": pooling, **params}
+                 for x in batch]))
+        except ray.exceptions.RayTaskError as e:
+            raise _cause(e) from None
         return [self._embedding(rid) for rid in rids]
 
     def _embedding(self, rid: str) -> list:

@@ -517,9 +517,8 @@ class OpenAIServer:
                 raise BadRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
             pooling = body.get("pooling") or "mean"
             rids = []
-            try:
-                for i, x in enumerate(inputs):          # one request each, queued together
-                    rids.append(await self.svc.submit.remote(**x, embed=pooling, queue_bound=i == 0))
+            try:          # one request each, queued at once: their rows share prefill chunks
+                rids = await self.svc.submit_many.remote([{**x, "embed": pooling} for x in inputs])
                 outs = [r[1] for r in await asyncio.gather(*(self._gather(rid) for rid in rids))]
             finally:
                 for rid in rids:                         # a no-op for those that ended
