@@ -3,12 +3,12 @@ token and the drafted ones, every row's logits) on the GPU at the default precis
 the one-row path: the same sequence teacher-forced one decode step a token (the fused decode
 kernels).
 
-The rows' linears run in int16 weight tiles (cl/batch.cl linear_tile, ACT_BITS 16) and their LM
-head in f32 (cl/paged.cl lm_head_rows); the one-row path's run fused, its LM head over the int16
-row (lm_head_act). Both round the same activations to int16 per 32-block, so they differ by float
-rounding and the LM head's int16 rounding only: measured here (PoCL, AVX-512 VNNI) <= 2e-4 of the
-largest logit for 2, 3, 5 and 8 rows (MAX_ERR: 5x that; test_precision holds q16 within 3e-3 of
-the oracle). The tiles' products against the previous int16 kernel (linear_rows_act) and the
+The rows' linears run in int16 weight tiles (cl/batch.cl linear_tile, ACT_BITS 16) and, on x86,
+their LM head too (lm_head_tile; elsewhere in f32, cl/paged.cl lm_head_rows); the one-row path's
+run fused, its LM head over the int16 row (lm_head_act). Both round the same activations to int16
+per 32-block, so they differ by float rounding only: measured here (PoCL, AVX-512 VNNI) <= 2e-4 of
+the largest logit for 2, 3, 5 and 8 rows (MAX_ERR: 5x that; test_precision holds q16 within 3e-3
+of the oracle). The tiles' products against the previous int16 kernel (linear_rows_act) and the
 int16 reference: test_kernels_cl.py."""
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import pyopencl  # noqa: F401  (a hard dependency: missing or broken, this file 
 
 from socllm.actors.gpu.device import GPU_SHAPED, Mirror, discrete, make_context, wrap_arena
 from socllm.actors.gpu.kernels import CLKernels
+from socllm.actors.gpu.refs import prepared_row_bytes
 from socllm.actors.cpu.kernels import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
 from socllm.models.quant import FORMATS, QK, planar, repack_q4_1
@@ -834,6 +835,45 @@ def test_q16_tiles_equal_the_int16_rows_kernel(dev, lay, rng, build, N, K, M):
     got, want = (arena[o: o + N * M * 4].view(np.float32).reshape(N, M) for o in (tiles, rows_))
     for n in range(N):
         np.testing.assert_allclose(got[n], want[n], rtol=0, atol=2e-6 * np.abs(want[n]).max())
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 5, 8, 12, 16, 19])
+@pytest.mark.parametrize("Vs", [1000, 1001])        # 1001: not a multiple of 8, lm_head_rows serves
+def test_q16_lm_head_tiles_compute_the_int16_reference(dev, lay, rng, build, N, Vs):
+    """A decode batch's LM head at q16 on x86 (cl/batch.cl lm_head_tile): every row's logits
+    from its int16 row in its own order and the Q8_0 table's codes, as a one-row step's
+    lm_head_act forms them (sum_b d_w dx sum(q_w q_x)), to f32 rounding; rows padded to whole
+    tiles (19: 16 + 3) computed, never stored. Elsewhere (another build, V % 8) the f32 kernel."""
+    arena, clk = dev[0], build
+    x = rng.standard_normal((N, D)).astype(np.float32)
+    x[0, :QK] *= 300.0                               # blocks of different scales
+    x[-1, QK: 2 * QK] = 0.0                          # an all-zero block: dx = 0
+    table = lay.w8(Vs, D, rng)
+    xo, out = lay.put(x), lay.zeros((N + 1) * Vs)
+    row_bytes = prepared_row_bytes(16, D)
+    nbytes = -(-N // 16) * 16 * row_bytes
+    scratch = lay.zeros(nbytes // 4)
+    qw = arena[table[1]: table[1] + Vs * D].view(np.int8).reshape(Vs, D // QK, QK).astype(np.float64)
+    dw = arena[table[2]: table[2] + Vs * D // 16].view(np.float16).reshape(Vs, D // QK).astype(np.float64)
+    xb = x.reshape(N, D // QK, QK)
+    dx = np.abs(xb).max(axis=2) / np.float32(32767)
+    inv = np.where(dx != 0, np.float32(1) / np.where(dx != 0, dx, 1), 0).astype(np.float32)
+    qx = np.trunc(xb * inv[:, :, None] + np.copysign(np.float32(0.5), xb))
+    want = np.einsum("vbj,nbj,vb,nb->nv", qw, qx.astype(np.float64), dw, dx.astype(np.float64))
+    clk.rows_act, clk._prepared = (scratch, nbytes, 16), None
+    try:
+        clk.run("lm_head", {"x": ("a", xo), "table": table, "out": ("a", out), "D": D, "V": Vs,
+                            "all_rows": True}, N, 0)
+        clk.finish()
+    finally:
+        clk.rows_act = None
+    got = arena[out: out + (N + 1) * Vs * 4].view(np.float32).reshape(N + 1, Vs)
+    tiles = "lm_head_tile_n1" in clk._kernels(64, 16, None, f"-DTILE_K={D} -DTILE_ROW_BYTES="
+                                              f"{row_bytes} -DTILE_ALL_N") and Vs % 8 == 0
+    for n in range(N):
+        np.testing.assert_allclose(got[n], want[n], rtol=0,
+                                   atol=(2e-6 if tiles else 1e-4) * np.abs(want[n]).max())
+    assert not got[N].any()
 
 
 @pytest.mark.parametrize("form", [0, 1])

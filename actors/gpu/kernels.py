@@ -105,12 +105,14 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
     "lm_head_rows2": [u64] * 4 + [i32, i32, i32],    # AVX-512 builds only
     "prep_rows": [u64] * 2 + [i32, i32, i32],
+    "prep_rows_nat": [u64] * 2 + [i32, i32, i32],
     "linear_rows_act": [u64] * 5 + [i32, i32, i32, i32, u64, i32, u64],
     # batch.cl (ACT_BITS 8 and 16 builds only)
     # batch.cl, a build per K (TILE_K) of ACT_BITS 8 or 16: a kernel per rows a work-item takes
     **{f"linear_tile_n{tn}": [u64] * 5 + [i32, i32, i32, i32, u64, i32] for tn in TILE_NS},
     **{f"linear_tile16_n{tn}": [u64] * 5 + [i32, i32, i32, i32, u64, i32]    # int8, AVX512-VNNI
        for tn in TILE_NS},
+    **{f"lm_head_tile_n{tn}": [u64] * 4 + [i32, i32] for tn in TILE_NS},   # int16, x86
     **MOE_SCALARS,
 }
 class CLKernels(MoELaunches):
@@ -459,6 +461,27 @@ class CLKernels(MoELaunches):
         n = N * a["D"]
         self._go("add", (round_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
 
+    def _lm_tile(self, a, N, qs, d) -> bool:
+        """Every row's logits at q16 on x86 (cl/batch.cl lm_head_tile): the rows prepared in
+        int16 in their own order, 8 table rows a work-item against a tile of rows, the products
+        a one-row step's lm_head_act takes. False where it does not serve (another precision or
+        device, a V not a multiple of 8, no tile that fits the scratch)."""
+        D, V = a["D"], a["V"]
+        tiles = self._tile_rows(D, N) if self.rows_act is not None and self.rows_act[2] == 16 \
+            and V % 8 == 0 else None
+        if tiles is None:
+            return False
+        (tn, row_bytes), (off, nbytes, _) = tiles, self.rows_act
+        ks = self._kernels(64, 16, None, f"-DTILE_K={D} -DTILE_ROW_BYTES={row_bytes} -DTILE_ALL_N")
+        if f"lm_head_tile_n{tn}" not in ks:
+            return False
+        self._go("prep_rows_nat", (round_up(D // QK, 8), round_up(N, tn)), (8, 1), a["x"][1], off, D,
+                 row_bytes, N, ks=ks)
+        self._prepared = None        # rows in their own order: no linear reads them as its own
+        self._go(f"lm_head_tile_n{tn}", (round_up(V // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
+                 off, qs, d, a["out"][1], N, V, ks=ks)
+        return True
+
     def _lm_head(self, a, N, pos0):
         """x [N, D] (row N-1), table Q8_0 [V, D] -> out [V] (a table in a block format: the
         linear kernels, over row N-1 or, all_rows, every row)"""
@@ -474,6 +497,8 @@ class CLKernels(MoELaunches):
         check_aligned("lm_head", a["x"][1])
         check_aligned("lm_head", qs, to=16)
         if a.get("all_rows"):   # a batch: every row's logits, the table read once for GEMM_TN rows
+            if self._lm_tile(a, N, qs, d):
+                return
             tn, ks = self._tn(N)
             if "lm_head_rows2" in ks:       # x86 with AVX-512: two table rows a work-item
                 self._go("lm_head_rows2", (round_up(-(-V // 2), self.group), -(-N // tn)), (self.group, 1),

@@ -407,3 +407,68 @@ __kernel void name(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulon
 LINEAR_TILES(1) LINEAR_TILES(2) LINEAR_TILES(3) LINEAR_TILES(4) LINEAR_TILES(5)
 LINEAR_TILES(6) LINEAR_TILES(7) LINEAR_TILES(8) LINEAR_TILES(16)
 #endif
+
+#if ACT_BITS == 16 && defined(Q8_X86) && defined(TILE_K) && defined(TILE_ALL_N)
+// lm_head_tile_n<tn> (q16): every row's logits from prepared int16 rows in their own order
+// (prep_rows_nat), table Q8_0 [V, TILE_K] (codes [V, K] from qs_o, f16 scales [V, K/32] from d_o)
+// -> out [N, V]. lm_head_act's products (decode.cl block_dot_q8_0: a block's integer sum, times
+// d_w dx), 8 table rows a work-item against tn rows, as tile_rows takes a Q4_1 tile: each block's
+// 8 x 32 codes transposed (tile_words, twice: a Q8_0 block is two uint4 a row) and widened to
+// int16 once for the tn rows, then 8 vpdpwssd a block and row (dword g of the 8 rows against the
+// row's qword g broadcast: lane 2j+h sums row j's elements 4g+2h, 4g+2h+1). V a multiple of 8.
+// global (V / 8 rounded up to LIN_R, ceil(N / tn)), local (LIN_R, 1)
+typedef short short32v __attribute__((ext_vector_type(32)));
+TILE_INLINE void lm_tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong out_o,
+                              int N, int V, int r0, int n0, const int tn)
+{
+    const int nb = TK / QK;
+    const __global uint4* q = AT(const uint4, qs_o) + (size_t)r0 * 2 * nb;   // row j, half c of block b: q[2 j nb + 2 b + c]
+    const __global ushort* d = AT(const ushort, d_o) + (size_t)r0 * nb;
+    const __global uchar* x0 = AT(const uchar, s_o + (ulong)n0 * TRB);      // row i at x0 + i TRB
+    float16 acc[TILE_MAX];
+#pragma unroll
+    for (int i = 0; i < tn; i++) acc[i] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const float8 dw8 = tile_scales(d, nb, b);
+        const float16 dw = __builtin_shufflevector(dw8, dw8, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        // the next tile's codes (16 nb lines) 4 lines a block, its scales (nb / 4 lines) a line a block
+#pragma unroll
+        for (int l = 0; l < 4; l++)
+            __builtin_prefetch((const __global uchar*)(q + 16 * nb) + 256 * b + 64 * l);
+        if (64 * b < 16 * nb)
+            __builtin_prefetch((const __global uchar*)(d + 8 * nb) + 64 * b);
+        v16si w16[8];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            uint8v w[4];
+            tile_words(q, 2 * nb, 2 * b + c, w);
+#pragma unroll
+            for (int g = 0; g < 4; g++)
+                w16[4 * c + g] = __builtin_astype(CVT(__builtin_astype(w[g], char32), short32v), v16si);
+        }
+#pragma unroll
+        for (int i = 0; i < tn; i++) {   // row i: values [K] int16 in their own order, then dx [K/32]
+            const __global ulong* xb = (const __global ulong*)(x0 + i * TRB) + 8 * b;
+            const __global float* dx = (const __global float*)(x0 + i * TRB + 2 * TK);
+            v16si s = DOT_W16(__builtin_astype((int16)0, v16si), w16[0], __builtin_astype((ulong8)xb[0], v16si));
+#pragma unroll
+            for (int k = 1; k < 8; k++)
+                s = DOT_W16(s, w16[k], __builtin_astype((ulong8)xb[k], v16si));
+            acc[i] = fma(CVT(__builtin_astype(s, int16), float16), dw * dx[b], acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < tn; i++)
+        if (n0 + i < N)
+            vstore8(acc[i].even + acc[i].odd, 0, AT(float, out_o) + (size_t)(n0 + i) * V + r0);
+}
+#define LM_TILE(tn) \
+__kernel void lm_head_tile_n##tn(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong out_o, \
+                                 int N, int V) \
+{ \
+    const int r0 = 8 * get_global_id(0), n0 = get_global_id(1) * (tn); \
+    if (r0 >= V) return; \
+    lm_tile_rows(arena, s_o, qs_o, d_o, out_o, N, V, r0, n0, tn); \
+}
+LM_TILE(1) LM_TILE(2) LM_TILE(3) LM_TILE(4) LM_TILE(5) LM_TILE(6) LM_TILE(7) LM_TILE(8) LM_TILE(16)
+#endif

@@ -416,6 +416,16 @@ __kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int 
     prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 0);
 }
 
+// prep_rows_nat: prep_rows with each block's values in their own order (decode.cl prep_block
+// natural), for lm_head_tile's Q8_0 rows.  global (K/32 rounded up, rows)
+__kernel void prep_rows_nat(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes, int N)
+{
+    const int b = get_global_id(0), n = get_global_id(1);
+    if (b >= K / QK) return;
+    const __global float8* x = AT(const float8, x_o) + (size_t)(n < N ? n : N - 1) * (K / 8) + 4 * b;
+    prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 1);
+}
+
 #ifndef W_FLT
 // linear_rows_act: N prepared rows, W Q4_1 [M, K] -> out [N, M] in rows ld wide (row n at rows[n]
 // if rows_o != 0). A work-item takes weight row r against GEMM_TN activation rows: each weight
