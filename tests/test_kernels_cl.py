@@ -764,15 +764,16 @@ def test_batch_linear_in_integers_matches_numpy(dev, lay, rng, N, bits, tol):
 
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("bits,wide", [(8, False), (8, True), (16, False)])
-@pytest.mark.parametrize("N,K,M", [(2, D, KVH * HD), (5, D, F), (16, F, D), (19, D, KVH * HD),
-                                   (3, D, 40)])
+@pytest.mark.parametrize("N,K,M", [(2, D, KVH * HD), (5, D, F), (9, D, F), (13, F, D), (16, F, D),
+                                   (19, D, KVH * HD), (3, D, 40)])
 def test_batch_linear_tiles_compute_the_integer_reference(dev, lay, rng, build, N, K, M, bits,
                                                           wide, kv):
     """A decode batch's linear at q8 / q16 in weight tiles of 8 rows (cl/batch.cl), or at q8 of
     16 rows where the device has AVX512-VNNI (linear_tile16; M = 40, not a multiple of 16, keeps
     tiles of 8): each row equals the int8 / int16 reference of linear_act (the same prepared row,
     f64 sums) to f32 rounding (f16: that rounded to nearest even), at its paged KV row; rows
-    padded to whole tiles (19 rows: 16 + 3) are computed, never stored."""
+    padded to whole tiles (19 rows: 16 + 3; at q16 on a CPU 9 rows in a tile of 12, 13 in one
+    of 16) are computed, never stored."""
     arena, clk = dev[0], build
     if kv == "f16" or not wide:
         clk = CLKernels(clk.ctx, clk.queue, clk.buf, clk.options, kv_dtype=kv, mirror=clk.mirror)

@@ -57,17 +57,17 @@ DECODE_SRC = [SRC.with_name(f) for f in ("decode.cl", "epilogue.cl", "paged.cl",
 INT_ROWS_MAX = 2
 TILE_ROWS = (4, 8, 16)      # activation rows a q8 linear_tile work-item may take (cl/batch.cl)
 # every tn of cl/batch.cl's linear_tile_n<tn> kernels (LINEAR_TILES there): _tile_rows' choices
-TILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
-# q16 tiles: fewer than TILE16_WIDE rows dealt evenly over the fewest tiles of at most TILE16_MAX
-# (CLKernels._tile_rows); TILE16_WIDE rows or more (prefill chunks, large batches) in whole tiles of
-# TILE16_WIDE, the last padded. Each (rows, K) is a program build (~0.5-0.8 s cold, then PoCL's disk
-# cache, and ~4-5 MB of the GPU actor's memory): 9 row counts at most a K. 16-row tiles, 2 Zen 5
-# cores (AVX-512), two alternating rounds: 128-row prefill chunks 58.5-61.1 ms of kernels against
-# 62.6-65.7 in tiles of 8, 64 rows 30.2-30.3 against 32.6-33.8; decode batches of 12 rows in one
-# tile of 12, 15.5-16.8 ms a step against 18.1-19.8 in two of 6, but every row count from 9 to 16
-# built: +73 MB idle (657 MB PSS for the default service, against 586), so batches keep tiles of 8.
-# (On a 2-core Zen 3 with AVX2, one tile of 9-16 rows measured within ~10 % of two.) A GPU keeps
-# tiles of at most 8 (not measured there).
+TILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
+# q16 tiles: up to TILE16_MAX rows dealt evenly over the fewest tiles of at most TILE16_MAX
+# (CLKernels._tile_rows); on a CPU, 9-15 rows in one tile of 12 or 16 (the rest padded: a tile's
+# weights cost more than its rows), TILE16_WIDE rows or more (prefill chunks) in whole tiles of
+# TILE16_WIDE, the last padded. One build per K holds a kernel per tn of TILE_NS; each kernel PoCL
+# compiles costs the GPU actor memory once it runs (a tn for each of 9-15 rows: +8.8 MB PSS, 12
+# and 16 only: +1.4 MB, warm kernel cache, Xeon VM). Measured there (gpu_rows --kernels, q16, one
+# sequence): linears of 15 rows 27.6 ms in two tiles of 8 against 20.3 in one of 15; 8 rows in
+# one tile 14.7-16.3, 12 rows 16.2-16.5, 16 rows 20.2 (the step of 15 rows: 38.8 -> 31.3 ms).
+# Earlier, on 2 Zen 5 cores (AVX-512): 128-row prefill chunks 58.5-61.1 ms of kernels against
+# 62.6-65.7 in tiles of 8. A GPU keeps tiles of at most 8 (not measured there).
 TILE16_MAX = 8
 TILE16_WIDE = 16
 
@@ -373,6 +373,9 @@ class CLKernels(MoELaunches):
             return None
         if self.on_cpu and N >= TILE16_WIDE and round_up(N, TILE16_WIDE) * row_bytes <= nbytes:
             return TILE16_WIDE, row_bytes
+        wide = next(t for t in TILE_NS if t >= N) if N < TILE16_WIDE else 0
+        if self.on_cpu and N > TILE16_MAX and wide * row_bytes <= nbytes:
+            return wide, row_bytes       # one tile (12 or 16 rows, the rest padded): see TILE16_MAX
         for tiles in range(-(-N // TILE16_MAX), N + 1):
             tn = -(-N // tiles)
             if round_up(N, tn) * row_bytes <= nbytes:

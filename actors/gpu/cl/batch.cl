@@ -405,7 +405,7 @@ __kernel void name(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulon
 #define LINEAR_TILES(tn) LINEAR_TILE(linear_tile_n##tn, tile_rows, 8, tn)
 #endif
 LINEAR_TILES(1) LINEAR_TILES(2) LINEAR_TILES(3) LINEAR_TILES(4) LINEAR_TILES(5)
-LINEAR_TILES(6) LINEAR_TILES(7) LINEAR_TILES(8) LINEAR_TILES(16)
+LINEAR_TILES(6) LINEAR_TILES(7) LINEAR_TILES(8) LINEAR_TILES(12) LINEAR_TILES(16)
 #endif
 
 #if ACT_BITS == 16 && defined(Q8_X86) && defined(TILE_K) && defined(TILE_ALL_N)
@@ -470,5 +470,6 @@ __kernel void lm_head_tile_n##tn(__global uchar* arena, ulong s_o, ulong qs_o, u
     if (r0 >= V) return; \
     lm_tile_rows(arena, s_o, qs_o, d_o, out_o, N, V, r0, n0, tn); \
 }
-LM_TILE(1) LM_TILE(2) LM_TILE(3) LM_TILE(4) LM_TILE(5) LM_TILE(6) LM_TILE(7) LM_TILE(8) LM_TILE(16)
+LM_TILE(1) LM_TILE(2) LM_TILE(3) LM_TILE(4) LM_TILE(5) LM_TILE(6) LM_TILE(7) LM_TILE(8)
+LM_TILE(12) LM_TILE(16)
 #endif
