@@ -840,28 +840,43 @@ def test_q16_tiles_equal_the_int16_rows_kernel(dev, lay, rng, build, N, K, M):
 
 @pytest.mark.parametrize("N", [1, 2, 3, 5, 8, 12, 16, 19])
 @pytest.mark.parametrize("Vs", [1000, 1001])        # 1001: not a multiple of 8, lm_head_rows serves
-def test_q16_lm_head_tiles_compute_the_int16_reference(dev, lay, rng, build, N, Vs):
-    """A decode batch's LM head at q16 on x86 (cl/batch.cl lm_head_tile): every row's logits
-    from its int16 row in its own order and the Q8_0 table's codes, as a one-row step's
-    lm_head_act forms them (sum_b d_w dx sum(q_w q_x)), to f32 rounding; rows padded to whole
-    tiles (19: 16 + 3) computed, never stored. Elsewhere (another build, V % 8) the f32 kernel."""
-    arena, clk = dev[0], build
+@pytest.mark.parametrize("bits", [16, 8])
+def test_lm_head_tiles_compute_the_integer_reference(dev, lay, rng, build, N, Vs, bits):
+    """A decode batch's LM head at q16 / q8 on x86 (cl/batch.cl lm_head_tile): every row's
+    logits from its int16 / int8 row in its own order and the Q8_0 table's codes, as a one-row
+    step's lm_head_act forms them (sum_b d_w dx sum(q_w q_x)), to f32 rounding; rows padded to
+    whole tiles (19: 16 + 3) computed, never stored. Elsewhere (another build, V % 8) the f32
+    kernel, within the rounding of x."""
+    _lm_tile_check(dev[0], lay, rng, build, N, Vs, bits)
+
+
+@pytest.mark.parametrize("form", [0, 1])
+@pytest.mark.parametrize("bits", [16, 8])
+def test_lm_head_tiles_narrower_dot_forms(dev, lay, rng, form, bits):
+    """lm_head_tile's products without AVX512-VNNI (DOT16_FORM 1: AVX512BW, 0: AVX2), built here
+    on purpose."""
+    clk = CLKernels(dev[1].ctx, dev[1].queue, dev[1].buf, f"-DDOT16_FORM={form}", mirror=dev[1].mirror)
+    assert _lm_tile_check(dev[0], lay, rng, clk, 5, 1000, bits)       # the tiles ran
+
+
+def _lm_tile_check(arena, lay, rng, clk, N, Vs, bits) -> bool:
+    """lm_head of N rows through clk against the integer reference; -> whether the tiles ran."""
     x = rng.standard_normal((N, D)).astype(np.float32)
     x[0, :QK] *= 300.0                               # blocks of different scales
     x[-1, QK: 2 * QK] = 0.0                          # an all-zero block: dx = 0
     table = lay.w8(Vs, D, rng)
     xo, out = lay.put(x), lay.zeros((N + 1) * Vs)
-    row_bytes = prepared_row_bytes(16, D)
+    row_bytes = prepared_row_bytes(bits, D)
     nbytes = -(-N // 16) * 16 * row_bytes
     scratch = lay.zeros(nbytes // 4)
     qw = arena[table[1]: table[1] + Vs * D].view(np.int8).reshape(Vs, D // QK, QK).astype(np.float64)
     dw = arena[table[2]: table[2] + Vs * D // 16].view(np.float16).reshape(Vs, D // QK).astype(np.float64)
     xb = x.reshape(N, D // QK, QK)
-    dx = np.abs(xb).max(axis=2) / np.float32(32767)
+    dx = np.abs(xb).max(axis=2) / np.float32(32767 if bits == 16 else 127)
     inv = np.where(dx != 0, np.float32(1) / np.where(dx != 0, dx, 1), 0).astype(np.float32)
     qx = np.trunc(xb * inv[:, :, None] + np.copysign(np.float32(0.5), xb))
     want = np.einsum("vbj,nbj,vb,nb->nv", qw, qx.astype(np.float64), dw, dx.astype(np.float64))
-    clk.rows_act, clk._prepared = (scratch, nbytes, 16), None
+    clk.rows_act, clk._prepared = (scratch, nbytes, bits), None
     try:
         clk.run("lm_head", {"x": ("a", xo), "table": table, "out": ("a", out), "D": D, "V": Vs,
                             "all_rows": True}, N, 0)
@@ -869,12 +884,13 @@ def test_q16_lm_head_tiles_compute_the_int16_reference(dev, lay, rng, build, N, 
     finally:
         clk.rows_act = None
     got = arena[out: out + (N + 1) * Vs * 4].view(np.float32).reshape(N + 1, Vs)
-    tiles = "lm_head_tile_n1" in clk._kernels(64, 16, None, f"-DTILE_K={D} -DTILE_ROW_BYTES="
+    tiles = "lm_head_tile_n4" in clk._kernels(64, bits, None, f"-DTILE_K={D} -DTILE_ROW_BYTES="
                                               f"{row_bytes} -DTILE_ALL_N") and Vs % 8 == 0
     for n in range(N):
-        np.testing.assert_allclose(got[n], want[n], rtol=0,
-                                   atol=(2e-6 if tiles else 1e-4) * np.abs(want[n]).max())
+        np.testing.assert_allclose(got[n], want[n], rtol=0, atol=(2e-6 if tiles else 1e-4 if bits == 16
+                                                                  else 3e-2) * np.abs(want[n]).max())
     assert not got[N].any()
+    return tiles
 
 
 @pytest.mark.parametrize("form", [0, 1])

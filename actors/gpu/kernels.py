@@ -112,7 +112,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     **{f"linear_tile_n{tn}": [u64] * 5 + [i32, i32, i32, i32, u64, i32] for tn in TILE_NS},
     **{f"linear_tile16_n{tn}": [u64] * 5 + [i32, i32, i32, i32, u64, i32]    # int8, AVX512-VNNI
        for tn in TILE_NS},
-    **{f"lm_head_tile_n{tn}": [u64] * 4 + [i32, i32] for tn in TILE_NS},   # int16, x86
+    **{f"lm_head_tile_n{tn}": [u64] * 4 + [i32, i32] for tn in TILE_NS},   # q16 / q8, x86
     **MOE_SCALARS,
 }
 class CLKernels(MoELaunches):
@@ -465,17 +465,17 @@ class CLKernels(MoELaunches):
         self._go("add", (round_up(n, self.group),), (self.group,), a["a"][1], a["b"][1], a["out"][1], n)
 
     def _lm_tile(self, a, N, qs, d) -> bool:
-        """Every row's logits at q16 on x86 (cl/batch.cl lm_head_tile): the rows prepared in
-        int16 in their own order, 8 table rows a work-item against a tile of rows, the products
-        a one-row step's lm_head_act takes. False where it does not serve (another precision or
+        """Every row's logits at q16 or q8 on x86 (cl/batch.cl lm_head_tile): the rows prepared
+        in int16 (int8) in their own order, 8 table rows a work-item against a tile of rows, the
+        products a one-row step's lm_head_act takes. False where it does not serve (f32, another
         device, a V not a multiple of 8, no tile that fits the scratch)."""
         D, V = a["D"], a["V"]
-        tiles = self._tile_rows(D, N) if self.rows_act is not None and self.rows_act[2] == 16 \
+        tiles = self._tile_rows(D, N) if self.rows_act is not None and self.rows_act[2] in (8, 16) \
             and V % 8 == 0 else None
         if tiles is None:
             return False
-        (tn, row_bytes), (off, nbytes, _) = tiles, self.rows_act
-        ks = self._kernels(64, 16, None, f"-DTILE_K={D} -DTILE_ROW_BYTES={row_bytes} -DTILE_ALL_N")
+        (tn, row_bytes), (off, nbytes, bits) = tiles, self.rows_act
+        ks = self._kernels(64, bits, None, f"-DTILE_K={D} -DTILE_ROW_BYTES={row_bytes} -DTILE_ALL_N")
         if f"lm_head_tile_n{tn}" not in ks:
             return False
         self._go("prep_rows_nat", (round_up(D // QK, 8), round_up(N, tn)), (8, 1), a["x"][1], off, D,

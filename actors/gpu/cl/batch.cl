@@ -408,15 +408,43 @@ LINEAR_TILES(1) LINEAR_TILES(2) LINEAR_TILES(3) LINEAR_TILES(4) LINEAR_TILES(5)
 LINEAR_TILES(6) LINEAR_TILES(7) LINEAR_TILES(8) LINEAR_TILES(12) LINEAR_TILES(16)
 #endif
 
-#if ACT_BITS == 16 && defined(Q8_X86) && defined(TILE_K) && defined(TILE_ALL_N)
-// lm_head_tile_n<tn> (q16): every row's logits from prepared int16 rows in their own order
-// (prep_rows_nat), table Q8_0 [V, TILE_K] (codes [V, K] from qs_o, f16 scales [V, K/32] from d_o)
-// -> out [N, V]. lm_head_act's products (decode.cl block_dot_q8_0: a block's integer sum, times
-// d_w dx), 8 table rows a work-item against tn rows, as tile_rows takes a Q4_1 tile: each block's
-// 8 x 32 codes transposed (tile_words, twice: a Q8_0 block is two uint4 a row) and widened to
-// int16 once for the tn rows, then 8 vpdpwssd a block and row (dword g of the 8 rows against the
-// row's qword g broadcast: lane 2j+h sums row j's elements 4g+2h, 4g+2h+1). V a multiple of 8.
-// global (V / 8 rounded up to LIN_R, ceil(N / tn)), local (LIN_R, 1)
+#if (ACT_BITS == 16 || ACT_BITS == 8) && defined(Q8_X86) && defined(TILE_K) && defined(TILE_ALL_N)
+// lm_head_tile_n<tn> (q16, q8): every row's logits from its prepared row in its own order
+// (prep_rows_nat: int16, or int8 at q8), table Q8_0 [V, TILE_K] (codes [V, K] from qs_o, f16
+// scales [V, K/32] from d_o) -> out [N, V]. lm_head_act's products (decode.cl block_dot_q8_0: a
+// block's integer sum, times d_w dx), 8 table rows a work-item against tn rows, as tile_rows takes
+// a Q4_1 tile: each block's 8 x 32 codes transposed (tile_words, twice: a Q8_0 block is two uint4
+// a row) and widened to int16 once for the tn rows, then 8 vpdpwssd a block and row (dword g of
+// the 8 rows against the row's qword g, 4 int16, broadcast: lane 2j+h sums row j's elements
+// 4g+2h, 4g+2h+1). At q8 a row's block is widened to int16 first (the same integer sums).
+// V a multiple of 8.  global (V / 8 rounded up to LIN_R, ceil(N / tn)), local (LIN_R, 1)
+#if ACT_BITS == 8        // q16's DOT_W16 and its forms (above), for the q8 build's LM head
+typedef int v16si __attribute__((__vector_size__(64)));
+typedef short v32hi __attribute__((__vector_size__(64)));
+#ifndef DOT16_FORM
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define DOT16_FORM 2
+#elif defined(__AVX512BW__)
+#define DOT16_FORM 1
+#else
+#define DOT16_FORM 0
+#endif
+#endif
+#if DOT16_FORM == 2
+#define DOT_W16(acc, w, x) __builtin_ia32_vpdpwssd512((acc), (w), (x))
+#elif DOT16_FORM == 1
+#define DOT_W16(acc, w, x) ((acc) + __builtin_ia32_pmaddwd512(__builtin_astype((w), v32hi), \
+                                                              __builtin_astype((x), v32hi)))
+#else
+inline v16si DOT_W16(v16si acc, v16si w, v16si x)
+{
+    const int16 wi = __builtin_astype(w, int16), xi = __builtin_astype(x, int16);
+    const v8si lo = __builtin_ia32_pmaddwd256(__builtin_astype(wi.lo, v16hi), __builtin_astype(xi.lo, v16hi));
+    const v8si hi = __builtin_ia32_pmaddwd256(__builtin_astype(wi.hi, v16hi), __builtin_astype(xi.hi, v16hi));
+    return acc + __builtin_astype((int16)(__builtin_astype(lo, int8), __builtin_astype(hi, int8)), v16si);
+}
+#endif
+#endif
 typedef short short32v __attribute__((ext_vector_type(32)));
 TILE_INLINE void lm_tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong out_o,
                               int N, int V, int r0, int n0, const int tn)
@@ -447,13 +475,20 @@ TILE_INLINE void lm_tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulon
                 w16[4 * c + g] = __builtin_astype(CVT(__builtin_astype(w[g], char32), short32v), v16si);
         }
 #pragma unroll
-        for (int i = 0; i < tn; i++) {   // row i: values [K] int16 in their own order, then dx [K/32]
+        for (int i = 0; i < tn; i++) {   // row i: values [K] in their own order, then dx [K/32]
+            const __global float* dx = (const __global float*)(x0 + i * TRB + ACT_BYTES * TK);
+#if ACT_BITS == 16
             const __global ulong* xb = (const __global ulong*)(x0 + i * TRB) + 8 * b;
-            const __global float* dx = (const __global float*)(x0 + i * TRB + 2 * TK);
-            v16si s = DOT_W16(__builtin_astype((int16)0, v16si), w16[0], __builtin_astype((ulong8)xb[0], v16si));
+#define XQ(k) __builtin_astype((ulong8)xb[k], v16si)
+#else
+            const ulong8 xw = __builtin_astype(CVT(*(const __global char32*)(x0 + i * TRB + QK * b), short32v), ulong8);
+#define XQ(k) __builtin_astype((ulong8)xw[k], v16si)
+#endif
+            v16si s = DOT_W16(__builtin_astype((int16)0, v16si), w16[0], XQ(0));
 #pragma unroll
             for (int k = 1; k < 8; k++)
-                s = DOT_W16(s, w16[k], __builtin_astype((ulong8)xb[k], v16si));
+                s = DOT_W16(s, w16[k], XQ(k));
+#undef XQ
             acc[i] = fma(CVT(__builtin_astype(s, int16), float16), dw * dx[b], acc[i]);
         }
     }
