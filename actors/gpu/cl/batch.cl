@@ -246,28 +246,13 @@ TILE_INLINE void tile_rows16(__global uchar* arena, ulong s_o, ulong qs_o, ulong
 }
 #endif
 
-#if ACT_BITS == 16
-// tile_rows at q16: prepared int16 rows, with the int8 tile_rows' geometry, scratch and
-// arguments. The int16 products:
-//   W_g   tile_words' dword g of the 8 rows (lane j: bytes 4g .. 4g+3 of row j), widened to 16
-//         int16 (vpmovzxbw): int lane 2j+h holds bytes 4g+2h, 4g+2h+1 of row j, so its low
-//         nibbles (& 0x0F) pair with the activation's evens 4g+2h, 4g+2h+1 and its high ones
-//         (>> 4) with the odds 4g+2h, 4g+2h+1
-//   dot   vpdpwssd against the activation's qword of evens 4g .. 4g+3 (or odds) broadcast to every
-//         lane pair: 8 instructions give lane 2j+h the sum over the block's evens and odds of
-//         index = 2h, 2h+1 (mod 4) for row j (16 products a lane: |sum| <= 16 * 15 * 32767 < 2^23,
-//         exact in int32 and in f32)
-//   scale acc += m_w' * sx, then += dot * (d_w * dx) (two fma), m_w' = m_w in lane 2j and 0 in
-//         lane 2j+1; row j's result is lanes 2j + 2j+1 at the end
-// Each integer product is linear_rows_act's (decode.cl dot_q4q16); only the float sums run in
-// another order (per half-block lane pair, the pairs added last).
-#ifdef Q8_X86
+#if (ACT_BITS == 16 || ACT_BITS == 8) && defined(Q8_X86)
 typedef int v16si __attribute__((__vector_size__(64)));
 typedef short v32hi __attribute__((__vector_size__(64)));
-typedef ushort ushort32 __attribute__((ext_vector_type(32)));
 // acc + the sum of each int lane's two int16 products: DOT16_FORM 2 one vpdpwssd (AVX512-VNNI),
 // 1 pmaddwd and an add (AVX512BW), 0 those over two 256-bit halves (AVX2). The tests build the
-// narrower forms on a VNNI machine too (-DDOT16_FORM=0 / 1).
+// narrower forms on a VNNI machine too (-DDOT16_FORM=0 / 1). q16's tiles and both builds' LM
+// head tiles (lm_head_tile) use it.
 #ifndef DOT16_FORM
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define DOT16_FORM 2
@@ -291,6 +276,25 @@ inline v16si DOT_W16(v16si acc, v16si w, v16si x)
     return acc + __builtin_astype((int16)(__builtin_astype(lo, int8), __builtin_astype(hi, int8)), v16si);
 }
 #endif
+#endif
+
+#if ACT_BITS == 16
+// tile_rows at q16: prepared int16 rows, with the int8 tile_rows' geometry, scratch and
+// arguments. The int16 products:
+//   W_g   tile_words' dword g of the 8 rows (lane j: bytes 4g .. 4g+3 of row j), widened to 16
+//         int16 (vpmovzxbw): int lane 2j+h holds bytes 4g+2h, 4g+2h+1 of row j, so its low
+//         nibbles (& 0x0F) pair with the activation's evens 4g+2h, 4g+2h+1 and its high ones
+//         (>> 4) with the odds 4g+2h, 4g+2h+1
+//   dot   vpdpwssd against the activation's qword of evens 4g .. 4g+3 (or odds) broadcast to every
+//         lane pair: 8 instructions give lane 2j+h the sum over the block's evens and odds of
+//         index = 2h, 2h+1 (mod 4) for row j (16 products a lane: |sum| <= 16 * 15 * 32767 < 2^23,
+//         exact in int32 and in f32)
+//   scale acc += m_w' * sx, then += dot * (d_w * dx) (two fma), m_w' = m_w in lane 2j and 0 in
+//         lane 2j+1; row j's result is lanes 2j + 2j+1 at the end
+// Each integer product is linear_rows_act's (decode.cl dot_q4q16); only the float sums run in
+// another order (per half-block lane pair, the pairs added last).
+#ifdef Q8_X86
+typedef ushort ushort32 __attribute__((ext_vector_type(32)));
 #endif
 
 TILE_INLINE void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong m_o,
@@ -418,33 +422,6 @@ LINEAR_TILES(6) LINEAR_TILES(7) LINEAR_TILES(8) LINEAR_TILES(12) LINEAR_TILES(16
 // the 8 rows against the row's qword g, 4 int16, broadcast: lane 2j+h sums row j's elements
 // 4g+2h, 4g+2h+1). At q8 a row's block is widened to int16 first (the same integer sums).
 // V a multiple of 8.  global (V / 8 rounded up to LIN_R, ceil(N / tn)), local (LIN_R, 1)
-#if ACT_BITS == 8        // q16's DOT_W16 and its forms (above), for the q8 build's LM head
-typedef int v16si __attribute__((__vector_size__(64)));
-typedef short v32hi __attribute__((__vector_size__(64)));
-#ifndef DOT16_FORM
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define DOT16_FORM 2
-#elif defined(__AVX512BW__)
-#define DOT16_FORM 1
-#else
-#define DOT16_FORM 0
-#endif
-#endif
-#if DOT16_FORM == 2
-#define DOT_W16(acc, w, x) __builtin_ia32_vpdpwssd512((acc), (w), (x))
-#elif DOT16_FORM == 1
-#define DOT_W16(acc, w, x) ((acc) + __builtin_ia32_pmaddwd512(__builtin_astype((w), v32hi), \
-                                                              __builtin_astype((x), v32hi)))
-#else
-inline v16si DOT_W16(v16si acc, v16si w, v16si x)
-{
-    const int16 wi = __builtin_astype(w, int16), xi = __builtin_astype(x, int16);
-    const v8si lo = __builtin_ia32_pmaddwd256(__builtin_astype(wi.lo, v16hi), __builtin_astype(xi.lo, v16hi));
-    const v8si hi = __builtin_ia32_pmaddwd256(__builtin_astype(wi.hi, v16hi), __builtin_astype(xi.hi, v16hi));
-    return acc + __builtin_astype((int16)(__builtin_astype(lo, int8), __builtin_astype(hi, int8)), v16si);
-}
-#endif
-#endif
 typedef short short32v __attribute__((ext_vector_type(32)));
 TILE_INLINE void lm_tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d_o, ulong out_o,
                               int N, int V, int r0, int n0, const int tn)
