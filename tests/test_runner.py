@@ -23,8 +23,13 @@ def engine16(gguf_reader, ray_session):
 # precision -> (top-1 agreements of 16 at least, largest logit error relative to the largest
 # logit): f32 linears over f16 K/V measured 16 of 16 and errors <= 8e-4; q8 rounds every
 # activation to int8 per 32-block as llama.cpp does: measured 15 of 16 and 0.065 (0.10-0.15
-# before its block sums were taken from the rounded values, as llama.cpp's Q8_1 takes them)
-BOUNDS = {"f32": (16, 2e-3), "q8": (14, 0.1)}
+# before its block sums were taken from the rounded values, as llama.cpp's Q8_1 takes them);
+# since its batches' LM head rounds its input too (cl/batch.cl lm_head_tile, as a one-row step's
+# and llama.cpp's do) 13-16 of 16 and 0.037-0.07, every disagreement a near tie: the oracle's
+# top two within 0.04-0.22 of each other. A disagreement where they are NEAR_TIE apart or more
+# fails at any precision.
+BOUNDS = {"f32": (16, 2e-3), "q8": (12, 0.1)}
+NEAR_TIE = 0.5
 
 
 @pytest.mark.parametrize("precision", ["f32", "q8"])
@@ -42,6 +47,9 @@ def test_a_batch_over_an_f16_cache_follows_the_oracle(engine16, oracle, oracle_g
         ref = oracle.logits_for(ids + want)[len(ids) - 1: len(ids) + 15]
         top = [int(g.argmax()) for g in got[s]]
         assert sum(int(a == b) for a, b in zip(top, ref.argmax(axis=1))) >= agree, (PROMPTS[s], top)
+        two = np.sort(ref, axis=1)[:, -2:]
+        apart = [float(t[1] - t[0]) for t, a, b in zip(two, top, ref.argmax(axis=1)) if a != b]
+        assert all(m < NEAR_TIE for m in apart), (PROMPTS[s], apart)
         err = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(got[s], ref))
         assert err <= tol, (PROMPTS[s], err)
 
