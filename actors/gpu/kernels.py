@@ -347,16 +347,18 @@ class CLKernels(MoELaunches):
         self._go("linear_rows_act", (round_up(M, self.lin_r), -(-N // tn)), (self.lin_r, 1), off, qs, d,
                  m, out, K, M, N, ld, rows, row_bytes, a["b"][1] if "b" in a else 0, ks=ks)
 
-    def _prep_rows(self, x, K, N, rows, row_bytes, ks):
+    def _prep_rows(self, x, K, N, rows, row_bytes, ks, natural: bool = False):
         """x [N, K] prepared into `rows` rows of the scratch (rows past N repeat row N-1), unless
-        the linear before read the same x (q, k and v; gate and up)."""
+        the linear before read the same x (q, k and v; gate and up). natural: each block's values
+        in their own order (lm_head_tile's), which no linear reads."""
         off, nbytes, _ = self.rows_act
         if rows * row_bytes > nbytes:
             raise ValueError(f"linear: {rows} prepared rows of {K} need {rows * row_bytes} bytes, "
                              f"the scratch has {nbytes}")
-        if self._prepared != (x, rows):
-            self._go("prep_rows", (round_up(K // QK, 8), rows), (8, 1), x, off, K, row_bytes, N, ks=ks)
-            self._prepared = (x, rows)
+        if natural or self._prepared != (x, rows):
+            self._go("prep_rows_nat" if natural else "prep_rows", (round_up(K // QK, 8), rows), (8, 1),
+                     x, off, K, row_bytes, N, ks=ks)
+            self._prepared = None if natural else (x, rows)
 
     def _tile_rows(self, K, N):
         """(rows a linear_tile work-item takes, prepared row bytes) for N rows of K, or None where
@@ -474,13 +476,11 @@ class CLKernels(MoELaunches):
             and V % 8 == 0 else None
         if tiles is None:
             return False
-        (tn, row_bytes), (off, nbytes, bits) = tiles, self.rows_act
+        (tn, row_bytes), (off, _, bits) = tiles, self.rows_act
         ks = self._kernels(64, bits, None, f"-DTILE_K={D} -DTILE_ROW_BYTES={row_bytes} -DTILE_ALL_N")
         if f"lm_head_tile_n{tn}" not in ks:
             return False
-        self._go("prep_rows_nat", (round_up(D // QK, 8), round_up(N, tn)), (8, 1), a["x"][1], off, D,
-                 row_bytes, N, ks=ks)
-        self._prepared = None        # rows in their own order: no linear reads them as its own
+        self._prep_rows(a["x"][1], D, N, round_up(N, tn), row_bytes, ks, natural=True)
         self._go(f"lm_head_tile_n{tn}", (round_up(V // 8, self.lin_r), -(-N // tn)), (self.lin_r, 1),
                  off, qs, d, a["out"][1], N, V, ks=ks)
         return True

@@ -406,24 +406,24 @@ __kernel void lm_head_rows2(__global uchar* arena, ulong x_o, ulong qs_o, ulong 
 
 // ---- a decode batch's linears with prepared (int16 / int8) activations (precision q16 / q8) ----
 // prep_rows: x [N, K] -> prepared rows (decode.cl's act format), row n at s_o + n * row_bytes;
-// rows n >= N (a launch padded to whole tiles, batch.cl) repeat row N-1.
+// rows n >= N (a launch padded to whole tiles, batch.cl) repeat row N-1. prep_rows_nat: each
+// block's values in their own order (prep_block natural), for lm_head_tile's Q8_0 rows.
 // global (K/32 rounded up, rows)
+inline void prep_rows_at(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes, int N,
+                         int natural)
+{
+    const int b = get_global_id(0), n = get_global_id(1);
+    if (b >= K / QK) return;
+    const __global float8* x = AT(const float8, x_o) + (size_t)(n < N ? n : N - 1) * (K / 8) + 4 * b;
+    prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, natural);
+}
 __kernel void prep_rows(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes, int N)
 {
-    const int b = get_global_id(0), n = get_global_id(1);
-    if (b >= K / QK) return;
-    const __global float8* x = AT(const float8, x_o) + (size_t)(n < N ? n : N - 1) * (K / 8) + 4 * b;
-    prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 0);
+    prep_rows_at(arena, x_o, s_o, K, row_bytes, N, 0);
 }
-
-// prep_rows_nat: prep_rows with each block's values in their own order (decode.cl prep_block
-// natural), for lm_head_tile's Q8_0 rows.  global (K/32 rounded up, rows)
 __kernel void prep_rows_nat(__global uchar* arena, ulong x_o, ulong s_o, int K, int row_bytes, int N)
 {
-    const int b = get_global_id(0), n = get_global_id(1);
-    if (b >= K / QK) return;
-    const __global float8* x = AT(const float8, x_o) + (size_t)(n < N ? n : N - 1) * (K / 8) + 4 * b;
-    prep_block(x[0], x[1], x[2], x[3], arena, s_o + (ulong)n * row_bytes, K, b, 1);
+    prep_rows_at(arena, x_o, s_o, K, row_bytes, N, 1);
 }
 
 #ifndef W_FLT
