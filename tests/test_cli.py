@@ -84,6 +84,35 @@ def test_generate_json_end_to_end():
     assert 0 < t["prefill_s"] <= t["ttft_s"] and t["decode_s"] > 0
 
 
+def test_a_stream_closed_while_a_step_of_it_runs_closes_after_that_step():
+    """Client.polls' cleanup when Ctrl-C lands between submitting a poll step and holding its
+    future: the step still runs, and closing the generator then must wait for it (aclose() of a
+    running async generator raises, which replaced the KeyboardInterrupt: exit 1, not 130)."""
+    import asyncio
+    from socllm.actors.front.client import _aclose_after
+    closed = []
+
+    async def stream():
+        try:
+            while True:
+                await asyncio.sleep(0.05)
+                yield 1
+        finally:
+            closed.append(True)         # apolls' finally: where the request is cancelled
+
+    async def main():
+        agen = stream()
+        step = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0.01)
+        assert agen.ag_running
+        with pytest.raises(RuntimeError, match="already running"):
+            await agen.aclose()
+        await _aclose_after(agen)
+        return await step
+
+    assert asyncio.run(main()) == 1 and closed == [True]
+
+
 def test_ctrl_c_mid_generation_leaves_nothing_behind():
     import signal
     import time

@@ -173,6 +173,16 @@ def _raise_unless_finished(rid: str, out: dict):
         raise RequestCancelled(f"request {rid} was cancelled by the service before it finished")
 
 
+async def _aclose_after(agen):
+    """agen.aclose() once no step of it runs. A Ctrl-C that lands between submitting a step and
+    holding its future leaves that step running behind the last, finished future; aclose() of a
+    running async generator raises, and that error replaced the KeyboardInterrupt (exit 1, not
+    130, one fresh-clone run in ~15)."""
+    while agen.ag_running:
+        await asyncio.sleep(0.005)
+    await agen.aclose()
+
+
 class Client:
     def __init__(self, service):
         self.service = service
@@ -211,8 +221,8 @@ class Client:
         finally:              # apolls' own `finally` cancels a request left before its end
             if fut is not None and not fut.done():
                 fut.cancel()                  # interrupted while waiting (KeyboardInterrupt)
-            else:
-                asyncio.run_coroutine_threadsafe(agen.aclose(), loop).result()
+            else:                             # (a step may still run: below)
+                asyncio.run_coroutine_threadsafe(_aclose_after(agen), loop).result()
 
     def pieces(self, rid: str):
         """Yields the request's text pieces; closing the generator early cancels it."""
