@@ -20,10 +20,13 @@ import numpy as np
 from socllm.policies.drafting import Tree, step_rows, walk
 from socllm.policies.request import QueueFull, Sequence
 
+from socllm.actors.pool import _trim
 from socllm.actors.runner import ProcessorLost
 
 KEEP_ENDED = 256              # ended requests kept in the table for late polls and status
 CHECK_S = 1.0                 # how often a busy loop looks for dead actors and gone clients
+TRIM_KEEP = 64                # free KV blocks kept written on top of the stack (the next taken),
+                              # at most an eighth of them
 
 
 class Engine:
@@ -46,6 +49,8 @@ class Engine:
         self.doing = "idle"          # the step now: what a new request waits behind
         self.last_step = time.monotonic()     # when the last step ended
         self.next_check = 0.0
+        self.ends = self.trimmed_at = 0    # requests ended; how many when the idle loop last
+                                           # trimmed the heap
         self.token_times: collections.deque = collections.deque()   # tokens/s over a minute
         # prefill chunks, decode steps (of which in the step's kernels: the rest is sampling
         # and text), rows decoded
@@ -102,7 +107,8 @@ class Engine:
 
     def watch(self, batch):
         """Idle, or every CHECK_S: cancel the requests whose client is gone (no poll open and
-        none for abandon_s) and raise ProcessorLost for an actor that died outside a step."""
+        none for abandon_s), give memory back, and raise ProcessorLost for an actor that died
+        outside a step."""
         now = time.monotonic()
         if batch and now < self.next_check:
             return
@@ -112,9 +118,21 @@ class Engine:
                 if not seq.polls and not seq.stop_asked and now - seq.last_poll > self.config.abandon_s:
                     seq.stop_asked = "abandoned"
                     self.abandoned += 1
+            self._give_back(not batch)
         lost = self.pool.lost()
         if lost:
             raise ProcessorLost(lost)
+
+    def _give_back(self, idle: bool):
+        """Memory no request uses, back to the OS: the pages of free KV blocks (memory/blocks.py
+        trim; between steps, so none is taken meanwhile) and, idle after requests ended, the
+        heap pages they freed (every thread's malloc arena: ~130 MB after a few hundred)."""
+        kv = self.scheduler.kv
+        if trimmed := kv.trim(min(TRIM_KEEP, kv.n_blocks // 8)):
+            self.pool.release_kv(trimmed)
+        if idle and self.trimmed_at != self.ends:
+            self.trimmed_at = self.ends
+            _trim()
 
     # -- faults --------------------------------------------------------------------------------
     def fail(self, running: list, ex: Exception):
@@ -483,6 +501,7 @@ class Engine:
         """End a request: its blocks and its row of the block tables are free at once."""
         with self.cv:
             seq.end(state, reason, error)
+            self.ends += 1
             self.scheduler.finish(seq)
             self._free_slot(seq)
             self.metrics.ended(seq)

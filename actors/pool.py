@@ -314,6 +314,10 @@ class Pool:
                 pass                     # being restarted
         return pids
 
+    def release_kv(self, blocks: list):
+        """These KV blocks' pages back to the OS (memory/blocks.py trim: no sequence holds them)."""
+        self.arena.release(self.layout.kv_pages(blocks))
+
     def drop(self, name: str):
         """Stop a processor actor no plan uses any more (auto timed it and chose another)."""
         actor = self.peers.pop(name)

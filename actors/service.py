@@ -131,7 +131,8 @@ class Service:
         """The KV blocks, the scheduling policy, the drafter and the engine's loop over them."""
         from socllm.memory.blocks import BlockPool
         c, e = self.config, self.pool
-        self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache)
+        self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache,
+                            cache_max=int(c.prefix_cache_mb * 2**20 // e.layout.kv_block_bytes))
         extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
         self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         spec = None if c.speculate == "off" else \

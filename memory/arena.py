@@ -74,6 +74,13 @@ class Arena:
                           mmap.PROT_READ) != 0:
             raise OSError(ctypes.get_errno(), "mprotect of the weight region failed")
 
+    def release(self, ranges: list):
+        """Give these pages back to the OS ([(offset, bytes)], page-aligned): every process that
+        maps the segment reads zeros there until one writes them again (MADV_REMOVE punches the
+        hole in the shared memory itself, not only in this mapping)."""
+        for off, n in ranges:
+            self._mm.madvise(mmap.MADV_REMOVE, off, n)
+
     def unlink(self):
         if self.owner:
             try:

@@ -21,6 +21,13 @@ from the first of its run on: `_take`); blocks that were hit (a system prompt, a
 chat's history: what every call resends) go only when no other is left (mlx-lm's and SGLang's
 orders). Blocks are taken in runs of consecutive ids, for the attention kernels' reads (`_take`).
 
+Memory: the KV region is reserved whole, but a page costs memory only once written. Named blocks
+nobody holds are kept up to `cache_max` (the service's --prefix-cache-mb); past it the least
+recently released go (in the eviction order above) to the free stack. Free blocks that were written
+and sit below the stack's top `keep` are handed to `trim`, whose caller gives their pages back to
+the OS (actors/pool.py release_kv): without both, a busy service's cache grew until every block
+had been written, and the whole region stayed resident (512 MB of K/V for the default model).
+
 This is the bookkeeping only (no Ray, no kernels): the tables themselves are written into the
 pool by the runner each step, where every processor's attention reads them.
 """
@@ -42,10 +49,15 @@ def chain(parent: int | None, tokens: tuple) -> int:
 
 
 class BlockPool:
-    def __init__(self, n_blocks: int, block_rows: int = BLOCK_ROWS, cache: bool = True):
+    def __init__(self, n_blocks: int, block_rows: int = BLOCK_ROWS, cache: bool = True,
+                 cache_max: int | None = None):
+        """cache_max: the most named blocks kept that no sequence holds (None: every block)."""
         if n_blocks < 1:
             raise ValueError(f"the KV cache needs at least one block, got {n_blocks}")
         self.n_blocks, self.block_rows, self.cache = n_blocks, block_rows, cache
+        self.cache_max = n_blocks if cache_max is None else cache_max
+        self.written: set = set()                 # free blocks whose pages may be resident
+        self.trimmed = 0                          # blocks handed to trim() so far
         # never named (or evicted): a stack (a dict in order, its last key the top), so that the
         # pages a busy service touches stay the few it needs at its peak (a queue would walk
         # through every page of the region)
@@ -108,6 +120,7 @@ class BlockPool:
             if b is None or b not in self.free:
                 b = self._run_start(n)
             del self.free[b]
+            self.written.discard(b)
             return b
         idle = self.idle[0] or self.idle[1]
         head = next(iter(idle))                        # least recently released
@@ -239,12 +252,32 @@ class BlockPool:
                 self.children.setdefault(parent, set()).add(b)
                 self.idle[0][b] = None
             else:
-                self.free[b] = None
+                self._to_free(b)
         table.clear()
         if names is not None:
             names.clear()
+        while self.n_cached > self.cache_max:      # the least recently released, never hit first
+            b = next(iter(self.idle[0] or self.idle[1]))
+            self._forget(b)
+            self.evicted += 1
+            self._to_free(b)
+
+    def _to_free(self, b: int):
+        """Block b, written, on top of the free stack (the next taken)."""
+        self.free[b] = None
+        self.written.add(b)
+
+    def trim(self, keep: int) -> list:
+        """Free blocks that were written, but for the `keep` on top of the free stack (the next
+        to be taken): their pages may go back to the OS now (the caller's; K/V read back as
+        zeros, and no sequence holds them). -> their ids, ascending."""
+        out = [b for k, b in enumerate(reversed(self.free)) if k >= keep and b in self.written]
+        self.written.difference_update(out)
+        self.trimmed += len(out)
+        return sorted(out)
 
     def stats(self) -> dict:
         return {"prefix_cache": self.cache, "queries": self.queries, "hits": self.hits,
                 "hit_rate": round(self.hits / self.queries, 4) if self.queries else 0.0,
-                "cached_blocks": self.n_cached, "evicted_blocks": self.evicted}
+                "cached_blocks": self.n_cached, "cached_blocks_max": self.cache_max,
+                "evicted_blocks": self.evicted, "trimmed_blocks": self.trimmed}

@@ -83,6 +83,30 @@ class PoolLayout:
     def done(proc: str) -> int:
         return W_DONE + PROCESSORS.index(proc)
 
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block: its rows of every layer's K and V."""
+        return len(self.kv) * self.block_rows * self.kv_cols * self.kv_bytes
+
+    def kv_pages(self, blocks: list) -> list:
+        """The whole pages that only these KV blocks' rows occupy, in every layer's K and V:
+        [(offset, bytes)], page-aligned (a page shared with a block not among them is left out:
+        at f16 a block's rows of one layer are 1.5 pages)."""
+        per = self.block_rows * self.kv_cols * self.kv_bytes
+        runs, out = [], []
+        for b in sorted(blocks):
+            if runs and runs[-1][1] == b:
+                runs[-1][1] = b + 1
+            else:
+                runs.append([b, b + 1])
+        for base in self.kv.values():
+            for lo, hi in runs:
+                start = -(-(base + lo * per) // ALIGN) * ALIGN
+                end = (base + hi * per) // ALIGN * ALIGN
+                if end > start:
+                    out.append((start, end - start))
+        return out
+
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 

@@ -141,7 +141,7 @@ def chat_messages(messages, tools: list | None = None, choice: str = "auto") -> 
     renders: tool calls and results as JSON turns; the tools' description in the system turn."""
     if not isinstance(messages, list) or not messages:
         raise BadMessage("messages", "must be a non-empty list of {role, content}")
-    out = []
+    out, call_ids = [], set()           # the ids of the tool calls said so far
     for i, m in enumerate(messages):
         where = f"message {i}"
         if not isinstance(m, dict) or m.get("role") not in ROLES:
@@ -151,11 +151,16 @@ def chat_messages(messages, tools: list | None = None, choice: str = "auto") -> 
             if not isinstance(calls, list):
                 raise BadMessage("messages", f"{where}: tool_calls must be a list")
             said = [_said_call(c, where) for c in calls]
+            call_ids.update(c.get("id") for c in calls)
             body = {"tool_calls": said} if len(said) > 1 else {"tool_call": said[0]}
             # as the model wrote it (compact, the schema's key order): the turn's tokens are the
             # ones the prefix cache holds from the reply
             out.append({"role": "assistant", "content": _compact(body)})
         elif role == "tool":
+            if not isinstance(m.get("tool_call_id"), str) or m["tool_call_id"] not in call_ids:
+                # as OpenAI's API: a tool's result answers a call an assistant message made
+                raise BadMessage("messages", f"{where}: a tool message must answer a call of an "
+                                 f"earlier assistant message (its tool_call_id one of theirs)")
             result = {"tool_call_id": m.get("tool_call_id"), "name": m.get("name"),
                       "content": _text(m.get("content"), where)}
             out.append({"role": "user", "content": json.dumps(

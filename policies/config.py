@@ -184,6 +184,9 @@ class ServeConfig(EngineConfig):
     plan: str = "auto"                # what runs decode batches and prefill chunks (SERVE_PLAN_NAMES)
     prefill_chunk: int = 128          # prompt rows a step: others' decode steps run between chunks
     prefix_cache: bool = True         # reuse the K/V of prompt blocks computed before (memory/blocks)
+    # the most K/V the prefix cache keeps that no request holds, MB; the KV cache's other unused
+    # pages go back to the OS (memory/blocks.py trim)
+    prefix_cache_mb: float = 128
     # a running request whose text nobody has asked for this long (no poll open, none returned
     # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
     # proxy did not pass on (actors/front/http.py). Clients poll continuously (each poll within 10 s).
@@ -212,6 +215,8 @@ class ServeConfig(EngineConfig):
         _need(self.kv_mb > 0, "kv_mb", "> 0", self.kv_mb)
         _need(isinstance(self.warm, bool), "warm", "True or False", self.warm)
         _need(isinstance(self.prefix_cache, bool), "prefix_cache", "True or False", self.prefix_cache)
+        _need(_number(self.prefix_cache_mb) and self.prefix_cache_mb >= 0, "prefix_cache_mb", ">= 0",
+              self.prefix_cache_mb)
         _need(self.policy in POLICIES, "policy", "one of " + ", ".join(POLICIES), self.policy)
         _need(self.plan in SERVE_PLAN_NAMES, "plan", "one of " + ", ".join(SERVE_PLAN_NAMES), self.plan)
         _need(_whole(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_CHUNK, "prefill_chunk",

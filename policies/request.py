@@ -166,6 +166,12 @@ class Sequence(Request):
         if self.stops is None:
             self.stops = StopText(self.stop)
 
+    def end(self, state: str, reason: str | None = None, error: str | None = None):
+        """As Request's; what only its steps used goes with them: its grammar's parser (an
+        LLMatcher, up to MBs: the table keeps ended requests for their polls) and text decoder."""
+        super().end(state, reason, error)
+        self.constraint = self.decoder = None
+
     def usage(self) -> dict:
         out = super().usage()
         if self.spec is not None:

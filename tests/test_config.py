@@ -23,7 +23,7 @@ def test_cli_defaults_are_the_config_fields():
     serve, gen = _parser().parse_args(["serve"]), _parser().parse_args(["generate", "hi"])
     flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
     assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "plan",
-                            "prefix_cache", "abandon_s", "http_host", "http_port", "api_key",
+                            "prefix_cache", "prefix_cache_mb", "abandon_s", "http_host", "http_port", "api_key",
                             "max_body_mb", "max_waiting", "speculate", "draft_max", "draft_ranks", "warm"}
     assert flagged == {k: getattr(ServeConfig(), k) for k in flagged}
     assert gen.context == EngineConfig().context and gen.model is None

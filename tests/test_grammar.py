@@ -126,7 +126,12 @@ def test_an_agents_second_turn_renders_its_calls_and_results():
 
 @pytest.mark.parametrize("messages", [[], [{"role": "robot", "content": "x"}],
                                       [{"role": "user", "content": [{"type": "image_url"}]}],
-                                      [{"role": "user"}]])
+                                      [{"role": "user"}],
+                                      [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}],
+                                      [{"role": "assistant", "content": None, "tool_calls": [
+                                          {"id": "call_1", "type": "function",
+                                           "function": {"name": "f", "arguments": "{}"}}]},
+                                       {"role": "tool", "tool_call_id": "call_2", "content": "y"}]])
 def test_bad_messages_are_refused(messages):
     with pytest.raises(BadMessage):
         chat_messages(messages)

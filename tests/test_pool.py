@@ -227,3 +227,42 @@ def test_layout_round_trips(model_config, model_weights):
     assert again == lay
     assert lay.readonly_bytes % 4096 == 0 and min(lay.kv.values()) >= lay.readonly_bytes
     assert lay.kv_rows == 64 + 32                          # room for a padded chunk past the context
+
+
+def test_released_kv_blocks_give_their_pages_back_and_no_neighbours_row(model_config, model_weights):
+    """memory/blocks.py trim -> Pool.release_kv: the pages only the released blocks' rows hold go
+    back to the OS in every layer's K and V (the segment's allocated bytes shrink), read as
+    zeros after; a page shared with a kept block (f16: a block's rows of a layer are 1.5 pages)
+    keeps that block's rows."""
+    import numpy as np
+    from socllm.memory.layout import plan_layout
+    lay = plan_layout({"output_norm.weight": model_weights["output_norm.weight"]}, 2, 192,
+                      [4096], 32, 64, 1000, max_seqs=2, kv_blocks=40, block_rows=16, kv_dtype="f16")
+    per = 16 * 192 * 2                                     # a block's bytes in one layer: 1.5 pages
+    assert lay.kv_block_bytes == 4 * per
+    arena = Arena.create(lay.size, lay.readonly_bytes)
+    try:
+        kv = {k: arena.buf[o: o + lay.kv_rows * 192 * 2] for k, o in lay.kv.items()}
+        for region in kv.values():
+            region[:] = 7                                  # every block written
+        fd = os.open(os.path.join(SHM_DIR, arena.name), os.O_RDONLY)
+        used = os.fstat(fd).st_blocks
+        freed = [3, 4, 5, 6, 10]                           # a run of 4 (6 pages) and one alone
+        ranges = lay.kv_pages(freed)
+        assert all(off % 4096 == 0 and n % 4096 == 0 for off, n in ranges)
+        arena.release(ranges)
+        after = os.fstat(fd).st_blocks
+        os.close(fd)
+        # per layer region: blocks 3..6 are bytes [3 per, 7 per) -> pages 5..9 (5 whole pages,
+        # the first and last shared with blocks 2 and 7); block 10 alone: bytes [15, 16.5) pages
+        # -> page 15 only
+        assert (used - after) * 512 == len(lay.kv) * 6 * 4096
+        for region in kv.values():
+            kept = np.ones(len(region), bool)
+            for lo, hi in ((5, 10), (15, 16)):
+                kept[lo * 4096: hi * 4096] = False
+            assert (region[~kept] == 0).all() and (region[kept] == 7).all()
+            for b in (2, 7, 9, 11):                        # neighbours keep every row
+                assert (region[b * per: (b + 1) * per] == 7).all()
+    finally:
+        arena.unlink()

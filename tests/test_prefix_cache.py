@@ -211,3 +211,33 @@ def test_a_held_block_is_never_taken_over():
     s.add(b)
     s.schedule()
     assert b.computed == 16 and b.blocks[0] == a.blocks[0] and a.blocks[1] not in b.blocks
+
+
+def test_past_its_bound_the_cache_lets_the_least_recently_released_never_hit_blocks_go():
+    s = FCFS(4, 10_000, BlockPool(20, BR, cache_max=3))
+    sys_prompt = list(range(1000, 1032))
+    s.finish(served(s, req(1, [*sys_prompt, *range(32), 5])))      # 4 full blocks + a tail
+    s.finish(served(s, req(2, [*sys_prompt, *range(200, 232), 5])))  # hits the system prompt
+    # kept: 3 (the bound); the system prompt's two blocks, hit, outlast every never-hit one
+    assert s.kv.n_cached == 3 and s.kv.evicted == 5
+    assert len(a_blocks(s, sys_prompt)) == 2
+    assert a_blocks(s, [*sys_prompt, *range(32)])[2:] == []          # request 1's went first
+    assert s.kv.stats()["cached_blocks_max"] == 3
+
+
+def test_trim_hands_over_the_written_free_blocks_below_the_top_of_the_stack():
+    kv = BlockPool(20, BR, cache=False)
+    s = FCFS(4, 10_000, kv)
+    assert kv.trim(0) == []                        # nothing written yet: nothing to give back
+    a, b = served(s, req(1, range(5 * BR))), served(s, req(2, range(2 * BR)))
+    assert len(a.blocks) == 6                     # 80 rows, and the next token's row
+    held, a_blocks_ = list(b.blocks), list(a.blocks)
+    s.finish(a)                                    # released last block first: a's first on top
+    assert kv.trim(2) == sorted(a_blocks_[2:])      # the two on top are the next taken: kept
+    assert kv.trim(2) == []                        # handed over once
+    assert kv.stats()["trimmed_blocks"] == 4
+    c = served(s, req(3, range(BR)))               # a block taken is written again once freed
+    c_blocks = list(c.blocks)
+    s.finish(c)
+    assert set(kv.trim(0)) == set(a_blocks_[:2]) | set(c_blocks)
+    assert set(held).isdisjoint(a_blocks_ + c_blocks)      # a held block is never handed over

@@ -41,7 +41,8 @@ def served(ray_session):
     port = free_port()
     r = subprocess.run(SOCLLM + ["serve", "--http-port", str(port), "--context", "512",
                                  "--max-seqs", "8", "--kv-mb", "64", "--precision", "f32",
-                                 "--plan", "hetero", "--abandon-s", str(ABANDON_S)],
+                                 "--plan", "hetero", "--abandon-s", str(ABANDON_S),
+                                 "--prefix-cache-mb", "16"],
                        env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -415,6 +416,28 @@ def test_a_prompt_sharing_a_cached_prefix_gets_the_cold_text_and_says_so(served,
     after = client.status()["kv"]
     assert after["hits"] - before["hits"] == cached[1] + cached[2]
     assert after["queries"] - before["queries"] == n + 2 * last
+
+
+def test_the_cache_keeps_its_bound_and_pages_given_back_are_written_anew(served, client, oracle,
+                                                                         tokenizer):
+    """--prefix-cache-mb 16 (22 blocks of 16 rows at f32, of 91): distinct prompts push the
+    cache past its bound (the least recently released go) and the free blocks' pages go back to
+    the OS between steps (memory/blocks.py trim); prompts that run on those blocks, zeros again,
+    and one whose prefix is still cached, each give the oracle's text."""
+    texts = [" ".join(f"Item {i}-{j}: {j * 13 % 7} blue pens in drawer {j % 5}." for j in range(12))
+             for i in range(8)]
+    before = client.status()["kv"]
+    for p in texts:
+        assert client.generate(p, max_tokens=4, temperature=0) == _want(oracle, tokenizer, p, 4)
+    mid = client.status()["kv"]
+    assert mid["cached_blocks_max"] == 22 and mid["cached_blocks"] <= 22
+    assert mid["evicted_blocks"] > before["evicted_blocks"]
+    deadline = time.time() + 10                   # the idle loop trims every half second
+    while client.status()["kv"]["trimmed_blocks"] == before["trimmed_blocks"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert client.status()["kv"]["trimmed_blocks"] > before["trimmed_blocks"]
+    for p in (texts[0], texts[-1] + " And then?"):        # cold again; its prefix cached
+        assert client.generate(p, max_tokens=12, temperature=0) == _want(oracle, tokenizer, p, 12)
 
 
 def test_openai_package_seed_temperature_and_top_p(served, client, oracle, tokenizer):

@@ -105,10 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-mb", type=float, default=srv.kv_mb,
                    help="the paged KV cache, MB (default %(default)s; pages are touched as requests use them)")
     s.add_argument("--precision", choices=SERVE_PRECISIONS, default=srv.precision,
-                   help="activations of the decode steps' linears: q16 int16 up to 2 rows and f32 "
-                        "above (the oracle's text; generate's default too), q8 int8 per 32-block "
-                        "as llama.cpp's (~20%% faster at 4+ streams; prefill in int8 too), f32 the "
-                        "numpy oracle's exact path; prefill computes in f32 (default %(default)s)")
+                   help="activations of the linears: q16 int16 (f32's perplexity and greedy text), "
+                        "q8 int8 per 32-block as llama.cpp's (the throughput setting: faster "
+                        "prefill and batches, llama.cpp's perplexity), f32 the numpy oracle's "
+                        "exact path (default %(default)s)")
     s.add_argument("--policy", choices=sorted(POLICIES), default=srv.policy,
                    help="scheduling policy (default %(default)s; agent: reactive requests first; "
                         "fcfs: arrival order)")
@@ -122,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=srv.prefix_cache,
                    help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
                         "(a system prompt, a tool list, a chat's history); to compare")
+    s.add_argument("--prefix-cache-mb", type=float, default=srv.prefix_cache_mb,
+                   help="the most K/V the prefix cache keeps for later requests while no request "
+                        "holds it, MB (default %(default)s); the KV cache's other unused pages go "
+                        "back to the OS")
     s.add_argument("--no-warmup", dest="warm", action="store_false", default=srv.warm,
                    help="start without running every kernel and graph once (as llama-server's "
                         "--no-warmup): a faster start, and the first requests build what they use")
@@ -315,6 +319,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("socllm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:        # the reader of our output went (`| head`): as other tools, quietly
+        return 141
     except (ValueError, NotImplementedError, FileNotFoundError, PermissionError, LookupError) as e:
         print(f"socllm: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2

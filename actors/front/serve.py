@@ -222,8 +222,9 @@ def status(a) -> int:
           f"used; sequences {kv['sequences_used']} of {kv['sequences_max']}")
     if kv.get("prefix_cache"):
         print(f"prefix     {kv['hits']} of {kv['queries']} prompt tokens found in the cache "
-              f"({100 * kv['hit_rate']:.1f} %); {kv['cached_blocks']} blocks kept, "
-              f"{kv['evicted_blocks']} evicted")
+              f"({100 * kv['hit_rate']:.1f} %); {kv['cached_blocks']} of at most "
+              f"{kv['cached_blocks_max']} blocks kept, {kv['evicted_blocks']} evicted; "
+              f"{kv['trimmed_blocks']} unused blocks' pages given back")
     else:
         print("prefix     cache off (--no-prefix-cache)")
     sp = st.get("speculation") or {"mode": "off"}
