@@ -474,7 +474,7 @@ def test_bad_http_bodies_get_4xx_with_an_error_object(served, body, status):
 
 @pytest.mark.parametrize("field, value", [
     ("best_of", 2), ("typical_p", 0.9), ("suffix", "x"), ("mirostat", 2), ("functions", [{"name": "f"}]),
-    ("modalities", ["audio"])])
+    ("modalities", ["audio"]), ("store", True)])
 def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, client, field, value):
     """Never a silent 200: a field asked for and not done is refused, by HTTP and by the Python
     client; the same field at the value that asks for nothing (OpenAI's defaults) is taken."""
@@ -488,7 +488,7 @@ def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, 
     ok = requests.post(served[1] + "/v1/completions", timeout=120, json={
         "prompt": "hi", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "tools": [],
         "response_format": {"type": "text"}, "stream_options": None, "user": "me", "best_of": 1,
-        "suffix": ""})
+        "suffix": "", "store": False})
     assert ok.status_code == 200, ok.text
     with pytest.raises(ValueError, match=field):
         client.generate(FRANCE, max_tokens=2, **{field: value})

@@ -135,7 +135,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
             "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
             "repeat_penalty", "min_tokens", "stop_token_ids", "prompt_logprobs"}
-NEUTRAL = {"best_of": (1,), "suffix": ("",)}
+NEUTRAL = {"best_of": (1,), "suffix": ("",), "store": (False,)}   # store: nothing is kept
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
 MAX_CHOICES = 128         # prompts x n of one request (the service keeps 256 ended requests)
