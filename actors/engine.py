@@ -126,7 +126,7 @@ class Engine:
     def _give_back(self, idle: bool):
         """Memory no request uses, back to the OS: the pages of free KV blocks (memory/blocks.py
         trim; between steps, so none is taken meanwhile) and, idle after requests ended, the
-        heap pages they freed (every thread's malloc arena: ~130 MB after a few hundred)."""
+        heap pages they freed (every thread's malloc arena: ~33 MB after a few hundred)."""
         kv = self.scheduler.kv
         if trimmed := kv.trim(min(TRIM_KEEP, kv.n_blocks // 8)):
             self.pool.release_kv(trimmed)

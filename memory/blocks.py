@@ -271,6 +271,8 @@ class BlockPool:
         """Free blocks that were written, but for the `keep` on top of the free stack (the next
         to be taken): their pages may go back to the OS now (the caller's; K/V read back as
         zeros, and no sequence holds them). -> their ids, ascending."""
+        if not self.written:                      # the common case while busy: nothing to walk
+            return []
         out = [b for k, b in enumerate(reversed(self.free)) if k >= keep and b in self.written]
         self.written.difference_update(out)
         self.trimmed += len(out)
