@@ -137,7 +137,7 @@ class Service:
         self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         spec = None if c.speculate == "off" else \
             Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e),
-                       c.draft_ranks if self.runner.trees else 1)
+                       c.draft_ranks if self.runner.trees else 1, reactive_first=c.policy == "agent")
         self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish, spec)
         self.intake = Intake(e, c.speculate, spec is not None and bool(spec.heads))
 

@@ -272,6 +272,12 @@ def walk(tree: Tree, sample) -> tuple:
     return path, trials
 
 
+def _spread(ks: list, mine: list) -> list:
+    """Drafted rows chosen for the sequences marked in `mine` (in order), 0 for the others."""
+    it = iter(ks)
+    return [next(it) if m else 0 for m in mine]
+
+
 def step_rows(batch: list, drafts: list) -> tuple:
     """A decode step's rows [(token, position, slot)] for the sequences of `batch` (Sequence:
     policies/request.py) and their drafts (a chain or a Tree): each sequence's rows fed again
@@ -399,10 +405,15 @@ class Speculator:
     """The drafts of a decode batch's sequences (actors/engine.py asks before each decode step)."""
 
     def __init__(self, mode: str, max_rows: int, draft_max: int, profile: dict | None = None,
-                 heads: Heads | None = None, ranks: int = 1):
+                 heads: Heads | None = None, ranks: int = 1, reactive_first: bool = False):
         """ranks: the heads' candidates per head; above 1, their drafts are trees (Tree) of at
-        most draft_max nodes, chosen best first by the running acceptance of each rank."""
+        most draft_max nodes, chosen best first by the running acceptance of each rank.
+        reactive_first (the agent policy's): in a step with reactive rows, only they draft, as
+        many rows as make their own tokens a second grow (Agent.xpu §4.5 ②: a proactive row's
+        drafts would slow the reactive ones for tokens no one waits for); elsewhere every
+        sequence's, for the step's tokens a second."""
         self.mode = check_mode(mode)
+        self.reactive_first = reactive_first
         self.max_rows, self.draft_max, self.heads, self.ranks = max_rows, draft_max, heads, ranks
         # a rank's chance to be accepted once its parent was: rank 0 is each sequence's heads
         # rate; the others are the service's (few trials a sequence), averaged slowly: a step
@@ -420,9 +431,12 @@ class Speculator:
         """[drafted tokens] per sequence of the batch (Sequence: policies/request.py)."""
         found, rates, ask = [], [], []
         cost = self.costs.table()
-        for s in batch:
+        mine = [True] * len(batch)                     # the rows whose tokens the step is for
+        if self.reactive_first and any(s.priority == "reactive" for s in batch):
+            mine = [s.priority == "reactive" for s in batch]
+        for s, m in zip(batch, mine):
             mode = self.mode if s.speculate is None else s.speculate
-            if mode == "off" or self.mode == "off":
+            if mode == "off" or self.mode == "off" or not m:
                 found.append([])
                 rates.append(0.0)
                 continue
@@ -456,11 +470,13 @@ class Speculator:
         if ask:
             self._ask_heads(batch, ask, found, rates, gains)
         fixed = sum(1 + s.lag for s in batch)          # each sequence's rows before its drafts
-        ks = choose_rows(cost, gains, self.max_rows, MARGIN, fixed)
+        ks = _spread(choose_rows(cost, [g for g, m in zip(gains, mine) if m], self.max_rows, MARGIN, fixed),
+                     mine)
         # a drafter asked for by name (lookup, heads) drafts whenever it has a draft, as rows allow:
         # the measured step costs decide only for auto (and a step's costs measured on a busy
         # machine would otherwise decide what a test sees)
-        named = [(self.mode if s.speculate is None else s.speculate) in ("lookup", "heads") for s in batch]
+        named = [m and (self.mode if s.speculate is None else s.speculate) in ("lookup", "heads")
+                 for s, m in zip(batch, mine)]
         spare = min(self.max_rows, len(cost) - 1) - fixed - sum(k for k, n in zip(ks, named) if not n)
         for i, n in enumerate(named):
             if n:

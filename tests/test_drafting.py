@@ -274,6 +274,29 @@ def test_a_new_sequence_expects_what_the_services_drafts_from_the_same_source_di
     assert low < fresh.rate(3) <= s.by_n[3].rate
 
 
+def test_with_reactive_rows_in_a_step_only_they_draft_under_the_agent_policy():
+    """Agent.xpu §4.5 ②: a reactive stream's step carries proactive rows only within its
+    slowdown budget, so their drafts (more rows, for tokens no one waits for) are not added; the
+    reactive row drafts for its own tokens a second. A batch of one class drafts as before."""
+    from types import SimpleNamespace
+    from socllm.policies.drafting import Speculator
+    profile = {n: 0.010 + 0.0002 * n for n in range(1, 9)}      # rows nearly free: drafts pay
+
+    def seq(priority):
+        ids = [5, 6, 7, 8, 9] * 20                               # the lookup always finds a draft
+        return SimpleNamespace(speculate=None, spec=None, rows=len(ids), lag=0, tokens=[], ids=ids,
+                               params=SimpleNamespace(max_tokens=50), constraint=None, priority=priority)
+
+    mixed = lambda: [seq("proactive"), seq("reactive"), seq("proactive")]
+    plain = Speculator("auto", 8, 8, profile).drafts(mixed(), 4096)
+    assert all(plain)                                           # every row drafts
+    first = Speculator("auto", 8, 8, profile, reactive_first=True).drafts(mixed(), 4096)
+    assert first[0] == [] == first[2] and len(first[1]) >= 2
+    assert first[1] == [5, 6, 7, 8, 9][:len(first[1])]           # the lookup's continuation
+    alone = Speculator("auto", 8, 8, profile, reactive_first=True).drafts([seq("proactive")] * 2, 4096)
+    assert all(alone)
+
+
 def test_a_steps_rows_feed_lagging_rows_again_then_each_draft_at_its_place():
     from types import SimpleNamespace
     from socllm.policies.drafting import Tree, step_rows
