@@ -338,6 +338,7 @@ class Engine:
         t["decode_steps"] += 1
         t["decode_rows"] += len(rows)
         t["decode_kernels_s"] += t1 - t0
+        self.scheduler.observe(len(rows), sum(pos + 1 for _, pos, _ in rows), t1 - t0)
         t["decode_s"] += time.perf_counter() - t0
         if self.speculator:         # a step's cost: its kernels and the verification of its rows
             self.speculator.costs.observe(len(rows), time.perf_counter() - t0)
@@ -448,6 +449,7 @@ class Engine:
         now = time.monotonic()
         if seq.first_token is None:
             seq.first_token = now
+        seq.last_token = now
         seq.state = "decoding"
         self.metrics.token(seq, now)
         self.token_times.append(now)

@@ -133,7 +133,8 @@ class Service:
         c, e = self.config, self.pool
         self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache,
                             cache_max=int(c.prefix_cache_mb * 2**20 // e.layout.kv_block_bytes))
-        extra = {"b_rf": b_rf_from_profile(self.step_profile)} if c.policy == "agent" else {}
+        extra = {"b_rf": b_rf_from_profile(self.step_profile), "profile": self.step_profile} \
+            if c.policy == "agent" else {}
         self.scheduler = POLICIES[c.policy](c.max_seqs, e.context, self.kv, **extra)
         spec = None if c.speculate == "off" else \
             Speculator(c.speculate, c.max_seqs, c.draft_max, self.step_profile, _heads(c, e),
@@ -241,6 +242,8 @@ class Service:
                 "context": e.context, "plan": self.plan, "precision": self.precision,
                 "policy": self.scheduler.name, "max_seqs": self.scheduler.max_seqs,
                 "b_rf": getattr(self.scheduler, "b_rf", None),
+                # the agent policy's learned cost of a key attended (policies/agent.py StepModel)
+                "decode_us_per_key": _per_key_us(self.scheduler),
                 "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
                 "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.config.prefill_chunk,
@@ -475,6 +478,11 @@ def _heads(c, e):
     from socllm.actors.pool import _trim
     _trim()      # the embedding's rows were read through a copy of its table; Heads keeps copies
     return heads
+
+
+def _per_key_us(scheduler) -> float | None:
+    c = scheduler.model.per_key if getattr(scheduler, "model", None) is not None else None
+    return None if c is None else round(1e6 * c, 3)
 
 
 def _wake(seq: Sequence):

@@ -15,12 +15,18 @@ Two priority classes, each with its own queue for both phases: `reactive` (a per
             (chosen from this device's decode profile by b_rf_from_profile, else B_RF):
             every reactive row, then proactive rows that are not evicted (aged ones bypass the
             cap). Evicted first (§4.5 ②): the longest sequences, then the newest arrivals.
-            Evicted rows keep their KV and wait for the next iteration.
+            Evicted rows keep their KV and wait for the next iteration. The profile is taken at
+            position 0, and a step's time grows with its rows' lengths too (§4.5 ②: "with both
+            batch size and request sequence length"): with a StepModel (the profile plus the
+            cost of each key attended, learned from the steps that ran), a proactive row also
+            joins only while the predicted step stays within the slowdown of the step without
+            it.
   admission reactive first; a reactive request that finds every sequence slot taken preempts the
             newest proactive one, decoding or not (its blocks are given back; it prefills its
             prompt and tokens again later).
-  aging     a proactive request older than AGING_S is promoted (§4.5 ③): it prefills before the
-            other proactive ones and joins a decode batch beyond the cap.
+  aging     a proactive request with no progress for AGING_S (no token since it arrived, or
+            since its latest one) is promoted (§4.5 ③): it prefills before the other proactive
+            ones and joins a decode batch beyond the cap.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ B_RF = 3          # rows of a batch mixing the classes: Agent.xpu's value, where
 # §4.5 ②: proactive rows join a reactive batch "only when their marginal impact on reactive latency
 # is accepted": here, while the step stays within this share of a one-row step's time
 REACTIVE_SLOWDOWN = 0.25
-AGING_S = 30.0    # seconds after which a proactive request is promoted
+AGING_S = 30.0    # seconds without progress after which a proactive request is promoted
 SLICE_S = 0.02    # a proactive prefill chunk's span of layers: a reactive arrival waits for one
 # the longest a reactive arrival should wait for the work it preempts (arrival -> its first prefill
 # kernel): no piece of proactive work that cannot stop midway may take longer. Proactive chunks
@@ -57,15 +63,48 @@ def b_rf_from_profile(step_s: dict, slowdown: float = REACTIVE_SLOWDOWN) -> int:
     return b_rf
 
 
+class StepModel:
+    """A decode step's seconds: the profile's step of n rows at position 0 (step_s: n -> s) plus
+    c s for each key the rows attend past the first (their lengths), c learned from the steps
+    that ran (observe: least squares of the residual over the extra keys, recent steps weighing
+    more). predict is None until WARM steps with keys have been seen."""
+
+    WARM = 20
+
+    def __init__(self, step_s: dict, decay: float = 0.99):
+        self.step_s, self.decay = dict(step_s), decay
+        self.sxy = self.sxx = 0.0
+        self.seen = 0
+
+    def observe(self, rows: int, keys: int, seconds: float):
+        base = self.step_s.get(rows)
+        x = keys - rows
+        if base is None or x <= 0:
+            return
+        self.sxy = self.decay * self.sxy + x * (seconds - base)
+        self.sxx = self.decay * self.sxx + x * x
+        self.seen += 1
+
+    @property
+    def per_key(self) -> float | None:
+        return max(0.0, self.sxy / self.sxx) if self.seen >= self.WARM and self.sxx > 0 else None
+
+    def predict(self, rows: int, keys: int) -> float | None:
+        c, base = self.per_key, self.step_s.get(rows)
+        return None if c is None or base is None else base + c * max(0, keys - rows)
+
+
 class AgentPolicy(FCFS):
     name = "agent"
 
     def __init__(self, max_seqs: int, context: int, kv, b_rf: int = B_RF,
-                 aging_s: float = AGING_S, clock=time.monotonic):
+                 aging_s: float = AGING_S, clock=time.monotonic, profile: dict | None = None):
+        """profile: the decode profile b_rf came from (rows -> seconds), for the StepModel."""
         super().__init__(max_seqs, context, kv)
         if b_rf < 1 or aging_s <= 0:
             raise ValueError(f"b_rf must be >= 1 and aging_s > 0, got {b_rf}, {aging_s}")
         self.b_rf, self.aging_s, self.clock = b_rf, aging_s, clock
+        self.model = StepModel(profile) if profile and 1 in profile else None
         self.reactive: deque = deque()        # waiting, per class (FCFS's `waiting` is unused)
         self.proactive: deque = deque()
 
@@ -76,8 +115,13 @@ class AgentPolicy(FCFS):
         return bool(self.reactive)
 
     def urgent(self, req: Request) -> bool:
-        """Reactive, or proactive past the aging threshold."""
-        return req.priority == "reactive" or self.clock() - req.arrival > self.aging_s
+        """Reactive, or proactive past the aging threshold: no progress for aging_s (since its
+        arrival, or its latest token once it has one). §4.5 ③ guards against indefinite
+        postponement; a proactive row that decodes, only more slowly for being left out of
+        reactive steps, is not postponed, and promoting it would put it back in them (measured:
+        rows of requests over 30 s old but decoding filled the steps of a reactive reply, 45 ms
+        a token against ~15)."""
+        return req.priority == "reactive" or self.clock() - (req.last_token or req.arrival) > self.aging_s
 
     def add(self, req: Request):
         self.check(req)
@@ -145,7 +189,28 @@ class AgentPolicy(FCFS):
         if not reactive or not (aged or rest):
             return rows
         keep = sorted(rest, key=lambda r: (r.rows, r.arrival))[:max(0, self.b_rf - len(reactive))]
+        keep = self._within(reactive + aged, keep)
         return [r for r in rows if r in reactive or r in aged or r in keep]
+
+    def _within(self, base: list, cands: list) -> list:
+        """The leading cands whose rows keep the predicted step within REACTIVE_SLOWDOWN of the
+        step of base's rows alone (all of them without a model yet)."""
+        model = self.model
+        n, keys = len(base), sum(r.rows for r in base)
+        alone = model.predict(n, keys) if model else None
+        if alone is None:
+            return cands
+        for k, r in enumerate(cands):
+            t = model.predict(n + k + 1, keys + r.rows)
+            if t is None or t > (1 + REACTIVE_SLOWDOWN) * alone:
+                return cands[:k]
+            keys += r.rows
+        return cands
+
+    def observe(self, rows: int, keys: int, seconds: float):
+        """A decode step ran: rows, the keys its rows attended (their positions + 1), seconds."""
+        if self.model is not None:
+            self.model.observe(rows, keys, seconds)
 
     def _newest(self, which) -> Request | None:
         cands = [r for r in self.running if which(r)]

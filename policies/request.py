@@ -67,6 +67,7 @@ class Request:
     prefill_start: float | None = None   # its first prefill chunk began (preemption latency)
     arrived_during: str = ""              # what the service's loop was running when it arrived
     first_token: float | None = None
+    last_token: float | None = None       # its latest token (the agent policy's aging)
     finish: float | None = None
     embed: str | None = None              # "mean" | "last": an embedding of the prompt, no reply
 

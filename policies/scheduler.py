@@ -45,6 +45,9 @@ class FCFS:
         self.waiting: deque = deque()
         self.running: list = []
 
+    def observe(self, rows: int, keys: int, seconds: float):
+        """A decode step ran (rows, the keys they attended, seconds): FCFS needs no cost."""
+
     def check(self, req: Request):
         """Raise ValueError for a request that could never run (it would wait forever)."""
         need = len(req.prompt) + req.params.max_tokens

@@ -16,9 +16,10 @@ class Clock:
         return self.t
 
 
-def policy(max_seqs=8, blocks=100, b_rf=3, aging_s=30.0):
+def policy(max_seqs=8, blocks=100, b_rf=3, aging_s=30.0, profile=None):
     clock = Clock()
-    return AgentPolicy(max_seqs, 10_000, BlockPool(blocks, block_rows=16), b_rf, aging_s, clock), clock
+    return AgentPolicy(max_seqs, 10_000, BlockPool(blocks, block_rows=16), b_rf, aging_s, clock,
+                       profile), clock
 
 
 def req(i, clock, priority="proactive", prompt=8, max_tokens=16):
@@ -95,6 +96,39 @@ def test_a_mixed_batch_is_capped_evicting_longest_then_newest_proactive_rows():
     assert all(r in p.running and r.blocks for r in pro)   # evicted rows keep their KV
 
 
+PROFILE = {1: 0.010, 2: 0.011, 3: 0.012, 4: 0.013}       # a decode step of n rows at position 0
+
+
+def test_the_step_model_learns_what_each_key_attended_costs():
+    from socllm.policies.agent import StepModel
+    m = StepModel(PROFILE)
+    truth = lambda n, keys: PROFILE[n] + 5e-6 * (keys - n)
+    for i in range(StepModel.WARM - 1):
+        m.observe(1 + i % 4, 300 + 97 * i, truth(1 + i % 4, 300 + 97 * i))
+    assert m.predict(1, 700) is None                       # not before WARM steps
+    m.observe(2, 1500, truth(2, 1500))
+    assert abs(m.per_key - 5e-6) < 1e-9
+    assert abs(m.predict(3, 2100) - truth(3, 2100)) < 1e-9
+
+
+def test_a_mixed_batch_takes_proactive_rows_only_while_their_lengths_keep_the_step_short():
+    """§4.5 ②: a step's time grows with its rows' lengths as well as their number; a long
+    proactive row is left out where b_rf alone (from the profile at position 0) would take it."""
+    p, clock = policy(b_rf=3, blocks=400, profile=PROFILE)
+    for i in range(40):                                    # steps as they ran: 5 µs a key
+        p.observe(1 + i % 4, 200 + 50 * i, PROFILE[1 + i % 4] + 5e-6 * (200 + 50 * i - 1 - i % 4))
+    short, long = admitted(p, [req(0, clock, prompt=99), req(1, clock, prompt=1299)])
+    rx, = admitted(p, [req(2, clock, "reactive", prompt=699)])
+    # alone: 10 ms + 699 keys = 13.5 ms (limit 16.9); with the short row 15.0; the long one 22.5
+    assert sorted(r.id for r in p.schedule().decode) == [0, 2]
+    p.finish(rx)
+    assert sorted(r.id for r in p.schedule().decode) == [0, 1]       # one class: everyone
+    q, clock = policy(b_rf=3, blocks=400, profile=PROFILE)           # no steps seen yet: b_rf
+    admitted(q, [req(0, clock, prompt=99), req(1, clock, prompt=1299)])
+    admitted(q, [req(2, clock, "reactive", prompt=699)])
+    assert sorted(r.id for r in q.schedule().decode) == [0, 1, 2]
+
+
 def test_a_reactive_request_preempts_the_newest_proactive_when_every_slot_is_taken():
     p, clock = policy(max_seqs=2)
     pro = admitted(p, [req(i, clock) for i in range(2)], prefilled=False)   # both prefilling
@@ -127,6 +161,19 @@ def test_aged_proactive_requests_jump_the_proactive_queue_and_bypass_the_cap():
     rx, = admitted(p, [req(3, clock, "reactive")])
     decode = p.schedule().decode
     assert rx in decode and old in decode and not any(r in decode for r in young)
+
+
+def test_a_proactive_request_that_decodes_is_not_aged_however_old():
+    """Aging guards against postponement: a decoding row with a recent token stays capped; one
+    with none for aging_s is promoted."""
+    p, clock = policy(b_rf=1, aging_s=30.0)
+    old, = admitted(p, [req(0, clock)])
+    clock.t += 35
+    old.last_token = clock.t - 1                # it decoded a second ago
+    rx, = admitted(p, [req(3, clock, "reactive")])
+    assert p.schedule().decode == [rx]
+    clock.t += 30                               # 31 s without a token: left out, promoted
+    assert sorted(r.id for r in p.schedule().decode) == [0, 3]
 
 
 def test_finish_frees_blocks_from_either_queue():

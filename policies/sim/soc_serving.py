@@ -131,6 +131,7 @@ def serve(soc, planner, items: list, how: str, chunk: int = 128, weights: str = 
                 r.tokens.append(0)
                 if r.first_token is None:
                     r.first_token = clock.t
+                r.last_token = clock.t
                 if len(r.tokens) >= r.params.max_tokens:
                     r.state, r.finish = "finished", clock.t
                     policy.finish(r)
