@@ -23,6 +23,7 @@ import numpy as np
 import ray
 
 from socllm.graph.build import build_graph
+from socllm.graph.hcmp import with_part_slots
 from socllm.graph.liveness import assign_slots
 from socllm.graph.store import ProgramStore
 from socllm.memory.arena import Arena
@@ -158,7 +159,7 @@ class Pool:
     def _lay_out(self, weights: dict, n_layers: int | None):
         """The pool laid out from the graph's slots and the weights, created and filled; the
         planner started if programs are to be compiled. -> the layout."""
-        slots = assign_slots(build_graph(self.cfg, n_layers))
+        slots = _slots(build_graph(self.cfg, n_layers))
         # the final-normed hidden state's slot (the LM head's input): draft heads read it
         self.hidden_slot = hid = slots.assign.get("xf")
         slot_bytes = [slots.nbytes(i, MAX_CHUNK) for i in range(len(slots.sizes))]
@@ -372,3 +373,8 @@ class Pool:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _slots(graph):
+    """The graph's activation slots (graph/liveness.py), and graph/hcmp.py's parts'."""
+    return with_part_slots(assign_slots(graph), graph)

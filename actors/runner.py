@@ -19,6 +19,7 @@ from socllm.graph.program import StepProgram
 from socllm.memory.layout import W_FIRST_LOC
 from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
 from socllm.policies.buckets import KV_STEP, MAX_CHUNK, bucket_for
+from socllm.policies.drafting import hcmp_entries
 from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS, seq_parts
 
 PRECISIONS = {"f32": 0, "q8": 3, "q16": 4}     # a step's precision code in the control block
@@ -128,7 +129,7 @@ class Runner:
         row (the LM head's input: draft heads read it, policies/drafting.py), where this plan's
         decode steps write it (the GPU's or the CPU's kernels); else None."""
         slot = self.eng.hidden_slot
-        if slot is None or self.decode_on not in ("gpu", "cpu"):
+        if slot is None or self.decode_on not in ("gpu", "cpu", "hcmp"):
             return None
         off, dim = self.lay.slots[slot], self.eng.cfg.dim
         return self.eng.arena.buf[off: off + 4 * dim * self.lay.max_rows].view(np.float32).reshape(-1, dim)
@@ -142,7 +143,7 @@ class Runner:
     def trees(self) -> bool:
         """Whether decode steps can verify draft trees: their attention runs in the GPU's or the
         CPU's kernels (paged.cl tree_row; the NPU's graphs see chains only)."""
-        return self.decode_on in ("gpu", "cpu")
+        return self.decode_on in ("gpu", "cpu", "hcmp")
 
     @property
     def ran(self) -> collections.Counter:
@@ -155,7 +156,7 @@ class Runner:
     def _batch_bucket(self, n: int) -> int:
         """The static rows of a decode batch of n rows on a plan the NPU takes part in: the next
         power of two, at most max_seqs (0: the GPU's and CPU's programs take any n)."""
-        if self.decode_on in ("gpu", "cpu"):
+        if self.decode_on in ("gpu", "cpu", "hcmp"):
             return 0
         return min(1 << (n - 1).bit_length(), self.lay.max_seqs)
 
@@ -255,6 +256,8 @@ class Runner:
         meta["rows"][:n] = self.btab[seq, at // br] * br + at % br
         if all_rows:
             self.tmask[:n] = 0 if tree is None else tree[1]
+            if self.decode_on == "hcmp":
+                self.tmask[:n] = hcmp_entries(pos, seq, self.tmask[:n])
 
     def warm(self, max_seqs: int, chunks=(1, 2, 3, 5, 128)):
         """Runs a decode batch of every size up to max_seqs and prefill chunks of a few lengths

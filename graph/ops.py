@@ -33,7 +33,10 @@ RULES = {
     "rmsnorm": lambda g, op: _shape(g, op.inputs["x"]),
     "linear": lambda g, op: (_rows(g, op, "x"), op.attrs["M"]),
     "rope": lambda g, op: _shape(g, op.inputs["x"]),
-    "attention": lambda g, op: _shape(g, op.inputs["q"]),
+    "attention": lambda g, op: (_rows(g, op, "q"), op.attrs["cols"]) if "part" in op.attrs
+                               else _shape(g, op.inputs["q"]),
+    # HCMP (graph/hcmp.py): an attention's dense and sparse parts' rows -> its output
+    "attn_merge": lambda g, op: (_rows(g, op, "a"), op.attrs["heads"] * op.attrs["head_dim"]),
     "silu_mul": lambda g, op: _shape(g, op.inputs["g"]),
     "gelu_mul": lambda g, op: _shape(g, op.inputs["g"]),
     "add": lambda g, op: _shape(g, op.inputs["a"]),

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, fields
 
 from .build import build_graph
+from .hcmp import with_part_slots
 from .ir import Graph
 from .liveness import assign_slots
 from .lower import lower
@@ -49,7 +50,7 @@ class Compiler:
     def __init__(self, cfg, n_layers: int | None = None):
         self.cfg, self.n_layers = cfg, n_layers
         self.graph = build_graph(cfg, n_layers)
-        self.slots = assign_slots(self.graph)
+        self.slots = with_part_slots(assign_slots(self.graph), self.graph)   # + hcmp's parts
         self.programs: dict = {}
         self.pool: PoolMap | None = None
 

@@ -31,7 +31,7 @@ import msgpack
 
 WEIGHT_REFS = ("w4", "wq", "wt", "w8", "wf")
 OPS = ("embed", "rmsnorm", "linear", "rope", "attention", "silu_mul", "gelu_mul", "add", "lm_head",
-       "moe_route", "moe_linear")
+       "moe_route", "moe_linear", "attn_merge")
 
 
 @dataclass

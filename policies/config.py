@@ -39,7 +39,7 @@ DEFAULT_PRECISION = "q16"
 # (scripts/results/prefill-kl-2core-zen5.json).
 SERVE_PRECISIONS = ("q8", "q16", "f32")
 # a service's plans (policies/placement.py SERVE_PLANS; auto: HeteroLLM §4.3, timed at start)
-SERVE_PLAN_NAMES = ("auto", "cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid")
+SERVE_PLAN_NAMES = ("auto", "cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid", "hcmp")
 MAX_SEQS = 256
 # field -> the environment variable that sets it (from_env), and its type there
 ENV = {"threads": ("SOCLLM_THREADS", int), "fuse": ("SOCLLM_FUSE", bool),

@@ -250,6 +250,26 @@ class Tree:
         return pos, at, ent
 
 
+def hcmp_entries(pos: np.ndarray, seq: np.ndarray, ent: np.ndarray) -> np.ndarray:
+    """A decode step's tree entries [N, 4] for HCMP (graph/hcmp.py), which splits each row's
+    keys into a dense part, 0 .. L-1, and a sparse part, the entry's mask: a draft tree's node
+    keeps its entry; a chain's row (entry 0) at position p sees its sequence's keys from p0, the
+    first position of the sequence's chain rows in this step, as its sparse part (base p0, the
+    bits 0 .. p - p0): the drafted rows' keys; a lone decode row's sparse part is its own key."""
+    out = np.array(ent, np.int32)
+    chain = (out[:, 2] == 0) & (out[:, 3] == 0)
+    for s in np.unique(seq[chain]):
+        rows = chain & (seq == s)
+        p0 = int(pos[rows].min())
+        for n in np.flatnonzero(rows):
+            d = int(pos[n]) - p0
+            lo = p0 if d < 64 else int(pos[n])        # a longer chain: its own key sparse
+            mask = (1 << (int(pos[n]) - lo + 1)) - 1
+            m_lo, m_hi = mask & 0xFFFFFFFF, mask >> 32
+            out[n] = (lo, lo, m_lo - (m_lo >> 31 << 32), m_hi - (m_hi >> 31 << 32))
+    return out
+
+
 def walk(tree: Tree, sample) -> tuple:
     """A draft tree's verification: from the root (node -1), sample(node) is the token sampled
     from node's row as plain decoding samples it (None: the sequence ended there); then on to the

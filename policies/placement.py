@@ -27,7 +27,7 @@ from socllm.models.quant import MATRIX_TYPES
 
 from .buckets import PREFILL_BUCKETS
 
-PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid", "auto")
+PLANS = ("cpu", "gpu", "npu", "hetero", "tensor", "seqcut", "hybrid", "hcmp", "auto")
 
 # The weight formats each processor's kernels read (models/quant.py): the layers' matrices, and
 # the token embedding / output table. A processor that cannot read every weight of a model is not
@@ -131,9 +131,11 @@ def seq_parts(rows: int) -> list:
 # prefill chunk on, as paged programs (policies/planner.py paged_program). A chunk the plan's
 # program cannot take (the NPU's static graphs: a chunk from a block boundary, at most its bucket;
 # a chunk stopped between layers, in the second buffer) runs on the plan's base processor.
-PAGED_PROGRAMS = ("cpu", "gpu", "npu", "tensor", "seqcut")
-# a program that cuts one step between the GPU and the NPU, and the processors it runs on
-PROCESSORS_OF = {"tensor": ("gpu", "npu"), "seqcut": ("gpu", "npu"), "hybrid": ("gpu", "npu")}
+PAGED_PROGRAMS = ("cpu", "gpu", "npu", "tensor", "seqcut", "hcmp")
+# a program that cuts one step between processors, and the processors it runs on (hcmp: Ghidorah
+# §III-B's hetero-core model parallelism of a decode batch, graph/hcmp.py)
+PROCESSORS_OF = {"tensor": ("gpu", "npu"), "seqcut": ("gpu", "npu"), "hybrid": ("gpu", "npu"),
+                 "hcmp": ("gpu", "cpu")}
 # auto prefills on the NPU only where its static graphs ran a whole chunk this much faster than the
 # base processor: they cost memory the GPU's kernels do not (the default model, 128-row chunks at
 # q16 on the 2-core dev machine: NPU 155 ms against the GPU's 168, for 573 MB more PSS idle, 1172
@@ -145,4 +147,5 @@ SERVE_PLANS = {            # plan -> (decode batches, prefill chunks)
     "tensor": ("tensor", "tensor"),   # HeteroLLM's tensor level in both phases
     "seqcut": ("gpu", "seqcut"),      # a chunk's rows cut NPU + GPU margin; decode on the GPU
     "hybrid": ("gpu", "hybrid"),      # a chunk padded to an NPU bucket, linears row-cut
+    "hcmp": ("hcmp", "gpu"),          # decode batches split GPU + CPU (Ghidorah); prefill: GPU
 }

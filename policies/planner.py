@@ -3,11 +3,12 @@
 actors/planner.py serves it as the planner actor; scripts and tests use it in process."""
 from __future__ import annotations
 
+from socllm.graph.hcmp import hcmp
 from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
 from socllm.graph.planner import Compiler
 from socllm.graph.program import StepProgram
 from socllm.graph.seqcut import seq_cut
-from socllm.policies.placement import PAGED_PROGRAMS, placement, seq_parts
+from socllm.policies.placement import PAGED_PROGRAMS, PROCESSORS_OF, placement, seq_parts
 from socllm.policies.rowcut import plan_rows
 
 
@@ -15,6 +16,7 @@ class PlannerCore(Compiler):
     def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
         super().__init__(cfg, n_layers)
         self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
+        self.hcmp_rows: dict = {}               # hcmp: linear part -> its rows on the CPU
 
     def set_rowcut_profile(self, profile: dict | None):
         """Before the first tensor program is built (the engine calls it at start)."""
@@ -71,7 +73,7 @@ class PlannerCore(Compiler):
         which may stop between layers while other steps run (one processor: gpu or cpu)."""
         if plan not in PAGED_PROGRAMS:
             raise ValueError(f"paged programs: {', '.join(PAGED_PROGRAMS)}, not {plan!r}")
-        static = plan != "gpu" and plan != "cpu"      # the NPU takes part: a bucket of rows
+        static = "npu" in PROCESSORS_OF.get(plan, (plan,))     # the NPU takes part: a bucket of rows
         if static and (buffer or bucket <= 0):
             raise ValueError(f"a {plan} step runs in the first buffer, in a bucket of rows")
         if plan == "seqcut" and all_rows:
@@ -85,5 +87,9 @@ class PlannerCore(Compiler):
             graph, place = self.partitioned("decode" if all_rows else "prefill", graph), placed
         elif plan == "seqcut":
             graph, place = seq_cut(graph, seq_parts(bucket)), placed
+        elif plan == "hcmp":
+            if not all_rows:
+                raise ValueError("hcmp splits a decode batch, not a prefill chunk")
+            graph, place = hcmp(graph, rows_on_sparse=self.hcmp_rows), placed
         rows = bucket or (self.pool.double_rows if buffer else self.pool.max_rows)
         return self.compile(key, graph, place, phase, rows, buffer)

@@ -697,6 +697,62 @@ def test_paged_attention_of_a_draft_tree_sees_the_prefix_and_each_nodes_ancestor
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5, err_msg=f"row {n}")
 
 
+@pytest.mark.parametrize("tree", list(TREES))
+def test_hcmp_splits_a_verifying_steps_attention_into_dense_and_sparse_parts_that_merge_exactly(
+        kvdev, lay, rng, tree):
+    """Ghidorah §III-B2 (graph/hcmp.py): the draft tree above beside another sequence's lone row,
+    the entries hcmp_entries gives (chain rows: their sequence's drafted keys sparse). Each part
+    (dense: the KV cache's keys 0 .. L-1; sparse: the entry's tree keys) and the merge run in
+    OpenCL and numpy alike, touching only their outputs; the merged rows are the whole paged
+    attention's, and a part's log-sum-exp is -inf where it has no key (the first row's dense
+    part at position 0 has none)."""
+    from socllm.graph.hcmp import part_cols
+    from socllm.policies.drafting import Tree, hcmp_entries
+    arena, clk, kv = kvdev
+    parents, ranks = TREES[tree]
+    t = Tree(list(range(len(parents))), parents, ranks)
+    root = 29
+    node_pos, node_at, ent = t.entries(root)
+    lengths = [root + 1 + len(t), 1]
+    n_blocks, cols = 40, KVH * HD
+    pos_, rows_, seq_, btab, phys, MB = paged_meta(lay, rng, lengths, n_blocks)
+    row_seq = np.array([0] * (1 + len(t)) + [1], np.int32)
+    row_pos = np.array([root, *node_pos, 0], np.int32)
+    tm = hcmp_entries(row_pos, row_seq, np.concatenate([np.zeros((1, 4), np.int32), ent,
+                                                        np.zeros((1, 4), np.int32)]))
+    assert tuple(tm[0, :3]) == (root, root, 1) and tuple(tm[-1, :3]) == (0, 0, 1)
+    N, pc = len(row_pos), part_cols(H, HD)
+    k, v = _paged_cache(lay, rng, KV_NUMPY[kv], n_blocks, cols, phys)
+    q, whole = rows(lay, rng, N, H * HD), lay.zeros((N, H * HD))
+    args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "pos": ("a", lay.put(row_pos)),
+            "seq": ("a", lay.put(row_seq)), "btab": btab, "tmask": ("a", lay.put(tm)), "heads": H,
+            "kv_heads": KVH, "head_dim": HD, "block_rows": BR, "max_blocks": MB}
+    parts = {}
+    for part in ("dense", "sparse"):
+        parts[part] = out = lay.zeros((N, pc))
+        end = lay.top + GUARD
+        a, ref = {**args, "out": ("a", out), "part": part, "cols": pc}, arena[:end].copy()
+        NumpyKernels(ref, kv).run("attention", a, N, 0)
+        clk.run("attention", a, N, 0)
+        clk.finish()
+        got, want = (x[out: out + N * pc * 4].view(np.float32).reshape(N, pc) for x in (arena, ref))
+        np.testing.assert_allclose(got[:, :H * HD], want[:, :H * HD], rtol=1e-5,
+                                   atol=1e-5 * float(np.abs(want[:, :H * HD]).max()))
+        np.testing.assert_allclose(got[:, H * HD:], want[:, H * HD:], rtol=1e-5, atol=1e-5)
+        outside = np.ones(end, bool)
+        outside[out: out + N * pc * 4] = False
+        assert np.array_equal(arena[:end][outside], ref[outside]), "bytes outside the output changed"
+    lse = arena[parts["dense"]: parts["dense"] + N * pc * 4].view(np.float32).reshape(N, pc)[:, H * HD:]
+    assert np.isneginf(lse[-1, :H]).all() and np.isfinite(lse[:-1, :H]).all()
+    merged = lay.zeros((N, H * HD))
+    check(kvdev, lay, "attn_merge", {"a": ("a", parts["dense"]), "b": ("a", parts["sparse"]),
+                                     "out": ("a", merged), "heads": H, "head_dim": HD, "cols": pc},
+          N, 0, [(merged, N * H * HD * 4)], clk=clk, kv=kv)
+    want, _ = _run_paged(kvdev, lay, {**args, "out": ("a", whole)}, N, q, whole, True)
+    got = arena[merged: merged + N * H * HD * 4].view(np.float32).reshape(N, H * HD)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("lengths", [[20, 3, 33, 1], [21]], ids=["gemm", "gemv"])
 def test_paged_rope_and_v_projection_write_each_row_at_its_kv_row(kvdev, lay, rng, lengths):
     arena, clk, kv = kvdev

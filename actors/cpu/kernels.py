@@ -188,6 +188,8 @@ class NumpyKernels:
         q = self.f32(a["q"][1], N, H * hd)
         out = self.f32(a["out"][1], N, H * hd)
         tm = self.i32(a["tmask"], 4 * N).reshape(N, 4) if "tmask" in a else np.zeros((N, 4), np.int32)
+        if "part" in a:
+            return self._attention_part(a, N, q, pos, seq, btab, tm)
         for n in range(N):
             ls = tree_keys(int(pos[n]), tm[n])
             L = len(ls)
@@ -201,6 +203,42 @@ class NumpyKernels:
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             p = s / s.sum(axis=-1, keepdims=True)
             out[n] = np.einsum("kgl,lkd->kgd", p, v).reshape(H * hd)
+
+    def _attention_part(self, a, N, q, pos, seq, btab, tm):
+        """HCMP (graph/hcmp.py): one part of each row's keys (dense: 0 .. L-1 of its tree entry,
+        from the window's start; sparse: the entry's tree keys) -> out [N, cols]: the heads'
+        outputs over those keys alone [H*hd], then each head's log-sum-exp [H] (-inf: none)."""
+        H, KVH, hd, br = a["heads"], a["kv_heads"], a["head_dim"], a["block_rows"]
+        out = self.f32(a["out"][1], N, a["cols"])
+        out[:, :H * hd], out[:, H * hd:H * hd + H] = 0.0, -np.inf
+        for n in range(N):
+            p, e = int(pos[n]), tm[n]
+            tree = tree_keys(p, e) if (int(e[2]) | int(e[3])) else np.arange(0)
+            L = int(e[0]) if len(tree) else p + 1
+            lo = max(0, p + 1 - a["window"]) if a.get("window", 0) else 0
+            ls = np.arange(lo, L) if a["part"] == "dense" else tree[L:]
+            if not len(ls):
+                continue
+            phys = btab[seq[n], ls // br] * br + ls % br
+            k = self._kv(a["k"], phys, KVH * hd).reshape(len(ls), KVH, hd)
+            v = self._kv(a["v"], phys, KVH * hd).reshape(len(ls), KVH, hd)
+            s = np.einsum("kgd,lkd->kgl", q[n].reshape(KVH, H // KVH, hd), k) / np.float32(np.sqrt(hd))
+            m = s.max(axis=-1, keepdims=True)
+            w = np.exp(s - m)
+            z = w.sum(axis=-1, keepdims=True)
+            out[n, :H * hd] = (np.einsum("kgl,lkd->kgd", w, v) / z).reshape(H * hd)
+            out[n, H * hd:H * hd + H] = (m + np.log(z)).reshape(H)
+
+    def attn_merge(self, a, N, pos0):
+        """HCMP: the dense and sparse parts' rows a, b [N, cols] -> out [N, H*hd], each part's
+        outputs weighted by its share of the softmax's sum (its e^lse over both)."""
+        H, hd, cols = a["heads"], a["head_dim"], a["cols"]
+        pa, pb = self.f32(a["a"][1], N, cols), self.f32(a["b"][1], N, cols)
+        la, lb = pa[:, H * hd:H * hd + H], pb[:, H * hd:H * hd + H]                # [N, H]
+        m = np.maximum(la, lb)
+        wa, wb = np.exp(la - m)[..., None], np.exp(lb - m)[..., None]
+        oa, ob = pa[:, :H * hd].reshape(N, H, hd), pb[:, :H * hd].reshape(N, H, hd)
+        self.f32(a["out"][1], N, H * hd)[:] = ((oa * wa + ob * wb) / (wa + wb)).reshape(N, H * hd)
 
     def silu_mul(self, a, N, pos0):
         """g, u [N, F] -> out = silu(g) * u"""

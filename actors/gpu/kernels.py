@@ -29,6 +29,7 @@ import numpy as np
 from socllm.actors.gpu.device import Mirror, cl, discrete, tuning
 from socllm.actors.gpu.launches import Replay
 from socllm.actors.gpu.moe import MOE_SCALARS, MoELaunches
+from socllm.graph.hcmp import PARTS
 # a program's tensor refs as kernel arguments (re-exported: gpu/fused.py, gpu/e0m4.py import them here)
 from socllm.actors.gpu.refs import (check_aligned, out_offset, prepared_row_bytes,  # noqa: F401
                                     round_up, weight_build)
@@ -102,6 +103,8 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "rope_rows_table": [u64] * 2 + [i32, f32, u64],
     "attention_paged": [u64] * 7 + [i32] * 5 + [u64],
     "attention_paged_g": [u64] * 7 + [i32] * 5 + [u64],     # builds with ATT_G (GQA) only
+    "attention_hcmp": [u64] * 7 + [i32] * 5 + [u64, i32, i32],
+    "attention_merge_parts": [u64] * 3 + [i32, i32],
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
     "lm_head_rows2": [u64] * 4 + [i32, i32, i32],    # AVX-512 builds only
     "prep_rows": [u64] * 2 + [i32, i32, i32],
@@ -440,6 +443,10 @@ class CLKernels(MoELaunches):
             args = (a["q"][1], a["k"][1], a["v"][1], a["out"][1], a["pos"][1], a["seq"][1],
                     a["btab"][1], H, KVH, a["block_rows"], a["max_blocks"], a.get("window", 0),
                     a["tmask"][1] if "tmask" in a else 0)
+            if "part" in a:     # HCMP: one part of a verifying step's attention (paged.cl)
+                self._go("attention_hcmp", (1, H, N), (1, 1, 1), *args, PARTS.index(a["part"]),
+                         a["cols"], ks=self._kernels(a["head_dim"]))
+                return
             g = H // KVH
             if wg == 1 and g > 1 and self.att_group:
                 # a work-item for the g query heads of a KV head: K and V converted once for them
@@ -450,6 +457,13 @@ class CLKernels(MoELaunches):
             return
         self._go("attention", (wg, H, N), (wg, 1, 1), a["q"][1], a["k"][1], a["v"][1], a["out"][1],
                  H, KVH, pos0, a.get("window", 0), ks=self._kernels(a["head_dim"]))
+
+    def _attn_merge(self, a, N, pos0):
+        """the dense and sparse parts' rows a, b [N, cols] -> out [N, H*hd] (HCMP, paged.cl)"""
+        H, hd = a["heads"], a["head_dim"]
+        check_aligned("attn_merge", a["a"][1], a["b"][1], a["out"][1])
+        self._go("attention_merge_parts", (hd // 8, H, N), (hd // 8, 1, 1), a["a"][1], a["b"][1],
+                 a["out"][1], H, a["cols"], ks=self._kernels(hd))
 
     def _silu_mul(self, a, N, pos0):
         """g, u [N, F] -> out [N, F]"""

@@ -475,3 +475,56 @@ __kernel void linear_rows_act(__global uchar* arena, ulong s_o, ulong qs_o, ulon
             AT(float, out_o)[(size_t)(n0 + i) * ld + r] = hsum8(acc[i]) + macc[i] + bias;
 }
 #endif
+
+// Ghidorah §III-B2 (HCMP): a verifying step's attention split into its dense part, the keys
+// 0 .. L-1 of the KV cache (part 0), and its sparse part, the draft tree's keys of the row's
+// tree entry (part 1), each computed alone with its own softmax (online softmax), on different
+// processors; attention_merge rescales and sums them. A part's row: the H heads' outputs,
+// normalized [H * hd], then each head's log-sum-exp of its scores [H] (-inf: no key), in a row
+// of `cols` floats. One work-item per (head, row). global (1, H, N)
+__kernel void attention_hcmp(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
+                             ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
+                             int win, ulong tm_o, int part, int cols)
+{
+    const int h = get_global_id(1), n = get_global_id(2);
+    const int kv = h / (H / KVH), kw = KVH * HC;
+    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
+    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
+    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
+    const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
+    int L = AT(const int, pos_o)[n] + 1, base = 0;
+    const int lo = win_start(L, win);
+    const ulong mask = tree_row(arena, tm_o, n, &L, &base);
+    float8 acc[HC];
+#pragma unroll
+    for (int c = 0; c < HC; c++) acc[c] = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    if (part == 0 && lo < L)
+        att_rows(q, k, v, bt, kw, lo, L, BR, rsq, &mx, &sum, acc);
+    else if (part == 1 && mask)
+        att_tree(q, k, v, bt, kw, BR, rsq, base, mask, &mx, &sum, acc);
+    __global float* row = AT(float, out_o) + (size_t)n * cols;
+    __global float8* o = (__global float8*)(row + (size_t)h * HEAD_DIM);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int c = 0; c < HC; c++) o[c] = acc[c] * inv;
+    row[H * HEAD_DIM + h] = sum > 0.0f ? mx + log(sum) : -INFINITY;
+}
+
+// The two parts' rows -> out [N, H * hd]: each head's outputs weighted by its part's share of
+// the softmax's sum, e^(lse_part - lse_max) / (e^(lse_a - lse_max) + e^(lse_b - lse_max)).
+// global (HEAD_DIM / 8, H, N)
+__kernel void attention_merge_parts(__global uchar* arena, ulong a_o, ulong b_o, ulong out_o,
+                                    int H, int cols)
+{
+    const int c = get_global_id(0), h = get_global_id(1), n = get_global_id(2);
+    const __global float* a = AT(const float, a_o) + (size_t)n * cols;
+    const __global float* b = AT(const float, b_o) + (size_t)n * cols;
+    const float la = a[H * HEAD_DIM + h], lb = b[H * HEAD_DIM + h];
+    const float m = fmax(la, lb);
+    const float wa = la == -INFINITY ? 0.0f : exp(la - m), wb = lb == -INFINITY ? 0.0f : exp(lb - m);
+    const size_t at = (size_t)h * HC + c;
+    const float8 oa = ((const __global float8*)a)[at], ob = ((const __global float8*)b)[at];
+    (AT(float8, out_o) + (size_t)n * H * HC)[at] = (oa * wa + ob * wb) / (wa + wb);
+}
