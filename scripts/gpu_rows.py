@@ -2,46 +2,54 @@
 the last token and n-1 drafted ones, every row's logits), against a step of one row.
 
     python -m socllm.scripts.gpu_rows [--precision q16,q8] [--rows 1,2,3,4,6,8,12,16] [--reps 9]
-                                      [--kernels]
+                                      [--plans gpu,hcmp] [--pos P] [--json F] [--kernels]
 
-Through the engine (Pool.runner("gpu", precision).step(rows, tables, all_rows=True)), the
-prompt's last n positions of one sequence, after one step of each n to build and record its
-launches. The precisions alternate rep by rep (on a shared machine, load moves between them);
-prints each n's min and median ms. --kernels: also the kernels' own times per n, in this process
+Through the engine (Pool.runner(plan, precision).step(rows, tables, all_rows=True)), the
+prompt's last n positions of one sequence (--pos: positions P-n .. P-1 instead, over KV rows no
+prefill wrote: the cost, not the values), after one step of each n to build and record its
+launches. --plans: the serving plans whose decode batches run (hcmp: Ghidorah's split of the
+attention, GPU + CPU actor, graph/hcmp.py). The plans and precisions alternate rep by rep (on a
+shared machine, load moves between them); prints each n's min and median ms. --kernels: also the kernels' own times per n, in this process
 (scripts/profile_decode's pool and the paged batch program, n sequences at position 80: the same
 linears and LM head, attention over other rows).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 
 PROMPT = "Summarize: The quick brown fox jumps over the lazy dog. The dog sleeps."
 
 
-def steps(precisions: list, ns: list, reps: int) -> dict:
-    """(precision, n) -> seconds of each rep's step of n rows."""
+def steps(precisions: list, ns: list, reps: int, plans=("gpu",), pos: int = 0) -> dict:
+    """(plan, precision, n) -> seconds of each rep's step of n rows."""
     from socllm.actors.pool import Pool
-    eng = Pool(processors_=("gpu",), context=640, max_seqs=max(ns))
+    from socllm.policies.plan_cache import processors_for
+    procs = sorted({p for plan in plans for p in processors_for(plan)})
+    eng = Pool(processors_=tuple(procs), context=max(640, pos + 64), max_seqs=max(ns),
+               kv_dtype="f16", kv_mb=64)                  # the service's KV cache at q16 and q8
     try:
         ids = eng.encode_prompt(PROMPT, chat=True)
-        L = len(ids)
-        runs = {p: eng.runner("gpu", p) for p in precisions}
-        blocks = list(range(-(-L // runs[precisions[0]].lay.block_rows)))
+        L = pos or len(ids)
+        ids = (ids * (L // len(ids) + 1))[:L]
+        runs = {(pl, p): eng.runner(pl, p) for pl in plans for p in precisions}
+        blocks = list(range(-(-L // eng.layout.block_rows)))
 
         def rows(n):
             return [(ids[p], p, 0) for p in range(L - n, L)]
-        for p in precisions:
+        for r in runs.values():
             for n in ns:
-                runs[p].step(rows(n), {0: blocks}, all_rows=True)
-        out = {(p, n): [] for p in precisions for n in ns}
+                r.step(rows(n), {0: blocks}, all_rows=True)
+        out = {(*k, n): [] for k in runs for n in ns}
         for _ in range(reps):
             for n in ns:
-                for p in precisions:
+                for k, r in runs.items():
                     t = time.perf_counter()
-                    runs[p].step(rows(n), {0: blocks}, all_rows=True)
-                    out[(p, n)].append(time.perf_counter() - t)
+                    r.step(rows(n), {0: blocks}, all_rows=True)
+                    out[(*k, n)].append(time.perf_counter() - t)
         return out
     finally:
         eng.close()
@@ -74,16 +82,25 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="q16,q8")
     ap.add_argument("--rows", default="1,2,3,4,6,8,12,16")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--plans", default="gpu", help="serving plans (gpu, hcmp)")
+    ap.add_argument("--pos", type=int, default=0, help="the rows' last position + 1 (0: the prompt's)")
+    ap.add_argument("--json", default=None, help="write every step's seconds here")
     ap.add_argument("--kernels", action="store_true")
     args = ap.parse_args(argv)
-    precisions = args.precision.split(",")
+    precisions, plans = args.precision.split(","), args.plans.split(",")
     ns = [int(n) for n in args.rows.split(",")]
-    got = steps(precisions, ns, args.reps)
-    for p in precisions:
-        print(f"{p}: ms a step of n rows, min / median of {args.reps}")
-        for n in ns:
-            ts = got[(p, n)]
-            print(f"  n {n:2d}  {min(ts) * 1e3:6.2f} / {statistics.median(ts) * 1e3:6.2f}")
+    got = steps(precisions, ns, args.reps, plans, args.pos)
+    for pl in plans:
+        for p in precisions:
+            print(f"{pl} {p}: ms a step of n rows, min / median / max of {args.reps}")
+            for n in ns:
+                ts = got[(pl, p, n)]
+                print(f"  n {n:2d}  {min(ts) * 1e3:6.2f} / {statistics.median(ts) * 1e3:6.2f}"
+                      f" / {max(ts) * 1e3:6.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "cpus": os.cpu_count(),
+                       "steps_s": {f"{pl} {p} {n}": ts for (pl, p, n), ts in got.items()}}, f, indent=1)
     if args.kernels:
         for p in precisions:
             for n, ks in kernel_times(p, [n for n in ns if n > 1]).items():

@@ -12,7 +12,7 @@ The targets (the default model, greedy, one stream):
   open chat prompts (kind "open")  socllm auto never below 0.95x socllm off;
   tokens  socllm's with drafting identical to its own without (the target is at --precision f32).
 
-What runs. socllm: one socllm.LLM engine (service speculate "auto", plan gpu, policy fcfs,
+What runs. socllm: one socllm.LLM engine (service speculate "auto", plan gpu (--plan), policy fcfs,
 max_seqs 16, `serve`'s: a lone request has 15 more rows for drafts, --draft-max of them; 2 threads), each request's `speculate`
 field set to each of --modes. llama.cpp: Llama(n_threads=2, n_threads_batch=2, n_ctx=2048)
 through create_chat_completion(stream=True, temperature=0); "lookupN" is the same with
@@ -264,9 +264,10 @@ def table(prompt_rows: list, kinds: dict, variants: list) -> str:
 class Socllm:
     """One socllm.LLM engine (service speculate auto), requests through its Python client."""
 
-    def __init__(self, model, precision: str, draft_max: int, prefix_cache: bool, draft_ranks: int):
+    def __init__(self, model, precision: str, draft_max: int, prefix_cache: bool, draft_ranks: int,
+                 plan: str = "gpu"):
         import socllm
-        self.llm = socllm.LLM(model, precision=precision, plan="gpu", policy="fcfs", max_seqs=MAX_SEQS,
+        self.llm = socllm.LLM(model, precision=precision, plan=plan, policy="fcfs", max_seqs=MAX_SEQS,
                               threads=THREADS, context=CONTEXT, speculate="auto",
                               draft_max=draft_max, prefix_cache=prefix_cache, draft_ranks=draft_ranks)
         self.client, self.service = self.llm._client, self.llm._service
@@ -395,6 +396,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--precision", default="q16")
+    ap.add_argument("--plan", default="gpu", help="socllm's serving plan (hcmp: Ghidorah's split)")
     ap.add_argument("--modes", default="off,auto", help="socllm requests' speculate values")
     ap.add_argument("--draft-max", type=int, default=8, help="socllm's, per sequence and step")
     ap.add_argument("--draft-ranks", type=int, default=2, help="socllm's draft heads' candidates "
@@ -428,8 +430,8 @@ def main(argv=None) -> int:
     engines: dict = {}                  # variant -> (runner, run's extra argument)
     socllm_engine = lookup = None
     try:
-        print(f"# socllm: starting ({a.precision}, plan gpu, fcfs, max_seqs {MAX_SEQS})", flush=True)
-        socllm_engine = Socllm(a.model, a.precision, a.draft_max, a.prefix_cache, a.draft_ranks)
+        print(f"# socllm: starting ({a.precision}, plan {a.plan}, fcfs, max_seqs {MAX_SEQS})", flush=True)
+        socllm_engine = Socllm(a.model, a.precision, a.draft_max, a.prefix_cache, a.draft_ranks, a.plan)
         report["socllm_describe"] = socllm_engine.llm.describe
         gpu = [f"{p.get('api') or ''} {p.get('device') or ''}".strip()
                for p in socllm_engine.llm.status().get("processors", []) if p.get("processor") == "gpu"]

@@ -211,6 +211,8 @@ class NumpyKernels:
         H, KVH, hd, br = a["heads"], a["kv_heads"], a["head_dim"], a["block_rows"]
         out = self.f32(a["out"][1], N, a["cols"])
         out[:, :H * hd], out[:, H * hd:H * hd + H] = 0.0, -np.inf
+        if a["part"] == "sparse":
+            return self._sparse_part(a, N, q, seq, btab, tm, out)
         for n in range(N):
             p, e = int(pos[n]), tm[n]
             tree = tree_keys(p, e) if (int(e[2]) | int(e[3])) else np.arange(0)
@@ -228,6 +230,33 @@ class NumpyKernels:
             z = w.sum(axis=-1, keepdims=True)
             out[n, :H * hd] = (np.einsum("kgl,lkd->kgd", w, v) / z).reshape(H * hd)
             out[n, H * hd:H * hd + H] = (m + np.log(z)).reshape(H)
+
+    def _sparse_part(self, a, N, q, seq, btab, tm, out):
+        """HCMP's sparse part for all rows at once (Ghidorah §III-B3's CPU optimization: the
+        tree keys as an index list, gathered, one vectorized product a layer, not a loop a row):
+        row n's keys base + b for each bit b of its entry's mask."""
+        H, KVH, hd, br = a["heads"], a["kv_heads"], a["head_dim"], a["block_rows"]
+        t = tm.astype(np.int64)
+        mask = (t[:, 2] & 0xFFFFFFFF) | ((t[:, 3] & 0xFFFFFFFF) << 32)                  # [N]
+        bits = ((mask[:, None] >> np.arange(64)) & 1).astype(bool)                    # [N, 64]
+        live = np.flatnonzero(bits.any(axis=1))
+        if not len(live):
+            return
+        K = int(bits[live].sum(axis=1).max())
+        order = np.argsort(~bits[live], axis=1, kind="stable")[:, :K]   # the set bits, in order
+        valid = np.take_along_axis(bits[live], order, axis=1)                         # [R, K]
+        keys = t[live, 1:2] + np.where(valid, order, 0)                                  # [R, K]
+        phys = btab[seq[live, None], keys // br] * br + keys % br
+        k = self._kv(a["k"], phys.ravel(), KVH * hd).reshape(len(live), K, KVH, hd)
+        v = self._kv(a["v"], phys.ravel(), KVH * hd).reshape(len(live), K, KVH, hd)
+        qh = q[live].reshape(len(live), KVH, H // KVH, hd)
+        s = (qh @ k.transpose(0, 2, 3, 1)) / np.float32(np.sqrt(hd))                  # [R, KVH, g, K]
+        s = np.where(valid[:, None, None, :], s, np.float32(-np.inf))
+        m = s.max(axis=-1, keepdims=True)
+        w = np.exp(s - m)
+        z = w.sum(axis=-1, keepdims=True)
+        out[live, :H * hd] = ((w @ v.transpose(0, 2, 1, 3)) / z).reshape(len(live), H * hd)
+        out[live, H * hd:H * hd + H] = (m + np.log(z)).reshape(len(live), H)
 
     def attn_merge(self, a, N, pos0):
         """HCMP: the dense and sparse parts' rows a, b [N, cols] -> out [N, H*hd], each part's

@@ -108,6 +108,8 @@ class GPUBackend:
                 for u in fused:
                     u.run(1, pos0)
             return [Unit([], run, [], seqs)]
+        if prog.phase == "batch" and not any(t.rows for t in tasks):
+            return self._replayed_runs(tasks, precision)
         if prog.phase != "decode":
             return kernel_units(self.kernels, tasks)
         if not self.fuse:         # op by op, each launch pre-bound (no Python per op and step)
@@ -115,6 +117,23 @@ class GPUBackend:
             return [Unit(t.waits, _one_row(k.bind(lambda p, t=t: k.run(t.op, t.args, 1, p))),
                          t.signals, (t.seq,)) for t in tasks]
         return self._fused_units(prog, precision)
+
+    def _replayed_runs(self, tasks: list, precision: str) -> list:
+        """A decode batch that exchanges tensors with another processor (hcmp: graph/hcmp.py):
+        its tasks in runs from one wait to the end of the next run of signalling tasks (their
+        signals stored together after it: one finish, not one a task; the q, K and V rows a
+        layer's sparse part waits for come from 3 consecutive tasks), each run's launches
+        recorded and replayed as a whole step's are (in the batches' integer tiles on a CPU's
+        OpenCL), not walked op by op in Python at every step."""
+        bits = ACT_BITS.get(precision) if self.kernels.on_cpu else None
+        rows_act = (self.rows_act_off, self.rows_act_bytes, bits) if bits else None
+        runs: list = [[]]
+        for t in tasks:
+            if runs[-1] and (t.waits or runs[-1][-1].signals and not t.signals):
+                runs.append([])
+            runs[-1].append(t)
+        return [Unit(run[0].waits, self.kernels.replay(run, rows_act, keep=RECORDINGS["batch"]),
+                     [s for t in run for s in t.signals], tuple(t.seq for t in run)) for run in runs]
 
     def _fused_units(self, prog: StepProgram, precision: str) -> list:
         # Transformer-Lite §2.2: decode runs fused kernels (graph/fuse.py, cl/decode.cl)
