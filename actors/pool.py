@@ -178,7 +178,8 @@ class Pool:
             kv_dtype=self.kv_dtype, double=double)
         lay.hidden = [lay.slots[hid], 4 * self.cfg.dim * self.max_seqs] if hid is not None else []  # GPU: down
         self.store = None if self.config.cache_dir is None else ProgramStore(
-            self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
+            self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile,
+            self.config.hcmp_share)
         if self.store is None or not self.store.known():
             self.planner    # programs to compile: it builds its graph while the pool is filled
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
@@ -212,7 +213,7 @@ class Pool:
         if self._planner is None:
             self._planner = Planner.options(**ray_env_options(self.threads),
                                             name=f"{self._names['planner']}-{secrets.token_hex(3)}").remote(
-                self.cfg, self._n_layers_asked, self.rowcut_profile)
+                self.cfg, self._n_layers_asked, self.rowcut_profile, self.config.hcmp_share)
             self._actors.append(self._planner)
             if self.arena is not None:        # the pool is laid out
                 ray.get(self._planner.set_layout.remote(self.layout.to_dict()))

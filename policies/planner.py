@@ -4,7 +4,7 @@ actors/planner.py serves it as the planner actor; scripts and tests use it in pr
 from __future__ import annotations
 
 from socllm.graph.hcmp import hcmp
-from socllm.graph.partition import DOMINANT, part_of, placed, row_cut
+from socllm.graph.partition import ALIGN, CUTTABLE, DOMINANT, part_of, placed, row_cut
 from socllm.graph.planner import Compiler
 from socllm.graph.program import StepProgram
 from socllm.graph.seqcut import seq_cut
@@ -13,10 +13,15 @@ from socllm.policies.rowcut import plan_rows
 
 
 class PlannerCore(Compiler):
-    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
+    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None,
+                 hcmp_share: float = 0.0):
         super().__init__(cfg, n_layers)
         self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
-        self.hcmp_rows: dict = {}               # hcmp: linear part -> its rows on the CPU
+        # hcmp: linear part -> its output columns (weight rows) on the CPU actor, `hcmp_share`
+        # of each cuttable linear's, aligned down (graph/partition.py ALIGN)
+        self.hcmp_rows = {part: int(op.attrs["M"] * hcmp_share) // ALIGN * ALIGN
+                          for op in self.graph.ops if (part := part_of(op)) in CUTTABLE}
+        self.hcmp_rows = {p: r for p, r in self.hcmp_rows.items() if r}
 
     def set_rowcut_profile(self, profile: dict | None):
         """Before the first tensor program is built (the engine calls it at start)."""

@@ -2,7 +2,8 @@
 the last token and n-1 drafted ones, every row's logits), against a step of one row.
 
     python -m socllm.scripts.gpu_rows [--precision q16,q8] [--rows 1,2,3,4,6,8,12,16] [--reps 9]
-                                      [--plans gpu,hcmp] [--pos P] [--json F] [--kernels]
+                                      [--plans gpu,hcmp] [--hcmp-share S] [--pos P] [--json F]
+                                      [--kernels]
 
 Through the engine (Pool.runner(plan, precision).step(rows, tables, all_rows=True)), the
 prompt's last n positions of one sequence (--pos: positions P-n .. P-1 instead, over KV rows no
@@ -24,13 +25,14 @@ import time
 PROMPT = "Summarize: The quick brown fox jumps over the lazy dog. The dog sleeps."
 
 
-def steps(precisions: list, ns: list, reps: int, plans=("gpu",), pos: int = 0) -> dict:
+def steps(precisions: list, ns: list, reps: int, plans=("gpu",), pos: int = 0,
+          hcmp_share: float = 0.0) -> dict:
     """(plan, precision, n) -> seconds of each rep's step of n rows."""
     from socllm.actors.pool import Pool
     from socllm.policies.plan_cache import processors_for
     procs = sorted({p for plan in plans for p in processors_for(plan)})
     eng = Pool(processors_=tuple(procs), context=max(640, pos + 64), max_seqs=max(ns),
-               kv_dtype="f16", kv_mb=64)                  # the service's KV cache at q16 and q8
+               kv_dtype="f16", kv_mb=64, hcmp_share=hcmp_share)   # the service's KV at q16, q8
     try:
         ids = eng.encode_prompt(PROMPT, chat=True)
         L = pos or len(ids)
@@ -84,12 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--plans", default="gpu", help="serving plans (gpu, hcmp)")
     ap.add_argument("--pos", type=int, default=0, help="the rows' last position + 1 (0: the prompt's)")
+    ap.add_argument("--hcmp-share", type=float, default=0.0,
+                    help="the hcmp plan's share of each linear's columns on the CPU actor")
     ap.add_argument("--json", default=None, help="write every step's seconds here")
     ap.add_argument("--kernels", action="store_true")
     args = ap.parse_args(argv)
     precisions, plans = args.precision.split(","), args.plans.split(",")
     ns = [int(n) for n in args.rows.split(",")]
-    got = steps(precisions, ns, args.reps, plans, args.pos)
+    got = steps(precisions, ns, args.reps, plans, args.pos, args.hcmp_share)
     for pl in plans:
         for p in precisions:
             print(f"{pl} {p}: ms a step of n rows, min / median / max of {args.reps}")

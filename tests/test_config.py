@@ -24,7 +24,8 @@ def test_cli_defaults_are_the_config_fields():
     flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
     assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "plan",
                             "prefix_cache", "prefix_cache_mb", "abandon_s", "http_host", "http_port", "api_key",
-                            "max_body_mb", "max_waiting", "speculate", "draft_max", "draft_ranks", "warm"}
+                            "max_body_mb", "max_waiting", "speculate", "draft_max", "draft_ranks", "warm",
+                            "hcmp_share"}
     assert flagged == {k: getattr(ServeConfig(), k) for k in flagged}
     assert gen.context == EngineConfig().context and gen.model is None
 
@@ -43,6 +44,7 @@ def test_engine_and_service_share_one_default_precision():
     (ServeConfig, "precision", "f16"), (ServeConfig, "policy", "lifo"), (ServeConfig, "plan", "tpu"),
     (EngineConfig, "fuse", "no"), (EngineConfig, "model", ""), (EngineConfig, "pocl_cpu", ""),
     (ServeConfig, "http_host", ""), (ServeConfig, "draft_ranks", 0), (ServeConfig, "draft_ranks", 5),
+    (ServeConfig, "hcmp_share", 1.5),
 ])
 def test_a_bad_value_is_refused_in_one_line_naming_its_field(cls, field, value):
     with pytest.raises(ConfigError) as e:

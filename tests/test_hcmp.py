@@ -67,3 +67,41 @@ def test_draft_trees_off_their_chains_keep_plain_decodings_tokens(llm):
     after = llm.status()["speculation"]["tree"]
     assert after["ranks"] == 2 and after["steps"] > tree["steps"]
     assert sum(_spec(o)["accepted_prediction_tokens"] for o in drafted) >= 5
+
+
+def test_a_share_of_each_linears_columns_goes_to_the_cpu_and_keeps_the_logits(
+        ray_session, gguf_reader, model_config, tokenizer):
+    """Ghidorah §III-B1: every cuttable linear split by output columns (aligned to 64 rows of its
+    weight), each processor writing its columns of the same output; at hcmp_share 0.25 the CPU
+    actor computes a quarter of q, o, gate, up and down (k's 48 rows align to none). A verifying
+    step of a chain and a lone row beside it: every row's logits the gpu plan's at f32."""
+    import numpy as np
+
+    from socllm.actors.pool import Pool
+    from socllm.graph.hcmp import hcmp
+    from socllm.policies.planner import PlannerCore
+    core = PlannerCore(model_config, hcmp_share=0.25)
+    assert core.hcmp_rows == {"attn_q": 128, "attn_output": 128, "ffn_gate": 384, "ffn_up": 384,
+                              "ffn_down": 128}
+    core.pool = type("P", (), {"block_rows": 32, "max_blocks": 8, "max_seqs": 4})()
+    g = hcmp(core.paged_graph(True), rows_on_sparse=core.hcmp_rows)
+    on_cpu = [op for op in g.ops if op.kind == "linear" and op.attrs["on"] == "cpu"]
+    assert len(on_cpu) == 5 * model_config.n_layers and all(op.attrs["rows"][1] == op.attrs["M"]
+                                                             for op in on_cpu)
+    eng = Pool(reader=gguf_reader, context=128, processors_=("cpu", "gpu"), max_seqs=4, kv_mb=4,
+               hcmp_share=0.25)
+    try:
+        ids = tokenizer.encode(COPY)[:40]
+        gpu, split = eng.runner("gpu", "f32"), eng.runner("hcmp", "f32")
+        tables = {0: [0, 1], 1: [2]}
+        gpu.step([(t, i, 0) for i, t in enumerate(ids[:37])], {0: [0, 1]}, all_rows=False)
+        gpu.step([(t, i, 1) for i, t in enumerate(ids[:5])], {1: [2]}, all_rows=False)
+        rows = [(ids[37], 37, 0), (ids[38], 38, 0), (ids[39], 39, 0), (ids[5], 5, 1)]
+        want = gpu.step(rows, tables, all_rows=True).copy()
+        steps = next(d["steps"] for d in eng.info() if d["processor"] == "cpu")
+        got = split.step(rows, tables, all_rows=True).copy()
+        assert next(d["steps"] for d in eng.info() if d["processor"] == "cpu") == steps + 1
+    finally:
+        eng.close()
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    assert len(set(want.argmax(axis=1).tolist())) > 1

@@ -117,8 +117,12 @@ def _parser() -> argparse.ArgumentParser:
                         "on whichever of the GPU's kernels and the NPU's static graphs ran a chunk "
                         "faster at start, cached per model and device; hetero: prefill on the NPU, "
                         "decode on the GPU; tensor: linears row-cut GPU+NPU; seqcut: a chunk's rows "
-                        "cut NPU+GPU; hybrid: chunks padded to NPU buckets and row-cut; cpu/gpu/npu: "
+                        "cut NPU+GPU; hybrid: chunks padded to NPU buckets and row-cut; hcmp: decode "
+                        "steps' attention split GPU (the KV cache) + CPU (drafted keys); cpu/gpu/npu: "
                         "one processor)")
+    s.add_argument("--hcmp-share", type=float, default=srv.hcmp_share,
+                   help="the hcmp plan's share of each linear's output columns on the CPU actor "
+                        "(default %(default)s: the GPU's alone)")
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=srv.prefix_cache,
                    help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
                         "(a system prompt, a tool list, a chat's history); to compare")
