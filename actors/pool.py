@@ -177,9 +177,7 @@ class Pool:
             kv_blocks=int(self.kv_mb * 2**20 // block_bytes), block_rows=BLOCK_ROWS,
             kv_dtype=self.kv_dtype, double=double)
         lay.hidden = [lay.slots[hid], 4 * self.cfg.dim * self.max_seqs] if hid is not None else []  # GPU: down
-        self.store = None if self.config.cache_dir is None else ProgramStore(
-            self.config.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile,
-            self.config.hcmp_share)
+        self.store = self._store(lay, n_layers)
         if self.store is None or not self.store.known():
             self.planner    # programs to compile: it builds its graph while the pool is filled
         self.arena = Arena.create(lay.size, lay.readonly_bytes)
@@ -187,6 +185,12 @@ class Pool:
         self.words = ReadyWords(self.arena.buf[lay.words: lay.words + lay.n_words * 4])
         self.ctl = Control(self.arena.buf, lay)
         return lay
+
+    def _store(self, lay, n_layers: int | None):
+        """Compiled programs on disk (graph/store.py), for this code, model, layout and cuts."""
+        c = self.config
+        return None if c.cache_dir is None else ProgramStore(
+            c.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile, c.hcmp_share)
 
     # -- step programs: compiled by the planner actor, kept here and on disk ----------------------
     def program(self, key: tuple) -> tuple:
