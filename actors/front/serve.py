@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-from socllm.policies.placement import NPU_MARGIN
+from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF
 
 from socllm.actors.service import NAME, NAMESPACE
 
@@ -88,7 +88,7 @@ def serve(a) -> int:
         write_record(address, {"url": url, "pid": d["pid"], "api_key": config.api_key is not None,
                                "model_path": d["model_path"], "plan": d["plan"], "precision": d["precision"],
                                "placement": {"prefill": pl["prefill"], "decode": pl["decode"]}})
-    print(f"socllm: serving {d['model']} (plan {d['plan']}: decode on the {pl['decode']}, prefill "
+    print(f"socllm: serving {d['model']} (plan {d['plan']}: decode on the {_on(pl['decode'])}, prefill "
           f"chunks on the {pl['prefill']}, {d['precision']}, context "
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
           f"{d['block_rows']} rows, {d['kv_dtype']} K/V, policy {d['policy']}) in Ray namespace '{NAMESPACE}'")
@@ -206,7 +206,7 @@ def status(a) -> int:
     fewer = f"of fewer than {pl['npu_from']} rows or " if pl.get("npu_from") else ""
     other = f" (chunks {fewer}it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
     print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "
-          f"{pl['prefill']}{other}, decode on the {pl['decode']}")
+          f"{pl['prefill']}{other}, decode on the {_on(pl['decode'])}")
     pre = st.get("preemption")
     if pre:
         npu = f", a whole npu chunk {pre['npu_chunk_ms']:.0f} ms" if pre["npu_chunk_ms"] else ""
@@ -357,3 +357,9 @@ def run_generate(svc, a, where: str) -> int:
                            t["prefill_tok_s"], t["decode_tok_s"],
                            out["usage"].get("completion_tokens_details")), file=sys.stderr)
     return 0
+
+
+def _on(program: str) -> str:
+    """Where a plan's program runs, in words: a processor, or the processors a cut shares."""
+    procs = PROCESSORS_OF.get(program)
+    return f"{' + '.join(procs)} ({program})" if procs else program
