@@ -272,6 +272,24 @@ __kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulo
 }
 #endif
 
+// The start of one query row's paged attention, head h of row n (attention_paged,
+// attention_hcmp): its q, its KV head's K and V, its block table, the keys it sees (L, lo, a
+// tree's base and mask) and an empty online softmax (mx, sum, acc).
+#define PAGED_ROW_START                                                                          \
+    const int kv = h / (H / KVH), kw = KVH * HC;                                                 \
+    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;                 \
+    const __global kv8* k = AT(const kv8, k_o) + kv * HC;                                        \
+    const __global kv8* v = AT(const kv8, v_o) + kv * HC;                                        \
+    const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;      \
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);                                              \
+    int L = AT(const int, pos_o)[n] + 1, base = 0;                                               \
+    const int lo = win_start(L, win);                                                            \
+    const ulong mask = tree_row(arena, tm_o, n, &L, &base);                                      \
+    float8 acc[HC];                                                                              \
+    _Pragma("unroll")                                                                            \
+    for (int c = 0; c < HC; c++) acc[c] = 0.0f;                                                  \
+    float mx = -INFINITY, sum = 0.0f;
+
 // attention over paged K/V: row n (sequence seq[n], position pos[n]) sees keys 0 .. pos[n] of its
 // sequence (win > 0: the last win of them), key l at KV row btab[seq][l / BR] * BR + l % BR; a
 // draft tree's row, its tree entry's keys (tree_row).
@@ -281,19 +299,7 @@ __kernel void attention_paged(__global uchar* arena, ulong q_o, ulong k_o, ulong
                               int win, ulong tm_o)
 {
     const int t = get_local_id(0), h = get_global_id(1), n = get_global_id(2);
-    const int kv = h / (H / KVH), kw = KVH * HC;
-    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
-    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
-    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
-    const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
-    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    int L = AT(const int, pos_o)[n] + 1, base = 0;
-    const int lo = win_start(L, win);
-    const ulong mask = tree_row(arena, tm_o, n, &L, &base);
-    float8 acc[HC];
-#pragma unroll
-    for (int c = 0; c < HC; c++) acc[c] = 0.0f;
-    float mx = -INFINITY, sum = 0.0f;
+    PAGED_ROW_START
 #if ATT_WG == 1
     att_rows(q, k, v, bt, kw, lo, L, BR, rsq, &mx, &sum, acc);
 #else
@@ -487,19 +493,7 @@ __kernel void attention_hcmp(__global uchar* arena, ulong q_o, ulong k_o, ulong 
                              int win, ulong tm_o, int part, int cols)
 {
     const int h = get_global_id(1), n = get_global_id(2);
-    const int kv = h / (H / KVH), kw = KVH * HC;
-    const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + h) * HC;
-    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
-    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
-    const __global int* bt = AT(const int, btab_o) + (size_t)AT(const int, seq_o)[n] * MB;
-    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
-    int L = AT(const int, pos_o)[n] + 1, base = 0;
-    const int lo = win_start(L, win);
-    const ulong mask = tree_row(arena, tm_o, n, &L, &base);
-    float8 acc[HC];
-#pragma unroll
-    for (int c = 0; c < HC; c++) acc[c] = 0.0f;
-    float mx = -INFINITY, sum = 0.0f;
+    PAGED_ROW_START
     if (part == 0 && lo < L)
         att_rows(q, k, v, bt, kw, lo, L, BR, rsq, &mx, &sum, acc);
     else if (part == 1 && mask)
