@@ -245,9 +245,14 @@ class Tree:
             while a >= 0:
                 mask |= 1 << a
                 a = self.parents[a]
-            lo, hi = mask & 0xFFFFFFFF, mask >> 32
-            ent[i] = (root + 1, root + 1, lo - (lo >> 31 << 32), hi - (hi >> 31 << 32))
+            ent[i] = entry(root + 1, root + 1, mask)
         return pos, at, ent
+
+
+def entry(L: int, base: int, mask: int) -> tuple:
+    """A tree entry's four int32 (paged.cl tree_row): L, base, the mask's low and high words."""
+    lo, hi = mask & 0xFFFFFFFF, mask >> 32
+    return L, base, lo - (lo >> 31 << 32), hi - (hi >> 31 << 32)
 
 
 def hcmp_entries(pos: np.ndarray, seq: np.ndarray, ent: np.ndarray) -> np.ndarray:
@@ -264,9 +269,7 @@ def hcmp_entries(pos: np.ndarray, seq: np.ndarray, ent: np.ndarray) -> np.ndarra
         for n in np.flatnonzero(rows):
             d = int(pos[n]) - p0
             lo = p0 if d < 64 else int(pos[n])        # a longer chain: its own key sparse
-            mask = (1 << (int(pos[n]) - lo + 1)) - 1
-            m_lo, m_hi = mask & 0xFFFFFFFF, mask >> 32
-            out[n] = (lo, lo, m_lo - (m_lo >> 31 << 32), m_hi - (m_hi >> 31 << 32))
+            out[n] = entry(lo, lo, (1 << (int(pos[n]) - lo + 1)) - 1)
     return out
 
 
