@@ -177,6 +177,13 @@ def test_embed_gathers_dequantized_rows(dev, lay, rng, N):
 MODEL_LINEARS = [(D, F), (F, D), (D, KVH * HD)]   # (K, M): gate/up, down, k/v
 
 
+def _some(values: list, slow: list) -> list:
+    """A grid's values, those in `slow` only under -m slow: the default run keeps the edges (one
+    row, a tile's rows, past a whole tile) and the full grid stays one flag away."""
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=pytest.mark.slow)
+            if v in slow else v for v in values]
+
+
 @pytest.mark.parametrize("N,K,M", [(n, k, m) for n in (1, 33, 300) for k, m in MODEL_LINEARS]
                          + [(1, 64, 37), (33, 64, 37)])
 def test_linear_w4a16_matches_numpy(dev, lay, rng, N, K, M):
@@ -388,7 +395,8 @@ def linear_act_reference(x, qs, d, m, K, M, bits):
     return (d.astype(np.float64) * dx * dots + m.astype(np.float64) * sx).sum(axis=1)
 
 
-@pytest.fixture(params=["", "-DSOCLLM_PORTABLE -DLIN_R=2", GPU_SHAPED], ids=["avx2", "portable", "gpu-shaped"])
+@pytest.fixture(scope="module", params=["", "-DSOCLLM_PORTABLE -DLIN_R=2", GPU_SHAPED],
+                ids=["avx2", "portable", "gpu-shaped"])
 def build(dev, request):
     """The x86 build (AVX2 integer dot products, F16C), the portable one, and the portable one
     with a GPU's work shapes (a row pair's blocks over LIN_T work-items, epilogues over a group)."""
@@ -820,8 +828,8 @@ def test_batch_linear_in_integers_matches_numpy(dev, lay, rng, N, bits, tol):
 
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("bits,wide", [(8, False), (8, True), (16, False)])
-@pytest.mark.parametrize("N,K,M", [(2, D, KVH * HD), (5, D, F), (9, D, F), (13, F, D), (16, F, D),
-                                   (19, D, KVH * HD), (3, D, 40)])
+@pytest.mark.parametrize("N,K,M", _some([(2, D, KVH * HD), (5, D, F), (9, D, F), (13, F, D), (16, F, D),
+                                         (19, D, KVH * HD), (3, D, 40)], slow=[(5, D, F), (13, F, D)]))
 def test_batch_linear_tiles_compute_the_integer_reference(dev, lay, rng, build, N, K, M, bits,
                                                           wide, kv):
     """A decode batch's linear at q8 / q16 in weight tiles of 8 rows (cl/batch.cl), or at q8 of
@@ -863,7 +871,7 @@ def test_batch_linear_tiles_compute_the_integer_reference(dev, lay, rng, build, 
     assert not got[np.setdiff1d(np.arange(40), kv_rows)].any()
 
 
-@pytest.mark.parametrize("N", [2, 3, 5, 8, 12, 16])
+@pytest.mark.parametrize("N", _some([2, 3, 5, 8, 12, 16], slow=[2, 5, 12]))
 @pytest.mark.parametrize("K,M", MODEL_LINEARS)
 def test_q16_tiles_equal_the_int16_rows_kernel(dev, lay, rng, build, N, K, M):
     """A decode batch's linear at q16 (speculative decoding's verification rows): the weight
@@ -894,7 +902,7 @@ def test_q16_tiles_equal_the_int16_rows_kernel(dev, lay, rng, build, N, K, M):
         np.testing.assert_allclose(got[n], want[n], rtol=0, atol=2e-6 * np.abs(want[n]).max())
 
 
-@pytest.mark.parametrize("N", [1, 2, 3, 5, 8, 12, 16, 19])
+@pytest.mark.parametrize("N", _some([1, 2, 3, 5, 8, 12, 16, 19], slow=[2, 5, 12, 16]))
 @pytest.mark.parametrize("Vs", [1000, 1001])        # 1001: not a multiple of 8, lm_head_rows serves
 @pytest.mark.parametrize("bits", [16, 8])
 def test_lm_head_tiles_compute_the_integer_reference(dev, lay, rng, build, N, Vs, bits):

@@ -216,6 +216,7 @@ def test_llamacpp_scores_a_k_below_e_file_as_the_oracle_does(built, tokenizer, s
     assert abs(got - want) < 0.5, (got, want)
 
 
+@pytest.mark.slow      # a second neurons build (~10 s): determinism, not what the file computes
 def test_the_same_inputs_build_the_same_bytes(built, tmp_path, capsys):
     """The CLI, given the fixture's inputs, writes the fixture's file byte for byte, and prints
     its sha256. (Not a pinned hash: calibration runs the oracle's f32 matmuls, whose last bits

@@ -60,6 +60,7 @@ def _readme_use() -> list[str]:
 
 
 USE = _readme_use()
+PLAN_LINE = ".venv/bin/socllm plan --prompt-len 300"     # test_plan_from_an_empty_cache's command
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +71,21 @@ def use_env():
 
 
 def test_the_readme_use_section_was_read():
-    assert len(USE) >= 9 and any(c.startswith(".venv/bin/socllm plan --prompt-len") for c in USE)
+    assert len(USE) >= 9 and PLAN_LINE in USE
 
 
-@pytest.mark.parametrize("line", [
-    pytest.param(line, marks=pytest.mark.slow) if line.startswith(".venv/bin/socllm generate")
-    and i != next(j for j, x in enumerate(USE) if x.startswith(".venv/bin/socllm generate"))
-    else line for i, line in enumerate(USE)])
+def _slow(i: int, line: str) -> bool:
+    """The README lines whose run the default suite has elsewhere: the `generate` lines after the
+    first (~20 s each; their paths are tested in test_cli.py), and the `plan` line (run from an
+    empty cache, with --json, by test_plan_from_an_empty_cache_profiles_this_machine_first)."""
+    first = next(j for j, x in enumerate(USE) if x.startswith(".venv/bin/socllm generate"))
+    return line.startswith(".venv/bin/socllm generate") and i != first or line == PLAN_LINE
+
+
+@pytest.mark.parametrize("line", [pytest.param(line, marks=pytest.mark.slow) if _slow(i, line)
+                                  else line for i, line in enumerate(USE)])
 def test_a_readme_use_command_runs_from_an_empty_cache(line, use_env):
-    """The first `generate` of the section runs in the default suite (the others are slow here,
-    ~20 s each, and their paths are tested in test_cli.py)."""
+    """Each line of the README's Use section, as a user runs it on a fresh machine."""
     argv = shlex.split(line.replace("~/models/some.gguf", default_model_path()))
     assert argv[0].startswith(".venv/bin/"), line
     argv[0] = os.path.join(BIN, argv[0][len(".venv/bin/"):])
