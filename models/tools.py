@@ -18,6 +18,7 @@ template takes user and assistant turns. Message content may be a string or a li
 from __future__ import annotations
 
 import json
+import re
 import secrets
 
 from .gguf_file import ModelError
@@ -199,12 +200,13 @@ def _compact(value) -> str:
 
 
 def parse_reply(text: str) -> tuple:
-    """The constrained reply -> (content or None, [OpenAI tool_calls]). Text that is not the
-    format (the reply was cut by max_tokens) is returned as content."""
+    """The constrained reply -> (content or None, [OpenAI tool_calls]). A reply cut by
+    max_tokens inside its `response` string gives the string so far (the user's words, not the
+    format's); other text that is not the format (a call cut short) is returned as it is."""
     try:
         body = json.loads(text)
     except ValueError:
-        return text, []
+        return _cut_response(text), []
     if not isinstance(body, dict):
         return text, []
     calls = body.get("tool_calls") or ([body["tool_call"]] if "tool_call" in body else [])
@@ -217,3 +219,21 @@ def parse_reply(text: str) -> tuple:
         r = body["response"]
         return (r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)), []
     return text, []
+
+
+_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _cut_response(text: str) -> str:
+    """'{"response": "Paris, Fra' -> 'Paris, Fra' (the JSON string's escapes decoded, an escape
+    cut in half dropped); any other text unchanged."""
+    m = _RESPONSE.match(text)
+    if m is None:
+        return text
+    part = text[m.end():]
+    for cut in range(len(part), max(-1, len(part) - 7), -1):    # an escape is at most 6 long
+        try:
+            return json.loads('"' + part[:cut] + '"')
+        except ValueError:
+            continue
+    return text

@@ -108,6 +108,9 @@ def test_auto_allows_a_plain_response_and_none_constrains_nothing():
     assert parse_reply('{"response": "Hello there"}') == ("Hello there", [])
     assert parse_reply('{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}')[0] \
         == '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}'   # cut short: text
+    # a reply cut inside its response string: the words so far, escapes decoded, half of one dropped
+    assert parse_reply('{"response":"Paris, Fra') == ("Paris, Fra", [])
+    assert parse_reply('{ "response" : "a \\"b\\" \\u00e9 c\\u00') == ('a "b" \u00e9 c', [])
 
 
 def test_an_agents_second_turn_renders_its_calls_and_results():
