@@ -41,6 +41,7 @@ def _one_line_error(r, needle):
     (["generate", "hi", "--repetition-penalty", "0"], "--repetition-penalty"),
     (["generate", "hi", "--plan", "tpu"], "plan"),
     (["generate", "hi", "--precision", "int4"], "precision"),
+    (["generate", "hi", "--plan", "hcmp", "--hcmp-share", "1.5"], "--hcmp-share"),
     (["generate", "hi", "--model", "/no/such/model.gguf"], "not found"),
     (["bogus"], "invalid choice"),
 ])
@@ -135,3 +136,19 @@ def test_ctrl_c_mid_generation_leaves_nothing_behind():
         time.sleep(0.2)
     assert _segments() <= before
     assert actors() <= actors_before, "actor processes left behind"
+
+
+def test_generate_against_a_running_service_refuses_knobs_it_does_not_run_with():
+    """`generate` sends its request to a running service only where the flags it was given are
+    the service's (--model, --plan, --precision, --hcmp-share); another value is one error that
+    points to --local, and flags left unset take the service's."""
+    import argparse
+
+    from socllm.actors.front.direct import same_service
+    served = ("/m.gguf", "hcmp", "q16", 0.0)
+    unset = dict(model=None, plan=None, precision=None, hcmp_share=None)
+    same_service(argparse.Namespace(**unset), *served)
+    same_service(argparse.Namespace(**{**unset, "plan": "hcmp", "hcmp_share": 0.0}), *served)
+    for flag, value in (("plan", "gpu"), ("precision", "f32"), ("hcmp_share", 0.25)):
+        with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} .*--local"):
+            same_service(argparse.Namespace(**{**unset, flag: value}), *served)

@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                         "request more than drafts save)")
     g.add_argument("--draft-max", type=int, default=None,
                    help=f"a private engine's most drafted tokens a step (default {srv.draft_max})")
+    g.add_argument("--hcmp-share", type=float, default=None,
+                   help="as serve's (default: a running service's, else the GPU's alone)")
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
     s.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")

@@ -119,7 +119,7 @@ def generate_direct(a) -> int | None:
     key = ServeConfig.from_env().api_key             # SOCLLM_API_KEY
     if rec is None or rec.get("api_key") and not key:
         return None
-    same_service(a, rec["model_path"], rec["plan"], rec["precision"])
+    same_service(a, rec["model_path"], rec["plan"], rec["precision"], rec.get("hcmp_share"))
     body = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p,
             "seed": a.seed, "stop": a.stop, "priority": a.priority, "speculate": a.speculate,
             "stream": True, "stream_options": {"include_usage": True}, **shaping(a)}
@@ -146,11 +146,12 @@ def generate_direct(a) -> int | None:
         conn.close()                     # Ctrl-C: the service cancels the request
 
 
-def same_service(a, model_path: str, plan: str, precision: str):
-    """`generate`'s --model, --plan and --precision, where given, against the running service's
-    (ValueError, pointing to --local, where one differs)."""
+def same_service(a, model_path: str, plan: str, precision: str, hcmp_share: float):
+    """`generate`'s --model, --plan, --precision and --hcmp-share, where given, against the
+    running service's (ValueError, pointing to --local, where one differs)."""
     for flag, mine, theirs in (("--model", a.model and os.path.realpath(a.model), model_path),
-                               ("--plan", a.plan, plan), ("--precision", a.precision, precision)):
+                               ("--plan", a.plan, plan), ("--precision", a.precision, precision),
+                               ("--hcmp-share", a.hcmp_share, hcmp_share)):
         if mine is not None and mine != theirs:
             raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
                              f"private engine with {flag} {mine}")

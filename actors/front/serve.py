@@ -87,7 +87,7 @@ def serve(a) -> int:
         from socllm.actors.front.direct import write_record
         write_record(address, {"url": url, "pid": d["pid"], "api_key": config.api_key is not None,
                                "model_path": d["model_path"], "plan": d["plan"], "precision": d["precision"],
-                               "placement": {"prefill": pl["prefill"], "decode": pl["decode"]}})
+                               "hcmp_share": d["hcmp_share"], "placement": {"prefill": pl["prefill"], "decode": pl["decode"]}})
     print(f"socllm: serving {d['model']} (plan {d['plan']}: decode on the {_on(pl['decode'])}, prefill "
           f"chunks on the {pl['prefill']}, {d['precision']}, context "
           f"{d['context']}, {d['max_seqs']} sequences, {d['kv_blocks']} KV blocks of "
@@ -279,7 +279,7 @@ def generate_served(a) -> int | None:
 
     from socllm.actors.front.direct import same_service
     d = ray.get(svc.describe.remote())
-    same_service(a, d["model_path"], d["plan"], d["precision"])
+    same_service(a, d["model_path"], d["plan"], d["precision"], d["hcmp_share"])
     return run_generate(svc, a, "service")
 
 
@@ -299,7 +299,7 @@ def generate_private(a, kv_mb: float, chunk: int) -> int:
               # one request; its drafts are more rows of its decode steps (policies/drafting.py)
               max_seqs=1 if (a.speculate or "off") == "off" else 1 + (a.draft_max or ServeConfig.draft_max),
               **({"draft_max": a.draft_max} if a.draft_max else {}),
-              cache_dir=c.cache_dir)
+              hcmp_share=c.hcmp_share, cache_dir=c.cache_dir)
     try:
         out = run_generate(llm._service, a, "private")
     except BaseException:
