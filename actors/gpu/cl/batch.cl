@@ -345,8 +345,8 @@ TILE_INLINE void tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulong d
 #pragma unroll
             for (int g = 0; g < 4; g++)
                 s = DOT_W16(s, hi[g], __builtin_astype((ulong8)xb[4 + g], v16si));
-            acc[i] = fma(CVT(__builtin_astype(s, int16), float16), dw * dx[b],
-                         fma(mw, (float16)dx[nb + b], acc[i]));
+            acc[i] = FMAV(CVT(__builtin_astype(s, int16), float16), dw * dx[b],
+                          FMAV(mw, (float16)dx[nb + b], acc[i]));
         }
     }
 #pragma unroll
@@ -466,7 +466,7 @@ TILE_INLINE void lm_tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulon
             for (int k = 1; k < 8; k++)
                 s = DOT_W16(s, w16[k], XQ(k));
 #undef XQ
-            acc[i] = fma(CVT(__builtin_astype(s, int16), float16), dw * dx[b], acc[i]);
+            acc[i] = FMAV(CVT(__builtin_astype(s, int16), float16), dw * dx[b], acc[i]);
         }
     }
 #pragma unroll

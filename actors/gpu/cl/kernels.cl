@@ -42,6 +42,11 @@
 #define CVT(x, T) convert_##T(x)
 #endif
 
+// a * b + c of vectors, fused into one vfmadd (OpenCL C contracts a * b + c: clang's -ffp-contract
+// defaults to on for it); PoCL's float16 fma() is a call, which spills every vector register around
+// it (q16 weight tiles: 72 calls a block loop, the tiles' accumulators and words on the stack)
+#define FMAV(a, b, c) ((a) * (b) + (c))
+
 // f16 -> f32 of element i of a ushort array: one instruction with x86 F16C, else vload_half
 #if defined(__F16C__) && defined(__clang__) && !defined(SOCLLM_PORTABLE)
 #define HALF(p, i) (__builtin_ia32_vcvtph2ps((short8)((short)(p)[i], 0, 0, 0, 0, 0, 0, 0))[0])

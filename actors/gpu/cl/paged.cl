@@ -391,10 +391,10 @@ __kernel void lm_head_rows2(__global uchar* arena, ulong x_o, ulong qs_o, ulong 
         for (int i = 0; i < LM_TN; i++) {
             const __global float16u* xb = (const __global float16u*)(x[i] + QK * b);
             const float16 x0 = xb[0], x1 = xb[1];
-            acc[0][i] = fma(a0, x0, acc[0][i]);
-            acc1[0][i] = fma(b0, x0, acc1[0][i]);
-            acc[LM_H - 1][i] = fma(a1, x1, acc[LM_H - 1][i]);
-            acc1[LM_H - 1][i] = fma(b1, x1, acc1[LM_H - 1][i]);
+            acc[0][i] = FMAV(a0, x0, acc[0][i]);
+            acc1[0][i] = FMAV(b0, x0, acc1[0][i]);
+            acc[LM_H - 1][i] = FMAV(a1, x1, acc[LM_H - 1][i]);
+            acc1[LM_H - 1][i] = FMAV(b1, x1, acc1[LM_H - 1][i]);
         }
     }
 #pragma unroll
