@@ -68,7 +68,10 @@ TILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 # sequence): linears of 15 rows 27.6 ms in two tiles of 8 against 20.3 in one of 15; 8 rows in
 # one tile 14.7-16.3, 12 rows 16.2-16.5, 16 rows 20.2 (the step of 15 rows: 38.8 -> 31.3 ms).
 # Earlier, on 2 Zen 5 cores (AVX-512): 128-row prefill chunks 58.5-61.1 ms of kernels against
-# 62.6-65.7 in tiles of 8. A GPU keeps tiles of at most 8 (not measured there).
+# 62.6-65.7 in tiles of 8. A GPU keeps tiles of at most 8 (not measured there). Those figures
+# predate FMAV in the tiles (no call spilling the registers, cl/kernels.cl); after it, 90 streamed
+# linears: 4 rows 6.0-6.9 ms, 8 rows in one tile 6.9-7.1, 12 rows 9.4-9.6, 16 rows 11.3-11.5, so
+# one tile still beats two at every count measured.
 TILE16_MAX = 8
 TILE16_WIDE = 16
 
