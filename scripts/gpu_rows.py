@@ -35,7 +35,7 @@ def steps(precisions: list, ns: list, reps: int, plans=("gpu",), pos: int = 0,
                kv_dtype="f16", kv_mb=64, hcmp_share=hcmp_share)   # the service's KV at q16, q8
     try:
         ids = eng.encode_prompt(PROMPT, chat=True)
-        L = pos or len(ids)
+        L = max(pos or len(ids), max(ns))         # rows past the prompt: it repeats
         ids = (ids * (L // len(ids) + 1))[:L]
         runs = {(pl, p): eng.runner(pl, p) for pl in plans for p in precisions}
         blocks = list(range(-(-L // eng.layout.block_rows)))
