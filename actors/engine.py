@@ -185,10 +185,20 @@ class Engine:
         # reactive chunks run whole in the first buffer (and those whose every row's output
         # is asked for: prompt_logprobs, an embedding)
         if self.scheduler.slice_s is None or seq.priority == "reactive" or not self.runner.meta[1:] \
-                or seq.every_row:
+                or seq.every_row or part is None and self._whole_within_bound(seq):
             self._prefill_chunk(seq, ready)
             return False
         return self._prefill_spans(seq)
+
+    def _whole_within_bound(self, seq: Sequence) -> bool:
+        """Does a proactive prompt's first chunk run whole on the plan's static chunk program
+        (the NPU's whole-model graph) in no longer than a reactive arrival may wait (the policy's
+        bound_s, Agent.xpu §4.4 ②)? Learned from such chunks that ran (runner.whole_chunk_s)."""
+        if seq.computed or seq.embed is not None:
+            return False
+        n = min(len(seq.prompt) + len(seq.tokens), self.config.prefill_chunk)
+        took = self.runner.whole_chunk_s(n, seq.slot)
+        return took is not None and took <= self.scheduler.bound_s
 
     def _start_chunk(self, seq: Sequence, rows_max: int) -> tuple:
         ids = seq.prompt + seq.tokens     # a preempted request prefills its tokens too

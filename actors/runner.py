@@ -94,6 +94,9 @@ class Runner:
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
         self.steps = collections.Counter()   # program key -> steps run (named by `ran`)
+        # a static chunk program -> seconds of its latest prompt-first chunks (pos0 0: the NPU's
+        # whole-model graph, policies/buckets.whole_graph): what whole_chunk_s tells the engine
+        self.first_s: dict = collections.defaultdict(lambda: collections.deque(maxlen=5))
         self._install_first(npu_chunk)
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
 
@@ -241,9 +244,20 @@ class Runner:
         # one row: its position is also pos0 (the fused decode kernels' RoPE and key count); a
         # static chunk's first position picks its KV-length bucket (npu/segment.py)
         static = key[3] and not all_rows
+        t = time.perf_counter()
         self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0,
                   self.precision, span)
+        if static and rows[0][1] == 0:
+            self.first_s[key].append(time.perf_counter() - t)
         return self.logits[:n if all_rows else 1]
+
+    def whole_chunk_s(self, n: int, slot: int) -> float | None:
+        """Seconds a prompt's first chunk of n rows takes where this plan runs it, if that is a
+        static chunk program (it cannot stop between layers) that ran such a chunk before: the
+        least of its latest 5 (a first run's set-up does not count once others ran); else None."""
+        key = self._chunk_key([(0, i, slot) for i in range(n)], 0, None, None)
+        times = self.first_s.get(key) if key[3] else None
+        return min(times) if times else None
 
     def _write_rows(self, rows: list, tables: dict, meta: dict, all_rows: bool, tree):
         """A step's row metadata and block tables into the pool (step's arguments)."""

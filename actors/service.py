@@ -262,8 +262,15 @@ class Service:
             else "whole chunks (no second activation buffer)"
         return {"bound_ms": 1e3 * PREEMPT_BOUND_S, "proactive": spans,
                 "npu_chunk_ms": npu,
-                "npu_runs": "reactive chunks only" if self.runner.chunk_on != self.runner.base
-                else "no chunks"}
+                "npu_runs": "reactive chunks, and proactive prompts' first chunks where they take "
+                "at most the bound" if self.runner.chunk_on != self.runner.base else "no chunks",
+                "npu_first_ms": self._first_ms()}
+
+    def _first_ms(self) -> float | None:
+        """The learned time of a prompt's first chunk on the plan's static program (a whole
+        chunk of prefill_chunk rows), None where none ran."""
+        took = self.runner.whole_chunk_s(self.config.prefill_chunk, 0)
+        return None if took is None else round(1e3 * took, 1)
 
     # -- the client calls ----------------------------------------------------------------------
     async def submit(self, queue_bound: bool = True, **request) -> str:

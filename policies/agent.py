@@ -44,8 +44,10 @@ AGING_S = 30.0    # seconds without progress after which a proactive request is 
 SLICE_S = 0.02    # a proactive prefill chunk's span of layers: a reactive arrival waits for one
 # the longest a reactive arrival should wait for the work it preempts (arrival -> its first prefill
 # kernel): no piece of proactive work that cannot stop midway may take longer. Proactive chunks
-# run as GPU spans of SLICE_S; a whole NPU chunk graph cannot stop midway, so only reactive
-# chunks run there (no reactive request preempts another, §4.4 ②)
+# run as GPU spans of SLICE_S; a whole NPU chunk graph cannot stop midway, so a proactive chunk
+# runs there only where such chunks took at most this (a prompt's first chunk in the NPU's
+# whole-model graph: 44 ms for 128 rows on the 2-core Xeon VM, actors/engine.py
+# _whole_within_bound); reactive chunks run there whole (no reactive request preempts another)
 PREEMPT_BOUND_S = 0.05
 
 
@@ -108,7 +110,7 @@ class AgentPolicy(FCFS):
         self.reactive: deque = deque()        # waiting, per class (FCFS's `waiting` is unused)
         self.proactive: deque = deque()
 
-    slice_s = SLICE_S
+    slice_s, bound_s = SLICE_S, PREEMPT_BOUND_S
 
     def preempts_prefill(self) -> bool:
         """A reactive request waits: the proactive chunk stops at its span's end (§4.4 ②)."""

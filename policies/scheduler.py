@@ -37,6 +37,7 @@ class FCFS:
 
     name = "fcfs"
     slice_s = None       # prefill chunks run whole (policies/agent.py runs them in spans)
+    bound_s = None       # the longest piece of work that cannot stop (policies/agent.py)
 
     def __init__(self, max_seqs: int, context: int, kv):
         if max_seqs < 1:

@@ -196,3 +196,34 @@ def test_b_rf_is_the_largest_batch_within_the_reactive_slowdown():
     assert b_rf_from_profile(profile, slowdown=1.0) == 8
     assert b_rf_from_profile({1: 0.01, 2: 0.02}, slowdown=0.25) == 1
     assert b_rf_from_profile({}) == B_RF
+
+
+def test_a_proactive_first_chunk_runs_whole_only_where_it_took_at_most_the_bound():
+    """Agent.xpu §4.4 ②: no proactive work that cannot stop midway may take longer than a reactive
+    arrival is allowed to wait (PREEMPT_BOUND_S). A prompt's first chunk on the NPU's static
+    graph cannot stop between layers: the engine runs it whole only where the runner timed such
+    chunks at most at the bound; else, and for a chunk past the prompt's start, spans."""
+    from types import SimpleNamespace as NS
+
+    from socllm.actors.engine import Engine
+    from socllm.policies.agent import PREEMPT_BOUND_S
+    asked = []
+
+    def engine(took):
+        def whole_chunk_s(n, slot):
+            asked.append((n, slot))
+            return took
+        return NS(config=NS(prefill_chunk=128), scheduler=NS(bound_s=AgentPolicy.bound_s),
+                  runner=NS(whole_chunk_s=whole_chunk_s))
+    seq = NS(computed=0, embed=None, prompt=list(range(90)), tokens=[], slot=3)
+    assert AgentPolicy.bound_s == PREEMPT_BOUND_S
+    assert Engine._whole_within_bound(engine(0.8 * PREEMPT_BOUND_S), seq)
+    assert not Engine._whole_within_bound(engine(1.2 * PREEMPT_BOUND_S), seq)
+    assert not Engine._whole_within_bound(engine(None), seq)        # never timed
+    assert asked == [(90, 3)] * 3
+    seq.prompt = list(range(300))                                    # its first chunk's rows
+    assert Engine._whole_within_bound(engine(0.01), seq) and asked[-1] == (128, 3)
+    seq.computed = 128                                               # past the prompt's start
+    assert not Engine._whole_within_bound(engine(0.01), seq) and len(asked) == 4
+    seq.computed, seq.embed = 0, "mean"                              # embeddings: the base's
+    assert not Engine._whole_within_bound(engine(0.01), seq)

@@ -192,3 +192,30 @@ def test_the_npu_takes_only_chunks_of_npu_from_rows_or_more(engine_npu, oracle, 
     assert dict(runner.ran)["npu chunk 32"] == before.get("npu chunk 32", 0) + 1
     ref = oracle.logits_for(ids)[-1]
     assert float(np.abs(got[0] - ref).max() / np.abs(ref).max()) <= 2e-3
+
+
+def test_a_prompts_first_static_chunk_is_timed_for_the_preemption_bound(engine_npu, tokenizer):
+    """The agent policy lets a proactive prompt's first chunk run whole on the NPU's static graph
+    only where such chunks took at most its bound (actors/engine.py _whole_within_bound). The
+    runner learns that time from the chunks at position 0 that its static program ran; a chunk
+    the GPU takes, or a later chunk, teaches nothing."""
+    from socllm.actors.runner import Runner
+    runner = Runner(engine_npu, "hetero", "f32", npu_chunk=32)
+    runner.npu_from = 20
+    ids = tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having "
+                           "little or no money in my purse, and nothing particular to interest me "
+                           "on shore, I thought I would sail about a little and see the watery part "
+                           "of the world. It is a way I have of driving off the spleen")
+    assert len(ids) >= 56
+    blocks = list(range(4))
+    assert runner.whole_chunk_s(24, 0) is None                  # nothing ran yet
+    runner.step([(t, i, 0) for i, t in enumerate(ids[:16])], {0: blocks}, all_rows=False)
+    assert runner.whole_chunk_s(16, 0) is None                  # the GPU's chunk
+    runner.step([(t, i, 0) for i, t in enumerate(ids[:24])], {0: blocks}, all_rows=False)
+    took = runner.whole_chunk_s(24, 0)
+    assert took is not None and 0 < took < 60
+    key = ("npu", False, 0, 32)
+    assert len(runner.first_s[key]) == 1
+    runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:56])], {0: blocks}, all_rows=False)
+    assert dict(runner.ran)["npu chunk 32"] >= 2 and len(runner.first_s[key]) == 1
+    assert runner.whole_chunk_s(8, 0) is None                   # fewer than npu_from: the GPU's

@@ -210,6 +210,8 @@ def status(a) -> int:
     pre = st.get("preemption")
     if pre:
         npu = f", a whole npu chunk {pre['npu_chunk_ms']:.0f} ms" if pre["npu_chunk_ms"] else ""
+        if pre.get("npu_first_ms"):
+            npu += f", a prompt's first npu chunk {pre['npu_first_ms']:.0f} ms"
         stop = "stop between" if pre["proactive"].startswith("gpu spans") else "run as"
         print(f"preemption proactive chunks {stop} {pre['proactive']} (bound "
               f"{pre['bound_ms']:.0f} ms{npu}: the npu runs {pre['npu_runs']}); reactive ones run whole")
