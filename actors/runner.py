@@ -84,8 +84,7 @@ class Runner:
                              f"actor(s); this engine has {', '.join(sorted(engine.available))}")
         lay = self.lay = engine.layout
         self._map_io(engine.arena.buf, lay)
-        self.words, self.ctl = engine.words, engine.ctl
-        self.predict = SleepPredictor(engine.config.sleep_fraction)
+        self.words, self.ctl, self.predict = engine.words, engine.ctl, SleepPredictor(engine.config.sleep_fraction)
         self.npu_chunk = npu_chunk or (lay.max_rows if self.chunk_on in ("npu", "tensor") else 0)
         # the fewest rows of a chunk the NPU's static graph takes (the rest: the base processor);
         # 0: every chunk it fits (the Service sets it from the chunks it timed, auto)
@@ -94,9 +93,7 @@ class Runner:
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
         self.steps = collections.Counter()   # program key -> steps run (named by `ran`)
-        # a static chunk program -> seconds of its latest prompt-first chunks (pos0 0: the NPU's
-        # whole-model graph, policies/buckets.whole_graph): what whole_chunk_s tells the engine
-        self.first_s: dict = collections.defaultdict(lambda: collections.deque(maxlen=5))
+        self.first_s: dict = collections.defaultdict(lambda: collections.deque(maxlen=5))  # _run
         self._install_first(npu_chunk)
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
 
@@ -244,11 +241,8 @@ class Runner:
         # one row: its position is also pos0 (the fused decode kernels' RoPE and key count); a
         # static chunk's first position picks its KV-length bucket (npu/segment.py)
         static = key[3] and not all_rows
-        t = time.perf_counter()
-        self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0,
-                  self.precision, span)
-        if static and rows[0][1] == 0:
-            self.first_s[key].append(time.perf_counter() - t)
+        self._run(prog, n, int(rows[0][1]) if n == 1 or static else 0, self.precision, span,
+                  key if static and rows[0][1] == 0 else None)
         return self.logits[:n if all_rows else 1]
 
     def whole_chunk_s(self, n: int, slot: int) -> float | None:
@@ -358,10 +352,15 @@ class Runner:
         return np.stack([self.step([(t, pos, slot)], {slot: blocks}, all_rows=True)[0].copy()
                          for pos, t in enumerate(ids)])
 
-    def _run(self, prog, n: int, pos0: int, precision: str, span=None):
+    def _run(self, prog, n: int, pos0: int, precision: str, span=None, first=None):
+        """first: the key of a static chunk program running a prompt's first chunk (the NPU's
+        whole-model graph, policies/buckets.whole_graph): its time is kept (whole_chunk_s)."""
         pid, procs, final = prog
+        t = time.perf_counter()
         run_step(self.lay, self.ctl, self.words, self.predict, pid, procs, final, n, pos0,
                  precision, self._check_errors, span)
+        if first is not None:
+            self.first_s[first].append(time.perf_counter() - t)
 
     def reinstall(self):
         """Installs every program again where an actor lost them (a restarted actor; the others

@@ -2,7 +2,7 @@
 
     python -m socllm.scripts.serve_bench [--clients 1,2,4,8,16] [--prompt-words 64]
         [--max-tokens 128] [--requests 2] [--reps 1] [--json FILE] [--plot FILE.png]
-        [--peers llama-server,openvino-genai] [--precision q8|q16|f32] [--python-client]
+        [--peers llama-server,openvino-genai] [--precision q8|q16|f32] [--plan P] [--python-client]
 
 Each client sends `--requests` requests one after another, each a distinct prompt of
 `--prompt-words` words (public-domain text, so no engine reuses a cached prefix) and `--max-tokens`
@@ -182,10 +182,10 @@ class Socllm:
     name = "socllm"
 
     def __init__(self, gguf: str, max_seqs: int, precision: str | None = None,
-                 speculate: str | None = None):
+                 speculate: str | None = None, plan: str | None = None):
+        knobs = {"precision": precision, "speculate": speculate, "plan": plan}
         self.svc, self.info, self.url = start_socllm(
-            gguf, max_seqs=max_seqs, **({"precision": precision} if precision else {}),
-            **({"speculate": speculate} if speculate else {}))
+            gguf, max_seqs=max_seqs, **{k: v for k, v in knobs.items() if v})
         pl = self.info["placement"]
         self.version = f"socllm (plan {self.info['plan']}: prefill on the {pl['prefill']}, decode on " \
                        f"the {pl['decode']}, PoCL; {self.info['precision']})"
@@ -305,6 +305,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--precision", default=None, help="socllm's (default: the service's default)")
     ap.add_argument("--speculate", default=None, help="socllm's --speculate (default: the service's, auto)")
+    ap.add_argument("--plan", default=None, help="socllm's --plan (default: the service's, auto)")
     ap.add_argument("--python-client", action="store_true",
                     help="also socllm's service through its Python client (Ray, no HTTP)")
     ap.add_argument("--json", default=None)
@@ -321,7 +322,7 @@ def main(argv=None) -> int:
         except Exception as e:
             missing[p] = f"{type(e).__name__}: {e}"
             print(f"# {p}: missing ({missing[p]})", file=sys.stderr)
-    engines.insert(0, Socllm(gguf, max(levels), a.precision, a.speculate))
+    engines.insert(0, Socllm(gguf, max(levels), a.precision, a.speculate, a.plan))
     if a.python_client:
         engines.insert(1, SocllmPython(engines[0]))
     rows = []
