@@ -107,8 +107,10 @@ def npu_prefill_act(precision: str, capabilities) -> str:
 
 # prefill bucket from which a prompt's first chunk runs as one graph. 128 since 2026-11-28
 # (`profile_prefill --bucket 128 --precision q16`, 2-core Emerald Rapids VM, bf16 on AMX): whole
-# 44 ms against 141 in per-layer graphs, for +77 MB of the NPU actor's USS (516 against 439);
-# 64 rows: 35 ms. 256 before, from a machine without bf16, where the gain was smaller.
+# 44 ms against 141 in per-layer graphs (64 rows: 35 ms), so that the service's 128-row chunks
+# (prefill_chunk) run there; the price, an idle `serve --plan hetero`'s NPU actor at 730 MB PSS
+# against 453 with SOCLLM_WHOLE_GRAPH=0 (scripts/results/pss-2core-emr-stop53-hetero.json).
+# 256 before, from a machine without bf16, where the gain was smaller.
 WHOLE_GRAPH_FROM = 128
 
 
