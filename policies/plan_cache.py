@@ -9,7 +9,7 @@ import platform
 
 from socllm.graph.store import code_version
 
-from .buckets import NPU_PREFILL_ACT
+from .buckets import NPU_PREFILL_ACT, WHOLE_GRAPH_FROM
 from .placement import NPU_MARGIN, PROCESSORS_OF, SERVE_PLANS
 
 
@@ -45,6 +45,7 @@ def plan_key(c, model_file: str) -> str:
     return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
            f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}|" \
            f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}|" \
+           f"whole graphs from {WHOLE_GRAPH_FROM if c.whole_graph else 0}|" \
            f"kernels {code_version(KERNELS, ('.py', '.cl'))[:16]}"
 
 

@@ -96,6 +96,9 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
                                  threads=ServeConfig.from_env().budget)
     assert plan_key(config, config.model) == key
     assert plan_key(dataclasses.replace(config, max_seqs=2), config.model) not in (key, None)
+    # the NPU's whole-model graphs (or none: generate's private engine) time another chunk
+    assert plan_key(dataclasses.replace(config, whole_graph=not config.whole_graph),
+                    config.model) not in (key, None)
     # and other kernels another: a kernel made faster must not keep a choice timed before it
     from socllm.graph import store
     saved = dict(store._digests)

@@ -301,7 +301,13 @@ def generate_private(a, kv_mb: float, chunk: int) -> int:
               # one request; its drafts are more rows of its decode steps (policies/drafting.py)
               max_seqs=1 if (a.speculate or "off") == "off" else 1 + (a.draft_max or ServeConfig.draft_max),
               **({"draft_max": a.draft_max} if a.draft_max else {}),
-              hcmp_share=c.hcmp_share, cache_dir=c.cache_dir)
+              hcmp_share=c.hcmp_share, cache_dir=c.cache_dir,
+              # per-layer NPU graphs, kept on disk, rather than a whole-model graph compiled
+              # with its weights at every start (policies/buckets.py whole_graph): for one
+              # request the compile costs more than the graph saves (2-core Xeon VM, `generate
+              # --max-tokens 16`, later runs: a ~110-token prompt 4.1-4.5 s against 5.8-6.2, the
+              # GPU chosen; ~350 tokens 5.0-5.2 against 7.2-7.4, hetero either way)
+              whole_graph=False)
     try:
         out = run_generate(llm._service, a, "private")
     except BaseException:
