@@ -86,9 +86,9 @@ class Runner:
         self._map_io(engine.arena.buf, lay)
         self.words, self.ctl, self.predict = engine.words, engine.ctl, SleepPredictor(engine.config.sleep_fraction)
         self.npu_chunk = npu_chunk or (lay.max_rows if self.chunk_on in ("npu", "tensor") else 0)
-        # the fewest rows of a chunk the NPU's static graph takes (the rest: the base processor);
-        # 0: every chunk it fits (the Service sets it from the chunks it timed, auto)
-        self.npu_from = 0
+        # the fewest rows of a chunk the NPU's static graph takes (0: any), and whether it takes
+        # chunks past a prompt's start (per-layer graphs): the Service's auto sets them (timings)
+        self.npu_from, self.npu_later = 0, True
         # (program plan, all_rows, buffer, bucket) -> (pid, processors, final stamps); programs
         # of static buckets are installed when a step first needs them
         self.programs: dict = {}
@@ -196,6 +196,7 @@ class Runner:
     def _chunk_key(self, rows: list, buffer: int, span, on: str | None) -> tuple:
         """The program of a prefill chunk: the plan's (or `on`'s) where it takes these rows,
         else the base processor's."""
+        later = on is None and rows[0][1] > 0 and not self.npu_later    # the plan's NPU: not there
         on = on or self.chunk_on
         if buffer or span is not None or on == self.base or on in ("gpu", "cpu"):
             return (on if on in ("gpu", "cpu") else self.base, False, buffer, 0)
@@ -210,7 +211,7 @@ class Runner:
         elif on == "hybrid":
             if n <= MAX_CHUNK and bucket_for(n) <= self.lay.max_rows and self.npu_fits(rows, bucket_for(n)):
                 return ("tensor", False, 0, bucket_for(n))
-        elif self.npu_fits(rows) and (on != "npu" or n >= self.npu_from):
+        elif self.npu_fits(rows) and (on != "npu" or n >= self.npu_from and not later):
             return (on, False, 0, self.npu_chunk)
         return (self.base, False, 0, 0)
 

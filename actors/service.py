@@ -24,6 +24,7 @@ from threadpoolctl import threadpool_limits
 
 from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
+from socllm.policies.buckets import whole_graph
 from socllm.policies.placement import NPU_MARGIN
 from socllm.policies.plan_cache import plan_cache, plan_key, processors_for
 from socllm.policies.request import Sequence
@@ -42,12 +43,13 @@ KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction")
 
 
-def _time_chunks(runner, n: int, on: tuple, reps: int = 3) -> dict:
-    """ms of a whole prefill chunk of n rows on each of `on` (the fastest of reps, on block 0,
-    where no request holds blocks yet)."""
+def _time_chunks(runner, n: int, on: tuple, reps: int = 3, at: int = 0) -> dict:
+    """ms of a whole prefill chunk of n rows from position `at` (0: a prompt's first chunk, the
+    NPU's whole-model graph; later: its per-layer graphs) on each of `on` (the fastest of reps, on
+    blocks from 0, where no request holds blocks yet)."""
     lay, ms = runner.lay, {}
-    rows = [(0, i, 0) for i in range(n)]
-    blocks = {0: [b % lay.kv_blocks for b in range(-(-n // lay.block_rows))]}
+    rows = [(0, at + i, 0) for i in range(n)]
+    blocks = {0: [b % lay.kv_blocks for b in range(-(-(at + n) // lay.block_rows))]}
     for proc in on:
         best = float("inf")
         for _ in range(reps):
@@ -56,6 +58,16 @@ def _time_chunks(runner, n: int, on: tuple, reps: int = 3) -> dict:
             best = min(best, time.perf_counter() - t)
         ms[proc] = round(1e3 * best, 1)
     return ms
+
+
+def _npu_takes(runner, chunk_ms: dict, base: str, chunk: int):
+    """The chunks auto's NPU takes, from its timings: the NPU's static graph costs its bucket
+    whatever the rows, the base processor's kernels grow with them, so from the rows where it is
+    faster; a chunk past a prompt's start (per-layer graphs, where its first chunk ran the
+    whole-model graph: "npu later") where that was timed faster."""
+    runner.npu_from = math.ceil(chunk * chunk_ms["npu"] / chunk_ms[base])
+    if "npu later" in chunk_ms:
+        runner.npu_later = chunk_ms["npu later"] < chunk_ms[f"{base} later"]
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -168,14 +180,12 @@ class Service:
         if plan == "auto":
             plan, chunk_ms = self._time_plan(e, runner, base, chunk)
         if runner.chunk_on == "npu" and chunk_ms.get(base):
-            # the NPU's static graph costs its bucket whatever the rows, the base processor's
-            # kernels grow with them: the NPU takes the chunks from the rows where it is faster
-            runner.npu_from = math.ceil(chunk * chunk_ms["npu"] / chunk_ms[base])
+            _npu_takes(runner, chunk_ms, base, chunk)
         if runner.chunk_on == "npu" and c.warm:
             runner.warm_npu()
         return runner, {"asked": c.plan, "plan": plan, "from": source, "decode": runner.decode_on,
                         "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms,
-                        "npu_from": runner.npu_from}
+                        "npu_from": runner.npu_from, "npu_later": runner.npu_later}
 
     def _which_plan(self, e, base: str) -> tuple:
         """(the plan to start, why: "asked" | "policy" | "cached" | "timed" | "no npu", the chunk
@@ -200,6 +210,11 @@ class Service:
         -> (the plan, the chunk times)."""
         chunk_ms = _time_chunks(runner, chunk, (base, "npu"))
         on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
+        if on == "npu" and self.config.whole_graph and whole_graph("chunk", chunk) \
+                and chunk < runner.lay.context:
+            # that was the whole-model graph: a chunk past a prompt's start runs per-layer graphs
+            later = _time_chunks(runner, min(chunk, runner.lay.context - chunk), (base, "npu"), at=chunk)
+            chunk_ms.update({f"{p} later": t for p, t in later.items()})
         runner.chunks_on(on)
         if on != "npu":
             e.drop("npu")            # its graphs and its process: memory no step uses

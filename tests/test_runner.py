@@ -219,3 +219,26 @@ def test_a_prompts_first_static_chunk_is_timed_for_the_preemption_bound(engine_n
     runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:56])], {0: blocks}, all_rows=False)
     assert dict(runner.ran)["npu chunk 32"] >= 2 and len(runner.first_s[key]) == 1
     assert runner.whole_chunk_s(8, 0) is None                   # fewer than npu_from: the GPU's
+
+
+def test_chunks_past_a_prompts_start_go_where_the_service_timed_them_faster(engine_npu, tokenizer):
+    """auto (actors/service.py _time_plan) times a chunk past a prompt's start apart when the
+    first ran the NPU's whole-model graph; npu_later False: such chunks run on the GPU, the
+    prompt's first on the NPU, and an explicit on="npu" still runs there."""
+    from socllm.actors.runner import Runner
+    runner = Runner(engine_npu, "hetero", "f32", npu_chunk=32)
+    runner.npu_later = False
+    ids = tokenizer.encode("It was the best of times, it was the worst of times, it was the age of "
+                           "wisdom, it was the age of foolishness, it was the epoch of belief, it "
+                           "was the epoch of incredulity, it was the season of Light, it was the "
+                           "season of Darkness, it was the spring of hope, it was the winter of despair")
+    assert len(ids) >= 64
+    blocks = list(range(4))
+    before = dict(runner.ran)
+    runner.step([(t, i, 0) for i, t in enumerate(ids[:32])], {0: blocks}, all_rows=False)
+    runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:64])], {0: blocks}, all_rows=False)
+    after = dict(runner.ran)
+    assert after["npu chunk 32"] == before.get("npu chunk 32", 0) + 1
+    assert after["gpu chunk"] == before.get("gpu chunk", 0) + 1
+    runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:64])], {0: blocks}, all_rows=False, on="npu")
+    assert dict(runner.ran)["npu chunk 32"] == after["npu chunk 32"] + 1

@@ -204,6 +204,7 @@ def status(a) -> int:
            "no npu": "auto: no npu", "asked": "as asked",
            "policy": f"auto: the {st['policy']} policy's chunks run on the {pl['else']}"}[pl["from"]]
     fewer = f"of fewer than {pl['npu_from']} rows or " if pl.get("npu_from") else ""
+    fewer += "past a prompt's start or " if pl.get("npu_later") is False else ""
     other = f" (chunks {fewer}it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
     print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "
           f"{pl['prefill']}{other}, decode on the {_on(pl['decode'])}")
