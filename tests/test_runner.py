@@ -194,29 +194,44 @@ def test_the_npu_takes_only_chunks_of_npu_from_rows_or_more(engine_npu, oracle, 
     assert float(np.abs(got[0] - ref).max() / np.abs(ref).max()) <= 2e-3
 
 
+
+def _hetero(engine_npu, tokenizer, text: str, n: int, **attrs):
+    """A hetero runner (the NPU's 32-row chunk graphs) with these attributes set, and the first
+    n token ids of text."""
+    from socllm.actors.runner import Runner
+    runner = Runner(engine_npu, "hetero", "f32", npu_chunk=32)
+    for k, v in attrs.items():
+        setattr(runner, k, v)
+    ids = tokenizer.encode(text)
+    assert len(ids) >= n
+    return runner, ids[:n]
+
+
+def _chunk(runner, ids, lo: int, hi: int, **kw):
+    """Prefill rows lo .. hi-1 of ids (sequence slot 0, blocks 0-3) in one step."""
+    runner.step([(t, lo + i, 0) for i, t in enumerate(ids[lo:hi])], {0: list(range(4))},
+                all_rows=False, **kw)
+
+
 def test_a_prompts_first_static_chunk_is_timed_for_the_preemption_bound(engine_npu, tokenizer):
     """The agent policy lets a proactive prompt's first chunk run whole on the NPU's static graph
     only where such chunks took at most its bound (actors/engine.py _whole_within_bound). The
     runner learns that time from the chunks at position 0 that its static program ran; a chunk
     the GPU takes, or a later chunk, teaches nothing."""
-    from socllm.actors.runner import Runner
-    runner = Runner(engine_npu, "hetero", "f32", npu_chunk=32)
-    runner.npu_from = 20
-    ids = tokenizer.encode("Call me Ishmael. Some years ago, never mind how long precisely, having "
-                           "little or no money in my purse, and nothing particular to interest me "
-                           "on shore, I thought I would sail about a little and see the watery part "
-                           "of the world. It is a way I have of driving off the spleen")
-    assert len(ids) >= 56
-    blocks = list(range(4))
+    runner, ids = _hetero(engine_npu, tokenizer, "Call me Ishmael. Some years ago, never mind how "
+                          "long precisely, having little or no money in my purse, and nothing "
+                          "particular to interest me on shore, I thought I would sail about a little "
+                          "and see the watery part of the world. It is a way I have of driving off "
+                          "the spleen", 56, npu_from=20)
     assert runner.whole_chunk_s(24, 0) is None                  # nothing ran yet
-    runner.step([(t, i, 0) for i, t in enumerate(ids[:16])], {0: blocks}, all_rows=False)
+    _chunk(runner, ids, 0, 16)
     assert runner.whole_chunk_s(16, 0) is None                  # the GPU's chunk
-    runner.step([(t, i, 0) for i, t in enumerate(ids[:24])], {0: blocks}, all_rows=False)
+    _chunk(runner, ids, 0, 24)
     took = runner.whole_chunk_s(24, 0)
     assert took is not None and 0 < took < 60
     key = ("npu", False, 0, 32)
     assert len(runner.first_s[key]) == 1
-    runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:56])], {0: blocks}, all_rows=False)
+    _chunk(runner, ids, 32, 56)
     assert dict(runner.ran)["npu chunk 32"] >= 2 and len(runner.first_s[key]) == 1
     assert runner.whole_chunk_s(8, 0) is None                   # fewer than npu_from: the GPU's
 
@@ -225,20 +240,16 @@ def test_chunks_past_a_prompts_start_go_where_the_service_timed_them_faster(engi
     """auto (actors/service.py _time_plan) times a chunk past a prompt's start apart when the
     first ran the NPU's whole-model graph; npu_later False: such chunks run on the GPU, the
     prompt's first on the NPU, and an explicit on="npu" still runs there."""
-    from socllm.actors.runner import Runner
-    runner = Runner(engine_npu, "hetero", "f32", npu_chunk=32)
-    runner.npu_later = False
-    ids = tokenizer.encode("It was the best of times, it was the worst of times, it was the age of "
-                           "wisdom, it was the age of foolishness, it was the epoch of belief, it "
-                           "was the epoch of incredulity, it was the season of Light, it was the "
-                           "season of Darkness, it was the spring of hope, it was the winter of despair")
-    assert len(ids) >= 64
-    blocks = list(range(4))
+    runner, ids = _hetero(engine_npu, tokenizer, "It was the best of times, it was the worst of "
+                          "times, it was the age of wisdom, it was the age of foolishness, it was the "
+                          "epoch of belief, it was the epoch of incredulity, it was the season of "
+                          "Light, it was the season of Darkness, it was the spring of hope, it was "
+                          "the winter of despair", 64, npu_later=False)
     before = dict(runner.ran)
-    runner.step([(t, i, 0) for i, t in enumerate(ids[:32])], {0: blocks}, all_rows=False)
-    runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:64])], {0: blocks}, all_rows=False)
+    _chunk(runner, ids, 0, 32)
+    _chunk(runner, ids, 32, 64)
     after = dict(runner.ran)
     assert after["npu chunk 32"] == before.get("npu chunk 32", 0) + 1
     assert after["gpu chunk"] == before.get("gpu chunk", 0) + 1
-    runner.step([(t, 32 + i, 0) for i, t in enumerate(ids[32:64])], {0: blocks}, all_rows=False, on="npu")
+    _chunk(runner, ids, 32, 64, on="npu")
     assert dict(runner.ran)["npu chunk 32"] == after["npu chunk 32"] + 1
