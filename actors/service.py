@@ -22,7 +22,7 @@ import traceback
 import ray
 from threadpoolctl import threadpool_limits
 
-from socllm.policies.agent import PREEMPT_BOUND_S, POLICIES, b_rf_from_profile
+from socllm.policies.agent import POLICIES, b_rf_from_profile
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
 from socllm.policies.buckets import whole_graph
 from socllm.policies.placement import NPU_MARGIN
@@ -269,13 +269,13 @@ class Service:
                 "frontends": {k: v[1] for k, v in self.frontends.items()}}
 
     def _preemption(self) -> dict | None:
-        """What a reactive arrival waits for (Agent.xpu §4.4 ②), against PREEMPT_BOUND_S."""
+        """What a reactive arrival waits for (Agent.xpu §4.4 ②), against the policy's bound_s."""
         if self.scheduler.slice_s is None:
             return None
         npu = self.placement["chunk_ms"].get("npu")
         spans = f"{self.runner.base} spans of ~{1e3 * self.scheduler.slice_s:.0f} ms" if self.runner.meta[1:] \
             else "whole chunks (no second activation buffer)"
-        return {"bound_ms": 1e3 * PREEMPT_BOUND_S, "proactive": spans,
+        return {"bound_ms": 1e3 * self.scheduler.bound_s, "proactive": spans,
                 "npu_chunk_ms": npu,
                 "npu_runs": "reactive chunks, and proactive prompts' first chunks where they take "
                 "at most the bound" if self.runner.chunk_on != self.runner.base else "no chunks",
