@@ -54,6 +54,15 @@ class Socllm:
         return {**out["timings"], "tokens": out["tokens"], "placement": out.get("placement")}
 
 
+def kv_dtype_for(plans: list) -> str:
+    """The KV cache's elements the service keeps at the plans' precisions (actors/service.py
+    KV_DTYPE: f16 at q16 and q8), f32 where one plan runs at f32 (the oracle's path)."""
+    from socllm.actors.service import KV_DTYPE
+    from socllm.policies.config import DEFAULT_PRECISION
+    kinds = {KV_DTYPE[p.partition("/")[2] or DEFAULT_PRECISION] for p in plans}
+    return "f32" if "f32" in kinds else kinds.pop()
+
+
 def stats(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
@@ -111,7 +120,7 @@ def _run(engine, runners, prompts, n_decode, reps, oracle, mem, missing, log) ->
     mem.update({r.name: pss_mb([r.pid]) for r in runners if hasattr(r, "pid")})
     info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
     return {"model": os.path.basename(engine.model_path),
-            "device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,
+            "device": _device(info), "threads": engine.threads, "kv_dtype": engine.kv_dtype, "decode_tokens": n_decode,
             "reps": reps, "prompts": list(prompts), "results": results, "missing_peers": missing,
             "memory_pss_mb": mem,
             "versions": {r.name: getattr(r, "version", None) for r in runners if not r.name.startswith("socllm")}}
@@ -218,7 +227,8 @@ def main(argv=None) -> int:
               f"{', '.join(SERVE_PLANS)}; precisions: {', '.join(SERVE_PRECISIONS)})", file=sys.stderr)
         return 2
     from socllm.actors.pool import Pool
-    eng = Pool(model=a.model, context=max(2048, max(prompts) + a.decode + 8))
+    eng = Pool(model=a.model, context=max(2048, max(prompts) + a.decode + 8),
+               kv_dtype=kv_dtype_for(a.plans.split(",")))
     try:
         oracle = None
         if not a.no_oracle:

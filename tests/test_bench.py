@@ -6,8 +6,8 @@ from socllm.scripts.bench import run_bench, table
 
 def test_bench_report_has_its_fields(engine, oracle):
     rep = run_bench(engine, [8], 4, 1, ["gpu"], ["llama.cpp"], oracle, log=lambda s: None)
-    assert set(rep) >= {"device", "threads", "decode_tokens", "reps", "prompts", "results",
-                        "missing_peers", "memory_pss_mb"}
+    assert set(rep) >= {"device", "threads", "kv_dtype", "decode_tokens", "reps", "prompts",
+                        "results", "missing_peers", "memory_pss_mb"}
     r = rep["results"]["socllm:gpu/q16"]["8"]
     for key in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
         assert set(r[key]) == {"min", "median", "max"} and r[key]["median"] > 0
@@ -24,3 +24,12 @@ def test_bench_prompts_share_no_prefix(tokenizer):
     a, b, c = (prompt_ids(tokenizer, n, v) for n, v in ((32, 1), (32, 2), (512, 3)))
     assert len(a) == 32 and len(c) == 512
     assert a[:4] != b[:4] and a[:4] != c[:4] and b[:4] != c[:4]
+
+
+def test_bench_keeps_the_kv_cache_the_service_keeps():
+    """The service keeps f16 keys and values at q16 and q8 (actors/service.py KV_DTYPE), and so
+    does the bench's engine (its attention reads half the bytes of f32's), f32 only where a plan
+    runs at f32."""
+    from socllm.scripts.bench import kv_dtype_for
+    assert kv_dtype_for(["gpu", "hetero/q16"]) == kv_dtype_for(["gpu/q8"]) == "f16"
+    assert kv_dtype_for(["gpu", "gpu/f32"]) == "f32"
