@@ -67,10 +67,22 @@ def stats(xs):
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
 
-def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=print) -> dict:
-    """engine: a running socllm Pool. Returns the report dict (see README)."""
-    runners, missing, mem = [Socllm(engine, p) for p in plans], {}, {}
+def socllm_runners(engine, plans: list, by_kv: dict) -> list:
+    """A runner per plan, on the engine of by_kv whose KV cache the service keeps at the plan's
+    precision (engine where by_kv has none)."""
+    return [Socllm(by_kv.get(kv_dtype_for([p]), engine), p) for p in plans]
+
+
+def run_bench(engine, prompts, n_decode, reps, plans, peers, oracle=None, log=print,
+              by_kv: dict | None = None) -> dict:
+    """engine: a running socllm Pool; by_kv: KV elements -> the Pool over such a cache, for the
+    plans whose precision keeps another one than engine's (kv_dtype_for). Returns the report
+    dict (see README)."""
+    by_kv = {engine.kv_dtype: engine, **(by_kv or {})}
+    runners = socllm_runners(engine, plans, by_kv)
+    missing, mem = {}, {}
     mem["socllm"] = pss_mb(engine.pids())
+    mem.update({f"socllm over {kv} KV": pss_mb(e.pids()) for kv, e in by_kv.items() if e is not engine})
     procs = []
     for name in peers:       # each in a process of its own (scripts/peers.py PeerProcess)
         try:
@@ -120,7 +132,8 @@ def _run(engine, runners, prompts, n_decode, reps, oracle, mem, missing, log) ->
     mem.update({r.name: pss_mb([r.pid]) for r in runners if hasattr(r, "pid")})
     info = {d["processor"]: d.get("device", d.get("api")) for d in engine.info()}
     return {"model": os.path.basename(engine.model_path),
-            "device": _device(info), "threads": engine.threads, "kv_dtype": engine.kv_dtype, "decode_tokens": n_decode,
+            "device": _device(info), "threads": engine.threads, "decode_tokens": n_decode,
+            "kv_dtype": {r.name: r.engine.kv_dtype for r in runners if isinstance(r, Socllm)},
             "reps": reps, "prompts": list(prompts), "results": results, "missing_peers": missing,
             "memory_pss_mb": mem,
             "versions": {r.name: getattr(r, "version", None) for r in runners if not r.name.startswith("socllm")}}
@@ -227,9 +240,14 @@ def main(argv=None) -> int:
               f"{', '.join(SERVE_PLANS)}; precisions: {', '.join(SERVE_PRECISIONS)})", file=sys.stderr)
         return 2
     from socllm.actors.pool import Pool
-    eng = Pool(model=a.model, context=max(2048, max(prompts) + a.decode + 8),
-               kv_dtype=kv_dtype_for(a.plans.split(",")))
+    # each plan over the KV cache the service keeps at its precision: an engine per kind
+    kinds = list(dict.fromkeys(kv_dtype_for([p]) for p in a.plans.split(",")))
+    engines = []
     try:
+        for kv in kinds:
+            engines.append(Pool(model=a.model, context=max(2048, max(prompts) + a.decode + 8),
+                                kv_dtype=kv))
+        eng = engines[0]
         oracle = None
         if not a.no_oracle:
             from socllm.models.gguf_file import open_gguf
@@ -239,9 +257,11 @@ def main(argv=None) -> int:
             cfg = load_config(reader)
             oracle = Oracle(cfg, load_weights(reader, cfg))
         report = run_bench(eng, prompts, a.decode, a.reps, a.plans.split(","), peers, oracle,
-                           log=lambda s: print(s, file=sys.stderr, flush=True))
+                           log=lambda s: print(s, file=sys.stderr, flush=True),
+                           by_kv={e.kv_dtype: e for e in engines})
     finally:
-        eng.close()
+        for e in reversed(engines):        # the first started the private Ray: it stops last
+            e.close()
     print(table(report))
     if a.json_path:
         with open(a.json_path, "w") as f:

@@ -33,3 +33,10 @@ def test_bench_keeps_the_kv_cache_the_service_keeps():
     from socllm.scripts.bench import kv_dtype_for
     assert kv_dtype_for(["gpu", "hetero/q16"]) == kv_dtype_for(["gpu/q8"]) == "f16"
     assert kv_dtype_for(["gpu", "gpu/f32"]) == "f32"
+    # with an engine of each kind, each plan runs on the one its precision keeps
+    from types import SimpleNamespace
+    from socllm.scripts.bench import socllm_runners
+    f16, f32 = SimpleNamespace(kv_dtype="f16"), SimpleNamespace(kv_dtype="f32")
+    runners = socllm_runners(f16, ["gpu", "gpu/f32", "hetero/q8"], {"f16": f16, "f32": f32})
+    assert [r.engine for r in runners] == [f16, f32, f16]
+    assert [r.engine for r in socllm_runners(f32, ["gpu"], {"f32": f32})] == [f32]
