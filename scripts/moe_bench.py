@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from .bench import Socllm, kv_dtype_for, prompt_ids, stats
+from .bench import Socllm, prompt_ids, stats
 from .peers import PeerMissing, PeerProcess
 
 # variant -> (serving plan, the NPU's moe_graphs)
@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from socllm.actors.front.cluster import _start_private_ray, stop_ray
     from socllm.actors.pool import Pool
+    from socllm.actors.service import KV_DTYPE
     from socllm.actors.metrics import pss_mb
     # the private Ray that socllm.LLM and `socllm generate` start (actors/front/cluster.py): its
     # workers at nice 0, none idle. A plain ray.init ran the actors at Ray's nice 15 beside two
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
         if graphs not in engines:
             engines[graphs] = Pool(model=a.model, context=a.prompt + a.decode + 64, threads=2,
                                    moe_graphs=graphs, moe_overflow=a.overflow,
-                                   kv_dtype=kv_dtype_for([f"x/{a.precision}"]))
+                                   kv_dtype=KV_DTYPE[a.precision])     # the service's
         r = Socllm(engines[graphs], f"{plan}/{a.precision}")
         r.name = f"socllm:{name}"
         runners.append(r)
@@ -73,7 +74,8 @@ def main(argv=None) -> int:
             print(f"rep {rep + 1}/{a.reps} {r.name:20s} ttft {res['ttft_s'] * 1e3:8.1f} ms  "
                   f"decode {res['decode_tok_s']:6.1f} tok/s", flush=True)
     out = {"model": os.path.basename(a.model), "prompt": a.prompt, "decode": a.decode,
-           "reps": a.reps, "precision": a.precision, "overflow": a.overflow, "threads": 2, "kv_dtype": next(iter(engines.values())).kv_dtype,
+           "reps": a.reps, "precision": a.precision, "overflow": a.overflow, "threads": 2,
+           "kv_dtype": KV_DTYPE[a.precision],
            "results": {name: {k: stats([x[k] for x in runs]) for k in ("ttft_s", "decode_tok_s")}
                        | {"first_tokens": runs[0]["tokens"][:8]} for name, runs in raw.items()},
            "npu_moe": {g: next((i.get("moe") for i in e.info() if i["processor"] == "npu"), None)
