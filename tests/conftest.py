@@ -15,19 +15,6 @@ from socllm.models.tokenizer import Tokenizer
 
 from testlib import PROMPTS, free_port
 
-# The README runs the suite on two workers (`-n 2`, pytest-xdist; `--dist loadgroup` in
-# pyproject.toml): each test file stays on one worker (its module fixtures are built once), and
-# the files whose tests start, kill or stop processes that own pool segments share one worker,
-# one after another, so that no test sees another's segment come and go (testlib.own_segments).
-ONE_WORKER = {"test_cli.py", "test_service.py", "test_stress.py", "test_pool.py", "test_llm.py",
-              "test_discovery.py"}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("processes" if name in ONE_WORKER else name))
-
 
 @pytest.fixture(scope="session")
 def model_path() -> str:

@@ -1,12 +1,9 @@
 """Plain helpers that several test files share (no fixtures: those are in conftest.py)."""
 from __future__ import annotations
 
-import os
-import re
 import socket
 
 import numpy as np
-import psutil
 
 from socllm.graph.build import build_graph
 from socllm.graph.liveness import assign_slots
@@ -24,20 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def own_segments() -> set:
-    """The pool segments (/dev/shm/socllm-<pid>-<hex>, memory/arena.py) of this test process and
-    the processes under it (its Ray session's actors, the CLI it runs), and those whose creator
-    has ended (an orphan a test must not leave): with `pytest -n 2` (the README's), segments of
-    the other worker's live engines are none of this worker's business."""
-    mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
-    out = set()
-    for name in os.listdir("/dev/shm"):
-        m = re.fullmatch(r"socllm-(\d+)-[0-9a-f]+", name)
-        if m and (int(m[1]) in mine or not psutil.pid_exists(int(m[1]))):
-            out.add(name)
-    return out
 
 
 def program(model_config, plan, phase, n_layers=2, cut=None):
