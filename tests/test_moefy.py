@@ -244,3 +244,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("socllm: error:") and needle in err[0], err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_rounded_oracle_cuts_activations_as_ggmls_8_bit_blocks_do():
+    """scripts/moe_tokens.py's llama.cpp-like rounding: per 32 values an f16 scale max|x| / 127
+    and integers in [-127, 127]; a row that is already such a block is kept exactly, and
+    `x @ w.T` through a rounded weight equals the rounded row times the weight."""
+    from socllm.scripts.moe_tokens import _Rounded, q8_blocks
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    y = q8_blocks(x)
+    d = (np.abs(x.reshape(3, 2, 32)).max(-1, keepdims=True) / 127).astype(np.float16).astype(np.float32)
+    q = y.reshape(3, 2, 32) / d
+    assert np.allclose(q, np.round(q), atol=1e-4) and np.abs(q).max() <= 127.5
+    assert 0 < np.abs(y - x).max() <= d.max() / 2 * 1.01
+    assert np.array_equal(q8_blocks(y), y)
+    w = rng.standard_normal((4, 2, 5, 64)).astype(np.float32)
+    assert np.allclose(x @ _Rounded(w).reshape(8, 5, 64)[3].T, y @ w.reshape(8, 5, 64)[3].T)
