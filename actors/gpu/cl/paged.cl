@@ -221,21 +221,23 @@ inline void att_rows_g(const __global float8* q, const __global kv8* k, const __
             }
             sum[g] += hsum8(s8);
         }
-        for (int c = 0; c < HC; c++) {          // V: chunk c of every key, for the ATT_G heads
-            float8 a[ATT_G];
+        // V: key by key, each key's row read once for the ATT_G heads into their ATT_G * HC
+        // accumulators (registers); 8 keys unrolled, so a key's weight is a fixed lane of sc
+        for (int j = 0; j < groups; j++) {
+            const int l = l0 + 8 * j;
 #pragma unroll
-            for (int g = 0; g < ATT_G; g++) a[g] = acc[g * HC + c];
-            for (int j = 0; j < groups; j++) {
-                const int keys = min(8, L - l0 - 8 * j);
-                const __global kv8* vr = v + (size_t)base[j] * kw + c;
-                for (int t = 0; t < keys; t++, vr += kw) {
-                    const float8 vc = KV8(vr);
+            for (int t = 0; t < 8; t++) {       // tail: re-read the last key (its weight is 0)
+                const __global kv8* vr = v + (size_t)(base[j] + (l + t < L ? t : L - 1 - l)) * kw;
+                float p[ATT_G];
 #pragma unroll
-                    for (int g = 0; g < ATT_G; g++) a[g] += ((const float*)&sc[g][j])[t] * vc;
+                for (int g = 0; g < ATT_G; g++) p[g] = ((const float*)&sc[g][j])[t];
+#pragma unroll
+                for (int c = 0; c < HC; c++) {
+                    const float8 vc = KV8(vr + c);
+#pragma unroll
+                    for (int g = 0; g < ATT_G; g++) acc[g * HC + c] += p[g] * vc;
                 }
             }
-#pragma unroll
-            for (int g = 0; g < ATT_G; g++) acc[g * HC + c] = a[g];
         }
     }
 }
