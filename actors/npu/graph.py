@@ -172,14 +172,16 @@ _HALF_SCALE = (2.0 ** (np.arange(32) - 25)).astype(F32)
 def half_bits(raw: ov.Output, cols: int) -> ov.Node:
     """f16 values from their little-endian bytes u8 [T, 2 cols] -> f32 [T, cols], exactly, for
     finite values: (-1)^s (1024 + m) 2^(e - 25), or m 2^-24 where e = 0 (subnormal). In float
-    arithmetic: the CPU plugin's integer bitwise ops are slow (measured 2-3x the attention)."""
-    lo, hi = (ops.reshape(x, np.array([-1, cols], np.int64), False) for x in ops.split(
-        ops.convert(ops.reshape(raw, np.array([-1, cols, 2], np.int64), False), F32),
-        np.int64(2), 2).outputs())
-    neg = ops.greater_equal(hi, f32(128.0))
-    h = ops.select(neg, ops.subtract(hi, f32(128.0)), hi)                  # e * 4 + m's top 2 bits
-    e = ops.floor(ops.multiply(h, f32(0.25)))
-    m = ops.add(ops.multiply(ops.subtract(h, ops.multiply(e, f32(4.0))), f32(256.0)), lo)
+    arithmetic: the CPU plugin's integer bitwise ops are slow (measured 2-3x the attention). The
+    bytes become one value u = lo + 256 hi through two Gathers of the pair, not a Split (which
+    this plugin runs in its reference kernel); the rest is elementwise, one fused graph."""
+    pairs = ops.convert(ops.reshape(raw, np.array([-1, cols, 2], np.int64), False), F32)
+    lo, hi = (ops.gather(pairs, ops.constant(np.int32(i)), 2) for i in (0, 1))     # [T, cols]
+    u = ops.add(lo, ops.multiply(hi, f32(256.0)))
+    neg = ops.greater_equal(u, f32(32768.0))
+    h = ops.select(neg, ops.subtract(u, f32(32768.0)), u)                 # e * 1024 + m
+    e = ops.floor(ops.multiply(h, f32(1.0 / 1024)))
+    m = ops.subtract(h, ops.multiply(e, f32(1024.0)))
     scale = ops.gather(ops.constant(_HALF_SCALE), ops.convert(e, np.int32), 0)
     mag = ops.select(ops.equal(e, f32(0.0)), ops.multiply(m, f32(2.0 ** -24)),
                      ops.multiply(ops.add(m, f32(1024.0)), scale))
