@@ -66,15 +66,14 @@ class _Rounded:
 
 
 class RoundedOracle(Oracle):
-    """The oracle computing as llama.cpp's CPU path rounds (module docstring)."""
+    """An oracle computing as llama.cpp's CPU path rounds (module docstring), over the given
+    oracle's dequantized weights (shared, not copied)."""
 
-    def __init__(self, cfg, weights):
-        super().__init__(cfg, weights)
-        for lw in self.layers:
-            for part in QUANTIZED:
-                if f"{part}.weight" in lw:
-                    lw[f"{part}.weight"] = _Rounded(lw[f"{part}.weight"])
-        self.lm_head = _Rounded(self.lm_head)
+    def __init__(self, oracle: Oracle):
+        self.__dict__.update(oracle.__dict__)
+        self.layers = [{k: _Rounded(v) if k.removesuffix(".weight") in QUANTIZED else v
+                        for k, v in lw.items()} for lw in oracle.layers]
+        self.lm_head = _Rounded(oracle.lm_head)
 
     def new_cache(self, ctx: int) -> KVCache:
         kv = KVCache(self.cfg, ctx)
@@ -96,8 +95,7 @@ def main(argv=None) -> int:
     oracle = Oracle(cfg, load_weights(reader, cfg))
     prompts = prompt_ids(reader, Tokenizer(reader), GREEDY_SETS[a.greedy_set])
     if a.against == "rounded":
-        rounded = RoundedOracle(cfg, load_weights(reader, cfg))
-        logits = rounded.logits_for
+        logits = RoundedOracle(oracle).logits_for
     else:
         llm = llama_model(a.model, max(len(x) for x in prompts) + a.tokens, threads=2)
         logits = lambda ids: llama_logits(llm, ids)     # noqa: E731
