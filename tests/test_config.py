@@ -127,7 +127,8 @@ def test_knobs_set_where_serve_runs_reach_a_cluster_started_before(ray_session):
 
 def test_the_cpus_llvm_14_cannot_name_get_a_target_and_the_rest_keep_theirs():
     """actors/gpu/device.py named_cpu: Zen 5, Emerald Rapids and Granite Rapids get the best target
-    whose features the host has; a CPU LLVM 14 names (Zen 4, Sapphire Rapids, Ice Lake) keeps it."""
+    whose features the host has, and so does a Zen 4 (LLVM 14 names it znver3, without AVX-512); a
+    CPU LLVM 14 names as what it is (Zen 3, Sapphire Rapids, Ice Lake) keeps that name."""
     from socllm.actors.gpu.device import TARGETS, named_cpu
     avx512 = " ".join(TARGETS["icelake-server"])
     avx2 = " ".join(TARGETS["znver3"])
@@ -136,7 +137,8 @@ def test_the_cpus_llvm_14_cannot_name_get_a_target_and_the_rest_keep_theirs():
         return {"vendor_id": vendor, "cpu family": str(family), "model": str(model), "flags": flags}
     assert named_cpu(cpu("AuthenticAMD", 26, 2, avx512)) == "icelake-server"        # Zen 5
     assert named_cpu(cpu("AuthenticAMD", 26, 2, avx2)) == "znver3"
-    assert named_cpu(cpu("AuthenticAMD", 25, 17, avx512)) is None                   # Zen 4
+    assert named_cpu(cpu("AuthenticAMD", 25, 17, avx512)) == "icelake-server"       # Zen 4: LLVM says znver3
+    assert named_cpu(cpu("AuthenticAMD", 25, 33, avx2)) is None                     # Zen 3: LLVM's znver3
     assert named_cpu(cpu("GenuineIntel", 6, 0xcf, avx512)) == "icelake-server"      # Emerald Rapids
     assert named_cpu(cpu("GenuineIntel", 6, 0xad, avx512)) == "icelake-server"      # Granite Rapids
     assert named_cpu(cpu("GenuineIntel", 6, 0x8f, avx512)) is None                  # Sapphire Rapids
