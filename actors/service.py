@@ -496,7 +496,7 @@ def _heads(c, e):
     if h is None and c.speculate == "heads":
         raise ConfigError("speculate", f"heads: no draft heads for this model file "
                                        f"({heads_path(e.model_path)}; scripts/train_heads.py trains them)")
-    heads = h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"])
+    heads = h and Heads(h["W"], h["b"], h["vocab"], h["embed"], h["meta"]["accuracy"]["head1"]["top1"], h["A"])
     del h
     from socllm.actors.pool import _trim
     _trim()      # the embedding's rows were read through a copy of its table; Heads keeps copies

@@ -1,7 +1,7 @@
 """Draft heads for speculative decoding, as files beside the models (scripts/train_heads.py
 trains them; policies/drafting.py Heads runs them): heads/<model file's stem>.npz holds each
-head's ResBlock (W [K, D, D], b [K, D]), the token subset their logits cover (vocab [V']) and a
-JSON record (meta: the model file's sha256, the accuracies measured on held-out rows)."""
+head's ResBlock (W [K, D, D], b [K, D]; Hydra's heads also A [K, D, D]), the token subset
+their logits cover (vocab [V']) and a JSON record (meta: the model file's sha256, the accuracies measured on held-out rows)."""
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +30,8 @@ def load_heads(model_path: str) -> dict | None:
             return None
     vocab = z["vocab"].astype(np.int64)
     return {"W": z["W"].astype(np.float32), "b": z["b"].astype(np.float32), "vocab": vocab,
-            "embed": embedding_rows(model_path, vocab), "meta": meta}
+            "embed": embedding_rows(model_path, vocab), "meta": meta,
+            "A": z["A"].astype(np.float32) if "A" in z.files else None}
 
 
 def embedding_rows(model_path: str, rows: np.ndarray) -> np.ndarray:

@@ -354,12 +354,18 @@ class Heads:
     tokens exact): head k maps a row's final-normed hidden state x to x + SiLU(W_k x + b_k),
     whose logits over a token subset (the model's own embedding rows of it) give the token k+1
     places after the row's next one. A chain draft: each head's most likely token. Trained by
-    scripts/train_heads.py (models/heads.py holds the files)."""
+    scripts/train_heads.py (models/heads.py holds the files).
+
+    With A (Hydra's sequentially dependent heads, arXiv 2402.05109), head k also sees the token
+    before the one it drafts: z_k = W_k x + A_k e(t_k) + b_k, where t_1 is the row's next token
+    (the model's own, sampled by the step that made x) and t_k the token head k-1 drafted; e is
+    the embedding row of a token of the subset (zero for a token outside it). The heads then run
+    one after another, each on the previous one's likeliest token."""
 
     def __init__(self, W: np.ndarray, b: np.ndarray, vocab: np.ndarray, embed: np.ndarray,
-                 prior: float = Acceptance.prior):
+                 prior: float = Acceptance.prior, A: np.ndarray | None = None):
         """prior: the first head's accuracy on held-out rows, the acceptance expected before any
-        is seen."""
+        is seen. A [K, D, D]: the heads' token matrices (None: Medusa's heads, on x alone)."""
         # W [K,D,D], b [K,D], vocab [V'], embed [V',D], kept as every head's W_k in one matrix
         # [D, K*D] and E' transposed [D, V']: two GEMMs a step (np.einsum would loop in C without
         # BLAS: 1.7-3 ms a step on the Xeon VM, against the step's ~15 ms of kernels); the
@@ -367,19 +373,48 @@ class Heads:
         self.b, self.vocab, self.k, self.prior = b, vocab, W.shape[0], prior
         self.Wt = np.ascontiguousarray(W.reshape(-1, W.shape[-1]).T)
         self.Et = np.ascontiguousarray(embed.T)
+        self.At = None if A is None else np.ascontiguousarray(A.transpose(0, 2, 1))
+        if A is not None:
+            # a token id -> its row of the subset, len(vocab) (a zero row) for any other
+            self.row = np.full(int(vocab.max()) + 2, len(vocab), np.int64)
+            self.row[vocab] = np.arange(len(vocab))
+            self.E0 = np.concatenate([embed, np.zeros((1, embed.shape[1]), embed.dtype)])
 
-    def propose(self, hidden: np.ndarray, ranks: int = 1) -> np.ndarray:
+    def propose(self, hidden: np.ndarray, ranks: int = 1, last: np.ndarray | None = None) -> np.ndarray:
         """hidden [S, D] (each sequence's last row) -> drafted tokens [S, K] (ranks > 1: each
-        head's `ranks` likeliest, the likeliest first [S, K, ranks])."""
+        head's `ranks` likeliest, the likeliest first [S, K, ranks]). last [S]: each sequence's
+        next token, the one its row's logits gave (the Hydra heads' first input)."""
         s, d = hidden.shape
         z = (hidden @ self.Wt).reshape(s, self.k, d) + self.b
+        if self.At is not None:
+            return self._chain(hidden, z, ranks, last)
         h = hidden[:, None, :] + z / (1.0 + np.exp(-z))                  # ResBlock: x + SiLU(.)
-        logits = h.reshape(-1, d) @ self.Et                               # one pass over E'
+        return self._top(h.reshape(-1, d) @ self.Et, ranks).reshape(s, self.k, *(() if ranks == 1 else (ranks,)))
+
+    def _chain(self, hidden, z, ranks, last):
+        s = len(hidden)
+        last = np.full(s, -1) if last is None else np.asarray(last, np.int64)
+        prev = np.where((last >= 0) & (last < len(self.row)), self.row[np.clip(last, 0, len(self.row) - 1)],
+                        len(self.vocab))
+        out = []
+        for k in range(self.k):
+            zk = z[:, k] + self.E0[prev] @ self.At[k]
+            h = hidden + zk / (1.0 + np.exp(-zk))
+            top = self._top(h @ self.Et, ranks, rows=True)             # subset rows [S] / [S, R]
+            out.append(self.vocab[top])
+            prev = top if ranks == 1 else top[:, 0]
+        return np.stack(out, 1)
+
+    def _top(self, logits, ranks, rows=False):
+        """Each row's likeliest token (ranks 1), or its `ranks` likeliest, best first: as token
+        ids, or (rows) as rows of the subset."""
         if ranks == 1:
-            return self.vocab[logits.argmax(1)].reshape(s, self.k)
-        top = np.argpartition(-logits, ranks - 1, axis=1)[:, :ranks]
-        order = np.argsort(-np.take_along_axis(logits, top, 1), axis=1, kind="stable")
-        return self.vocab[np.take_along_axis(top, order, 1)].reshape(s, self.k, ranks)
+            top = logits.argmax(1)
+        else:
+            top = np.argpartition(-logits, ranks - 1, axis=1)[:, :ranks]
+            order = np.argsort(-np.take_along_axis(logits, top, 1), axis=1, kind="stable")
+            top = np.take_along_axis(top, order, 1)
+        return top if rows else self.vocab[top]
 
 
 class StepCosts:
@@ -513,7 +548,8 @@ class Speculator:
         likeliest token, or (ranks > 1, no grammar) the candidates of a tree, best first, as
         (tokens, parents, ranks) with their chances in `gains`."""
         t0 = time.perf_counter()
-        top = self.heads.propose(np.stack([batch[i].spec.hidden for i, _ in ask]), self.ranks)
+        top = self.heads.propose(np.stack([batch[i].spec.hidden for i, _ in ask]), self.ranks,
+                                 np.array([batch[i].tokens[-1] if batch[i].tokens else -1 for i, _ in ask]))
         dt = time.perf_counter() - t0
         self.heads_s = dt if self.heads_s is None else self.heads_s + 0.2 * (dt - self.heads_s)
         for (i, room), t in zip(ask, top):

@@ -113,7 +113,7 @@ def hidden_states(seqs: list, model) -> list:
 
 
 def train(hs: list, seqs: list, embed: np.ndarray, n_heads: int, vocab: int, epochs: int,
-          lr: float, seed: int = 0) -> dict:
+          lr: float, seed: int = 0, hydra: bool = False) -> dict:
     import torch
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -126,31 +126,40 @@ def train(hs: list, seqs: list, embed: np.ndarray, n_heads: int, vocab: int, epo
     held = set(order[:max(1, len(seqs) // 10)].tolist())
 
     def rows(which):
-        xs, ys = [], []
+        xs, ys, cs = [], [], []
         for i, ((prompt, ans), h) in enumerate(zip(seqs, hs)):
             if (i in held) != which:
                 continue
             ids = np.asarray(prompt + ans)
             t = np.arange(max(0, len(prompt) - 1), len(ids) - 2)     # rows that decode the answer
             y = np.full((len(t), n_heads), -1, np.int64)
+            c = np.full((len(t), n_heads), len(keep), np.int64)      # Hydra's: the token before
             for k in range(1, n_heads + 1):
                 ok = t + k + 1 < len(ids)
                 y[ok, k - 1] = index[ids[t[ok] + k + 1]]
+                c[ok, k - 1] = np.where(index[ids[t[ok] + k]] >= 0, index[ids[t[ok] + k]], len(keep))
             xs.append(h[t])
             ys.append(y)
-        return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+            cs.append(c)
+        return (torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys)),
+                torch.from_numpy(np.concatenate(cs)))
 
-    xt, yt = rows(False)
-    xv, yv = rows(True)
+    xt, yt, ct = rows(False)
+    xv, yv, cv = rows(True)
     D = embed.shape[1]
     E = torch.from_numpy(embed[keep].astype(np.float32))
+    E0 = torch.cat([E, torch.zeros(1, D)])                            # a zero row: outside the subset
     W = torch.zeros(n_heads, D, D, requires_grad=True)
     b = torch.zeros(n_heads, D, requires_grad=True)
-    opt = torch.optim.Adam([W, b], lr=lr)
+    A = torch.zeros(n_heads, D, D, requires_grad=True)
+    opt = torch.optim.Adam([W, b] + ([A] if hydra else []), lr=lr)
     lam = torch.tensor([0.8 ** k for k in range(1, n_heads + 1)])
 
-    def logits(x):
-        h = x[:, None, :] + torch.nn.functional.silu(torch.einsum("nd,ked->nke", x, W) + b)
+    def logits(x, c):
+        z = torch.einsum("nd,ked->nke", x, W) + b
+        if hydra:                  # head k sees the token before its own (teacher-forced here)
+            z = z + torch.einsum("nkd,ked->nke", E0[c], A)
+        h = x[:, None, :] + torch.nn.functional.silu(z)
         return h @ E.T                                                # [n, K, V']
 
     steps = epochs * (len(xt) // 256 + 1)
@@ -161,7 +170,7 @@ def train(hs: list, seqs: list, embed: np.ndarray, n_heads: int, vocab: int, epo
         total = 0.0
         for lo in range(0, len(xt), 256):
             i = perm[lo:lo + 256]
-            z = logits(xt[i])
+            z = logits(xt[i], ct[i])
             y = yt[i]
             ce = torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1),
                                                    ignore_index=-1, reduction="none").reshape(y.shape)
@@ -175,7 +184,7 @@ def train(hs: list, seqs: list, embed: np.ndarray, n_heads: int, vocab: int, epo
         print(f"  epoch {ep + 1}/{epochs}: loss {total / len(xt):.3f} ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr, flush=True)
     with torch.no_grad():
-        z = logits(xv)
+        z = logits(xv, cv)
         top = z.topk(3, dim=-1).indices                                 # [n, K, 3]
         acc = {}
         for k in range(n_heads):
@@ -187,6 +196,7 @@ def train(hs: list, seqs: list, embed: np.ndarray, n_heads: int, vocab: int, epo
         # the share of held-out targets inside the subset (the rest no head can draft)
         acc["in_vocab"] = round(float((yv[:, 0] >= 0).float().mean()), 4)
     return {"W": W.detach().numpy(), "b": b.detach().numpy(), "vocab": keep.astype(np.int32),
+            "A": A.detach().numpy() if hydra else None,
             "accuracy": acc, "train_rows": len(xt), "held_rows": len(xv)}
 
 
@@ -203,6 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=16)
     ap.add_argument("--limit", type=int, default=0, help="conversations (0: all; smoke runs)")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--hydra", action="store_true", help="sequentially dependent heads (Hydra): "
+                    "each also sees the token before the one it drafts")
     ap.add_argument("--data", default=None, help="keep the answers and hidden states in this .npz "
                     "(read back if it exists: tries of the training alone)")
     ap.add_argument("--out", default=None)
@@ -226,17 +238,19 @@ def main(argv=None) -> int:
     w = load_weights(reader, cfg)
     embed = _dequant(w["token_embd.weight"]).astype(np.float32)
     print(f"socllm: training {a.heads} heads", file=sys.stderr)
-    res = train(hs, seqs, embed, a.heads, a.vocab, a.epochs, a.lr)
+    res = train(hs, seqs, embed, a.heads, a.vocab, a.epochs, a.lr, hydra=a.hydra)
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     out = a.out or heads_path(path)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     meta = {"model": os.path.basename(path), "model_sha256": digest, "heads": a.heads,
-            "vocab": a.vocab, "conversations": len(convs), "max_tokens": a.max_tokens,
+            "vocab": a.vocab, "hydra": a.hydra, "conversations": len(convs), "max_tokens": a.max_tokens,
             "epochs": a.epochs, "accuracy": res["accuracy"], "train_rows": res["train_rows"],
             "held_rows": res["held_rows"], "command": "python -m socllm.scripts.train_heads " + " ".join(argv or sys.argv[1:])}
+    extra = {"A": res["A"].astype(np.float16)} if a.hydra else {}
     np.savez_compressed(out, W=res["W"].astype(np.float16), b=res["b"].astype(np.float16),
-                        vocab=res["vocab"], meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+                        vocab=res["vocab"], meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                        **extra)
     print(json.dumps(meta, indent=1))
     print(f"socllm: heads written to {out}", file=sys.stderr)
     return 0

@@ -196,6 +196,34 @@ def test_heads_give_each_heads_likeliest_tokens_in_order():
     assert (top == want).all()
 
 
+def test_hydra_heads_each_see_the_token_before_their_own():
+    """Hydra's sequentially dependent heads: head 1 sees the row's next token, head k the token
+    head k-1 drafted; a next token outside the subset is a zero embedding."""
+    from socllm.policies.drafting import Heads
+    rng = np.random.default_rng(3)
+    K, D, V = 3, 16, 40
+    W, b = rng.normal(0, 0.3, (K, D, D)).astype(np.float32), rng.normal(0, 0.1, (K, D)).astype(np.float32)
+    A = rng.normal(0, 0.5, (K, D, D)).astype(np.float32)
+    vocab = rng.choice(1000, V, replace=False)
+    embed = rng.normal(0, 1, (V, D)).astype(np.float32)
+    heads = Heads(W, b, vocab, embed, A=A)
+    x = rng.normal(0, 1, (4, D)).astype(np.float32)
+    outside = next(t for t in range(5000) if t not in set(vocab.tolist()))
+    last = np.array([vocab[0], vocab[7], outside, 99999])
+    got = heads.propose(x, last=last)
+    for s in range(4):
+        e = embed[list(vocab).index(last[s])] if last[s] in vocab else np.zeros(D, np.float32)
+        for k in range(K):
+            z = W[k] @ x[s] + A[k] @ e + b[k]
+            tok = vocab[np.argmax(embed @ (x[s] + z / (1 + np.exp(-z))))]
+            assert got[s, k] == tok
+            e = embed[list(vocab).index(tok)]
+    top = heads.propose(x, 2, last)
+    assert top.shape == (4, K, 2) and (top[:, :, 0] == got).all()
+    plain = Heads(W, b, vocab, embed, A=np.zeros_like(A))       # A = 0: Medusa's heads
+    assert (plain.propose(x, last=last) == Heads(W, b, vocab, embed).propose(x)).all()
+
+
 def _tree_brute(top, rates, depth, width):
     """Every node (a path of ranks) with its chance, the likeliest `width` of them."""
     K, R = top.shape
