@@ -360,7 +360,8 @@ class Heads:
     before the one it drafts: z_k = W_k x + A_k e(t_k) + b_k, where t_1 is the row's next token
     (the model's own, sampled by the step that made x) and t_k the token head k-1 drafted; e is
     the embedding row of a token of the subset (zero for a token outside it). The heads then run
-    one after another, each on the previous one's likeliest token."""
+    one after another, each on the previous one's likeliest token: in a tree (ranks > 1) the
+    second candidates of head 1 are its own, deeper nodes follow the likeliest path's tokens."""
 
     def __init__(self, W: np.ndarray, b: np.ndarray, vocab: np.ndarray, embed: np.ndarray,
                  prior: float = Acceptance.prior, A: np.ndarray | None = None):
@@ -375,10 +376,9 @@ class Heads:
         self.Et = np.ascontiguousarray(embed.T)
         self.At = None if A is None else np.ascontiguousarray(A.transpose(0, 2, 1))
         if A is not None:
-            # a token id -> its row of the subset, len(vocab) (a zero row) for any other
+            # a token id -> its row of the subset, len(vocab) (no row: a zero embedding) for any other
             self.row = np.full(int(vocab.max()) + 2, len(vocab), np.int64)
             self.row[vocab] = np.arange(len(vocab))
-            self.E0 = np.concatenate([embed, np.zeros((1, embed.shape[1]), embed.dtype)])
 
     def propose(self, hidden: np.ndarray, ranks: int = 1, last: np.ndarray | None = None) -> np.ndarray:
         """hidden [S, D] (each sequence's last row) -> drafted tokens [S, K] (ranks > 1: each
@@ -398,7 +398,8 @@ class Heads:
                         len(self.vocab))
         out = []
         for k in range(self.k):
-            zk = z[:, k] + self.E0[prev] @ self.At[k]
+            e = self.Et.T[np.minimum(prev, len(self.vocab) - 1)] * (prev < len(self.vocab))[:, None]
+            zk = z[:, k] + e @ self.At[k]
             h = hidden + zk / (1.0 + np.exp(-zk))
             top = self._top(h @ self.Et, ranks, rows=True)             # subset rows [S] / [S, R]
             out.append(self.vocab[top])

@@ -3,7 +3,13 @@ default drafter): the model answers a set of prompts, and heads learn to predict
 but one from its final hidden states. Needs torch (the optional `train` extra: `pip install
 -e .[train]`); socllm never imports torch at run time.
 
-    python -m socllm.scripts.train_heads            # -> models/heads/<model file>.npz
+    python -m socllm.scripts.train_heads --hydra --epochs 6   # -> models/heads/<model file>.npz
+
+With --hydra (the committed file's kind), each head also sees the token before the one it
+drafts (Hydra, arXiv 2402.05109: A_k e(t_k) added inside the ResBlock; head 1 sees the row's
+next token, which the model itself chose), teacher-forced in training. Measured on held-out
+rows, three heads drafting a chain: 0.87 tokens accepted of 3 against Medusa's 0.58; on
+spec_bench's open prompts (not in the training set) 0.48 against 0.28.
 
 The heads (policies/drafting.py Heads): head k (k = 1 .. K) maps the final-normed hidden state
 x of a row to x + SiLU(W_k x + b_k) (Medusa's ResBlock, zero-initialised: it starts as the
