@@ -1,7 +1,8 @@
 """Draft heads for speculative decoding, as files beside the models (scripts/train_heads.py
 trains them; policies/drafting.py Heads runs them): heads/<model file's stem>.npz holds each
 head's ResBlock (W [K, D, D], b [K, D]; Hydra's heads also A [K, D, D]), the token subset
-their logits cover (vocab [V']) and a JSON record (meta: the model file's sha256, the accuracies measured on held-out rows)."""
+their logits cover (vocab [V']) and a JSON record (meta: the model file's sha256, the accuracies
+measured on held-out rows)."""
 from __future__ import annotations
 
 import hashlib

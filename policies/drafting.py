@@ -373,10 +373,14 @@ class Heads:
         # arrays as given are not kept (13 MB for the default model's)
         self.b, self.vocab, self.k, self.prior = b, vocab, W.shape[0], prior
         self.Wt = np.ascontiguousarray(W.reshape(-1, W.shape[-1]).T)
-        self.Et = np.ascontiguousarray(embed.T)
+        # E' with a zero row after it (Hydra's input for a token outside the subset), read as rows
+        # there and as its transpose (a view: BLAS takes it as is) for the logits
+        self.E0 = np.concatenate([embed, np.zeros((1, embed.shape[1]), np.float32)])
+        self.Et = self.E0[:-1].T
         self.At = None if A is None else np.ascontiguousarray(A.transpose(0, 2, 1))
         if A is not None:
-            # a token id -> its row of the subset, len(vocab) (no row: a zero embedding) for any other
+            # a token id -> its row of E0 (the zero row for a token outside the subset; the last
+            # entry stands for any id past the table's end or below 0)
             self.row = np.full(int(vocab.max()) + 2, len(vocab), np.int64)
             self.row[vocab] = np.arange(len(vocab))
 
@@ -394,12 +398,10 @@ class Heads:
     def _chain(self, hidden, z, ranks, last):
         s = len(hidden)
         last = np.full(s, -1) if last is None else np.asarray(last, np.int64)
-        prev = np.where((last >= 0) & (last < len(self.row)), self.row[np.clip(last, 0, len(self.row) - 1)],
-                        len(self.vocab))
+        prev = self.row[np.where((last < 0) | (last >= len(self.row)), len(self.row) - 1, last)]
         out = []
         for k in range(self.k):
-            e = self.Et.T[np.minimum(prev, len(self.vocab) - 1)] * (prev < len(self.vocab))[:, None]
-            zk = z[:, k] + e @ self.At[k]
+            zk = z[:, k] + self.E0[prev] @ self.At[k]
             h = hidden + zk / (1.0 + np.exp(-zk))
             top = self._top(h @ self.Et, ranks, rows=True)             # subset rows [S] / [S, R]
             out.append(self.vocab[top])

@@ -139,11 +139,11 @@ def train(hs: list, seqs: list, embed: np.ndarray, n_heads: int, vocab: int, epo
             ids = np.asarray(prompt + ans)
             t = np.arange(max(0, len(prompt) - 1), len(ids) - 2)     # rows that decode the answer
             y = np.full((len(t), n_heads), -1, np.int64)
-            c = np.full((len(t), n_heads), len(keep), np.int64)      # Hydra's: the token before
+            c = np.full((len(t), n_heads), -1, np.int64)     # Hydra's: the token before (-1: E0's zero row)
             for k in range(1, n_heads + 1):
                 ok = t + k + 1 < len(ids)
                 y[ok, k - 1] = index[ids[t[ok] + k + 1]]
-                c[ok, k - 1] = np.where(index[ids[t[ok] + k]] >= 0, index[ids[t[ok] + k]], len(keep))
+                c[ok, k - 1] = index[ids[t[ok] + k]]
             xs.append(h[t])
             ys.append(y)
             cs.append(c)

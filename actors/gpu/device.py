@@ -15,7 +15,8 @@ On such a CPU, socllm uses a copy of that exact library (checked by size and sha
 "icelake-server" where the host has its AVX-512 set (VNNI among them: the int8 dot products of
 actors/gpu/cl/decode.cl and batch.cl take one vpdpbusd instead of two instructions), else "znver3"
 (AVX2, FMA, F16C, BMI2). A Zen 4, which LLVM 14 does name, as znver3 (AVX2 only, no AVX-512),
-gets "icelake-server" too; a Zen 3 (no AVX-512) keeps LLVM's znver3. The config's pocl_cpu (SOCLLM_POCL_CPU) names one of them instead; pocl_as_is
+gets "icelake-server" too; a Zen 3 (no AVX-512) keeps LLVM's znver3. The config's pocl_cpu
+(SOCLLM_POCL_CPU) names one of them instead; pocl_as_is
 (SOCLLM_POCL_AS_IS=1) leaves PoCL as it is. The copy is kept under ~/.cache/socllm, beside a link
 to PoCL's own resources, which PoCL finds relative to its library. pyopencl's ICD loader is
 pointed at it (PYOPENCL_HOME) by `name_the_cpu`, which make_context calls before the
@@ -61,7 +62,8 @@ def _cpu() -> dict:
 
 def named_cpu(info: dict | None = None, asked: str | None = None) -> str | None:
     """For a CPU that LLVM 14 cannot name (a newer AMD or Intel one) or names below its features
-    (a Zen 4): the best of TARGETS whose features it has (or `asked`, the config's pocl_cpu, if it has those); None for any other CPU."""
+    (a Zen 4): the best of TARGETS whose features it has (or `asked`, the config's pocl_cpu, if
+    it has those); None for any other CPU."""
     info = _cpu() if info is None else info
     flags = set(info.get("flags", "").split())
     try:
