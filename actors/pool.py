@@ -190,7 +190,7 @@ class Pool:
         """Compiled programs on disk (graph/store.py), for this code, model, layout and cuts."""
         c = self.config
         return None if c.cache_dir is None else ProgramStore(
-            c.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile, c.hcmp_share)
+            c.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
 
     # -- step programs: compiled by the planner actor, kept here and on disk ----------------------
     def program(self, key: tuple) -> tuple:
@@ -217,7 +217,7 @@ class Pool:
         if self._planner is None:
             self._planner = Planner.options(**ray_env_options(self.threads),
                                             name=f"{self._names['planner']}-{secrets.token_hex(3)}").remote(
-                self.cfg, self._n_layers_asked, self.rowcut_profile, self.config.hcmp_share)
+                self.cfg, self._n_layers_asked, self.rowcut_profile)
             self._actors.append(self._planner)
             if self.arena is not None:        # the pool is laid out
                 ray.get(self._planner.set_layout.remote(self.layout.to_dict()))

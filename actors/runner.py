@@ -19,6 +19,7 @@ from socllm.graph.program import StepProgram
 from socllm.memory.layout import W_FIRST_LOC
 from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
 from socllm.policies.buckets import KV_STEP, MAX_CHUNK, bucket_for
+from socllm.policies.arca import band_of, share_key
 from socllm.policies.drafting import hcmp_entries
 from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS, seq_parts
 
@@ -89,11 +90,11 @@ class Runner:
         # the fewest rows of a chunk the NPU's static graph takes (0: any), and whether it takes
         # chunks past a prompt's start (per-layer graphs): the Service's auto sets them (timings)
         self.npu_from, self.npu_later = 0, True
+        self.hcmp_bands = [(0, engine.config.hcmp_share or 0.0)]   # hcmp's: arca.band_of
         # (program plan, all_rows, buffer, bucket) -> (pid, processors, final stamps); programs
         # of static buckets are installed when a step first needs them
-        self.programs: dict = {}
-        self.steps = collections.Counter()   # program key -> steps run (named by `ran`)
-        self.first_s: dict = collections.defaultdict(lambda: collections.deque(maxlen=5))  # _run
+        self.programs, self.steps = {}, collections.Counter()   # steps run: named by `ran`
+        self.first_s = collections.defaultdict(lambda: collections.deque(maxlen=5))  # _run
         self._install_first(npu_chunk)
         self.stages = engine.n_layers + 2        # graph/program.py stage_of
 
@@ -150,13 +151,18 @@ class Runner:
         """"plan phase[ bucket]" -> steps run ("npu chunk 32", "gpu batch"): for status."""
         out = collections.Counter()
         for (plan, all_rows, _, bucket), n in self.steps.items():
-            out[f"{plan} {'batch' if all_rows else 'chunk'}" + (f" {bucket}" if bucket else "")] += n
+            # (an hcmp batch's bucket is its CPU share: its steps are counted together)
+            out[f"{plan} {'batch' if all_rows else 'chunk'}" + (f" {bucket}" if bucket and plan != "hcmp"
+                                                                 else "")] += n
         return out
 
-    def _batch_bucket(self, n: int) -> int:
+    def _batch_bucket(self, n: int, pos: float = 0.0) -> int:
         """The static rows of a decode batch of n rows on a plan the NPU takes part in: the next
-        power of two, at most max_seqs (0: the GPU's and CPU's programs take any n)."""
-        if self.decode_on in ("gpu", "cpu", "hcmp"):
+        power of two, at most max_seqs (0: the GPU's and CPU's programs take any n); on hcmp,
+        the CPU's share at the rows' mean position pos (policies/arca.py share_key)."""
+        if self.decode_on == "hcmp":
+            return share_key(band_of(self.hcmp_bands, pos))
+        if self.decode_on in ("gpu", "cpu"):
             return 0
         return min(1 << (n - 1).bit_length(), self.lay.max_seqs)
 
@@ -232,7 +238,7 @@ class Runner:
         if tree is not None and not (all_rows and self.trees):
             raise ValueError("draft trees are verified in decode steps on the GPU's or the CPU's kernels")
         if all_rows:
-            key = (self.decode_on, True, 0, self._batch_bucket(n))
+            key = (self.decode_on, True, 0, self._batch_bucket(n, sum(r[1] for r in rows) / n))
         else:
             key = self._chunk_key(rows, buffer, span, on)
         prog = self._program(key)
@@ -325,6 +331,41 @@ class Runner:
                 best = min(best, time.perf_counter() - t)
             out[n] = best
         return out
+
+    def time_verify(self, rows: int, pos: int, on: str | None = None, share: float | None = None,
+                    reps: int = 3) -> float:
+        """Seconds of a verifying step (the fastest of reps, after one untimed run that installs
+        its program): one sequence's `rows` rows at positions pos .. pos+rows-1 (its last token
+        and its drafts, a chain), in slot 0 over blocks 0 .. (no request may hold them), on the
+        plan's decode program, or on `on`'s ("gpu", "cpu": a processor alone), the hcmp plan's
+        at the CPU's `share` (ARCA times these: Service._time_hcmp)."""
+        lay = self.lay
+        blocks = list(range(-(-(pos + rows) // lay.block_rows)))
+        if pos + rows > lay.context or len(blocks) > lay.kv_blocks:
+            raise ValueError(f"a verifying step of {rows} rows at {pos} past the pool's context")
+        saved = self.decode_on, self.hcmp_bands
+        self.decode_on = on or self.decode_on
+        if share is not None:
+            self.hcmp_bands = [(0, share)]
+        try:
+            best = float("inf")
+            for i in range(reps + 1):
+                t = time.perf_counter()
+                self.step([(0, pos + j, 0) for j in range(rows)], {0: blocks}, all_rows=True)
+                best = min(best, time.perf_counter() - t) if i else best
+            return best
+        finally:
+            self.decode_on, self.hcmp_bands = saved
+
+    def keep_batches(self):
+        """Uninstall every decode-batch program but those the plan's steps use now (the shares
+        and processors ARCA only timed: their memory in the processor actors)."""
+        keep = {(self.decode_on, True, 0, share_key(s)) for _, s in self.hcmp_bands} \
+            if self.decode_on == "hcmp" else {k for k in self.programs if k[0] == self.decode_on}
+        actors = self.eng.processors()
+        for key in [k for k in self.programs if k[1] and k not in keep]:
+            pid, procs, _ = self.programs.pop(key)
+            ray.get([actors[p].uninstall.remote(pid) for p in procs])
 
     # -- one sequence, offline (Pool.generate_ids / logits_after: tests and benchmarks) ----------
     def generate(self, ids: list, max_tokens: int, sample, stop_ids=(), chunk: int = MAX_CHUNK,

@@ -23,6 +23,7 @@ import ray
 from threadpoolctl import threadpool_limits
 
 from socllm.policies.agent import POLICIES, b_rf_from_profile
+from socllm.policies.arca import SHARE_UNITS, climb, positions, solo_share, start_step
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
 from socllm.policies.buckets import whole_graph
 from socllm.policies.placement import NPU_MARGIN
@@ -68,6 +69,29 @@ def _npu_takes(runner, chunk_ms: dict, base: str, chunk: int):
     runner.npu_from = math.ceil(chunk * chunk_ms["npu"] / chunk_ms[base])
     if "npu later" in chunk_ms:
         runner.npu_later = chunk_ms["npu later"] < chunk_ms[f"{base} later"]
+
+
+def _time_hcmp(runner, rows: int) -> dict:
+    """Ghidorah's ARCA (§III-C3, policies/arca.py) for the hcmp plan: at each position of
+    arca.positions, a verifying step of `rows` rows timed on the GPU and on the CPU alone (the
+    solo share, where the climb starts), then on the hcmp program at shares 1/SHARE_UNITS apart,
+    climbing to the fastest under contention (both actors at once, on the cores they share). Sets
+    the runner's bands, drops the programs only timed. -> {"rows", "bands": [[position, share]],
+    "ms": {position: {"gpu", "cpu", "solo_share", "shares": {share: ms}}}} (what status shows)."""
+    lay = runner.lay
+    ms, bands = {}, []
+    for pos in positions(min(lay.context, lay.kv_blocks * lay.block_rows), rows):
+        alone = {on: runner.time_verify(rows, pos, on=on) for on in ("gpu", "cpu")}
+        solo = solo_share(alone["gpu"], alone["cpu"])
+        k, _, seen = climb(lambda j: runner.time_verify(rows, pos, share=j / SHARE_UNITS),
+                           start_step(solo, SHARE_UNITS), 0, SHARE_UNITS)
+        bands.append([pos, k / SHARE_UNITS])
+        ms[str(pos)] = {**{on: round(1e3 * t, 3) for on, t in alone.items()},
+                        "solo_share": round(solo, 3),
+                        "shares": {str(j / SHARE_UNITS): round(1e3 * t, 3) for j, t in sorted(seen.items())}}
+    runner.hcmp_bands = [tuple(b) for b in bands]
+    runner.keep_batches()
+    return {"rows": rows, "bands": bands, "ms": ms}
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
@@ -183,9 +207,27 @@ class Service:
             _npu_takes(runner, chunk_ms, base, chunk)
         if runner.chunk_on == "npu" and c.warm:
             runner.warm_npu()
-        return runner, {"asked": c.plan, "plan": plan, "from": source, "decode": runner.decode_on,
-                        "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms,
-                        "npu_from": runner.npu_from, "npu_later": runner.npu_later}
+        placed = {"asked": c.plan, "plan": plan, "from": source, "decode": runner.decode_on,
+                  "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms,
+                  "npu_from": runner.npu_from, "npu_later": runner.npu_later}
+        if plan == "hcmp":
+            placed["hcmp"] = self._hcmp_share(runner)
+        return runner, placed
+
+    def _hcmp_share(self, runner) -> dict:
+        """The hcmp plan's CPU share: asked for (--hcmp-share), else ARCA's (_time_hcmp), cached
+        per model, device and knobs like the auto plan's choice."""
+        c = self.config
+        if c.hcmp_share is not None:
+            return {"from": "asked", "bands": [[0, c.hcmp_share]]}
+        key = f"{self.plan_key}|hcmp {1 + c.draft_max}"
+        got = plan_cache(c.cache_dir).get(key)
+        if got and got.get("bands"):
+            runner.hcmp_bands = [tuple(b) for b in got["bands"]]
+            return {**got, "from": "cached"}
+        got = _time_hcmp(runner, min(1 + c.draft_max, runner.max_decode_rows))
+        plan_cache(c.cache_dir, key, got)
+        return {**got, "from": "timed"}
 
     def _which_plan(self, e, base: str) -> tuple:
         """(the plan to start, why: "asked" | "policy" | "cached" | "timed" | "no npu", the chunk

@@ -98,9 +98,9 @@ class EngineConfig:
     moe_overflow: str = "spill"       # an expert's rows past its capacity: on the CPU (exact),
                                       # or pruned, the least salient first (NPUMoE §3.2)
     moe_group: int = 8                # experts a grouped graph (NPUMoE §4.2: 4, 8, 16)
-    hcmp_share: float = 0.0           # the hcmp plan: each linear's output columns on the CPU
-                                      # actor (Ghidorah §III-B1; 0: the GPU's alone, as measured
-                                      # fastest here: docs/serving.md)
+    hcmp_share: float | None = None   # the hcmp plan: each linear's output columns on the CPU
+                                      # actor (Ghidorah §III-B1); None: ARCA's, timed at start
+                                      # (§III-C3, policies/arca.py) and cached
     cache_dir: str | None = None      # what socllm keeps between runs (auto plans); from_env:
                                       # $XDG_CACHE_HOME/socllm, else ~/.cache/socllm
 
@@ -121,8 +121,8 @@ class EngineConfig:
             _need(isinstance(getattr(self, name), bool), name, "True or False", getattr(self, name))
         _need(_number(self.sleep_fraction) and 0 <= self.sleep_fraction <= 1, "sleep_fraction",
               "in [0, 1]", self.sleep_fraction)
-        _need(_number(self.hcmp_share) and 0 <= self.hcmp_share <= 1, "hcmp_share", "in [0, 1]",
-              self.hcmp_share)
+        _need(self.hcmp_share is None or _number(self.hcmp_share) and 0 <= self.hcmp_share <= 1,
+              "hcmp_share", "in [0, 1] (or None: timed)", self.hcmp_share)
         _need(self.cache_dir is None or isinstance(self.cache_dir, str) and self.cache_dir != "",
               "cache_dir", "a folder", self.cache_dir)
         _need(self.moe_graphs in MOE_GRAPHS, "moe_graphs", "one of " + ", ".join(MOE_GRAPHS),

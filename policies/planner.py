@@ -8,20 +8,22 @@ from socllm.graph.partition import ALIGN, CUTTABLE, DOMINANT, part_of, placed, r
 from socllm.graph.planner import Compiler
 from socllm.graph.program import StepProgram
 from socllm.graph.seqcut import seq_cut
+from socllm.policies.arca import KEY_UNITS
 from socllm.policies.placement import PAGED_PROGRAMS, PROCESSORS_OF, placement, seq_parts
 from socllm.policies.rowcut import plan_rows
 
 
 class PlannerCore(Compiler):
-    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None,
-                 hcmp_share: float = 0.0):
+    def __init__(self, cfg, n_layers: int | None = None, rowcut_profile: dict | None = None):
         super().__init__(cfg, n_layers)
         self.rowcut_profile = rowcut_profile    # policies/rowcut.py; None: its default share
-        # hcmp: linear part -> its output columns (weight rows) on the CPU actor, `hcmp_share`
-        # of each cuttable linear's, aligned down (graph/partition.py ALIGN)
-        self.hcmp_rows = {part: int(op.attrs["M"] * hcmp_share) // ALIGN * ALIGN
-                          for op in self.graph.ops if (part := part_of(op)) in CUTTABLE}
-        self.hcmp_rows = {p: r for p, r in self.hcmp_rows.items() if r}
+
+    def hcmp_rows(self, share: float) -> dict:
+        """hcmp: linear part -> its output columns (weight rows) on the CPU actor, `share` of each
+        cuttable linear's, aligned down (graph/partition.py ALIGN); parts with none left out."""
+        rows = {part: int(op.attrs["M"] * share) // ALIGN * ALIGN
+                for op in self.graph.ops if (part := part_of(op)) in CUTTABLE}
+        return {p: r for p, r in rows.items() if r}
 
     def set_rowcut_profile(self, profile: dict | None):
         """Before the first tensor program is built (the engine calls it at start)."""
@@ -75,7 +77,10 @@ class PlannerCore(Compiler):
           seqcut          a chunk's rows cut: the NPU's static parts and a GPU margin
                           (graph/seqcut.py; bucket: the chunk's rows, placement.seq_parts)
         buffer 1: a prefill chunk in the second activation buffer (memory/layout.py double),
-        which may stop between layers while other steps run (one processor: gpu or cpu)."""
+        which may stop between layers while other steps run (one processor: gpu or cpu).
+          hcmp            a decode batch's attention split GPU (dense) + CPU (sparse), and its
+                          linears' columns at the CPU's share bucket / KEY_UNITS (graph/hcmp.py;
+                          policies/arca.py chooses the share)"""
         if plan not in PAGED_PROGRAMS:
             raise ValueError(f"paged programs: {', '.join(PAGED_PROGRAMS)}, not {plan!r}")
         static = "npu" in PROCESSORS_OF.get(plan, (plan,))     # the NPU takes part: a bucket of rows
@@ -95,6 +100,7 @@ class PlannerCore(Compiler):
         elif plan == "hcmp":
             if not all_rows:
                 raise ValueError("hcmp splits a decode batch, not a prefill chunk")
-            graph, place = hcmp(graph, rows_on_sparse=self.hcmp_rows), placed
+            graph, place = hcmp(graph, rows_on_sparse=self.hcmp_rows(bucket / KEY_UNITS)), placed
+            bucket = 0                  # a share, not a static row count: any N rows, as gpu's
         rows = bucket or (self.pool.double_rows if buffer else self.pool.max_rows)
         return self.compile(key, graph, place, phase, rows, buffer)

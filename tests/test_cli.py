@@ -152,3 +152,5 @@ def test_generate_against_a_running_service_refuses_knobs_it_does_not_run_with()
     for flag, value in (("plan", "gpu"), ("precision", "f32"), ("hcmp_share", 0.25)):
         with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} .*--local"):
             same_service(argparse.Namespace(**{**unset, flag: value}), *served)
+    with pytest.raises(ValueError, match="--hcmp-share as timed at its start; add --local"):
+        same_service(argparse.Namespace(**{**unset, "hcmp_share": 0.25}), "/m.gguf", "hcmp", "q16", None)

@@ -30,6 +30,25 @@ def test_the_plan_runs_decode_batches_on_the_gpu_and_the_cpu_and_prefill_on_the_
     assert {p["processor"] for p in llm.status()["processors"]} == {"gpu", "cpu"}
 
 
+def test_arca_chose_the_share_where_no_neighbour_ran_faster(llm):
+    """No --hcmp-share: Ghidorah's ARCA at start (policies/arca.py). A verifying step of
+    1 + draft_max rows at position 128 (a context of 512 has one band) timed on the GPU and the
+    CPU alone, the climb started at their solo share, the share kept where both neighbours (of
+    those that exist) were timed slower; cached per model, device and knobs."""
+    from socllm.policies.arca import SHARE_UNITS, start_step
+    arca = llm.describe["placement"]["hcmp"]
+    assert arca["from"] in ("timed", "cached") and arca["rows"] == 7
+    [(pos, share)] = arca["bands"]
+    ms = arca["ms"][str(pos)]
+    assert pos == 128 and ms["gpu"] > 0 and ms["cpu"] > 0
+    assert ms["solo_share"] == pytest.approx(ms["gpu"] / (ms["gpu"] + ms["cpu"]), abs=2e-3)
+    timed = {round(float(s) * SHARE_UNITS): t for s, t in ms["shares"].items()}
+    assert start_step(ms["solo_share"], SHARE_UNITS) in timed
+    k = round(share * SHARE_UNITS)
+    near = [j for j in (k - 1, k + 1) if 0 <= j <= SHARE_UNITS]
+    assert all(j in timed and timed[j] >= timed[k] for j in near), (share, timed)
+
+
 def _cpu_steps(llm) -> int:
     return next(p["steps"] for p in llm.status()["processors"] if p["processor"] == "cpu")
 
@@ -80,11 +99,11 @@ def test_a_share_of_each_linears_columns_goes_to_the_cpu_and_keeps_the_logits(
     from socllm.actors.pool import Pool
     from socllm.graph.hcmp import hcmp
     from socllm.policies.planner import PlannerCore
-    core = PlannerCore(model_config, hcmp_share=0.25)
-    assert core.hcmp_rows == {"attn_q": 128, "attn_output": 128, "ffn_gate": 384, "ffn_up": 384,
+    core = PlannerCore(model_config)
+    assert core.hcmp_rows(0.25) == {"attn_q": 128, "attn_output": 128, "ffn_gate": 384, "ffn_up": 384,
                               "ffn_down": 128}
     core.pool = type("P", (), {"block_rows": 32, "max_blocks": 8, "max_seqs": 4})()
-    g = hcmp(core.paged_graph(True), rows_on_sparse=core.hcmp_rows)
+    g = hcmp(core.paged_graph(True), rows_on_sparse=core.hcmp_rows(0.25))
     on_cpu = [op for op in g.ops if op.kind == "linear" and op.attrs["on"] == "cpu"]
     assert len(on_cpu) == 5 * model_config.n_layers and all(op.attrs["rows"][1] == op.attrs["M"]
                                                              for op in on_cpu)

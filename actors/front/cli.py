@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-max", type=int, default=None,
                    help=f"a private engine's most drafted tokens a step (default {srv.draft_max})")
     g.add_argument("--hcmp-share", type=float, default=None,
-                   help="as serve's (default: a running service's, else the GPU's alone)")
+                   help="as serve's (default: a running service's, else timed at start)")
     s = sub.add_parser("serve", help="start the socllm service in the running Ray cluster")
     s.add_argument("--model", default=None, help="a GGUF file, or gemma3-270m (its package) "
                    "(default: SmolLM2-135M-Instruct Q4_1)")
@@ -124,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
                         "one processor)")
     s.add_argument("--hcmp-share", type=float, default=srv.hcmp_share,
                    help="the hcmp plan's share of each linear's output columns on the CPU actor "
-                        "(default %(default)s: the GPU's alone)")
+                        "(default: Ghidorah's ARCA, timed at start under contention, a share per "
+                        "band of context, cached per model and device)")
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=srv.prefix_cache,
                    help="prefill every prompt whole: no reuse of the K/V of a prefix sent before "
                         "(a system prompt, a tool list, a chat's history); to compare")

@@ -153,6 +153,7 @@ def same_service(a, model_path: str, plan: str, precision: str, hcmp_share: floa
                                ("--plan", a.plan, plan), ("--precision", a.precision, precision),
                                ("--hcmp-share", a.hcmp_share, hcmp_share)):
         if mine is not None and mine != theirs:
+            theirs = "as timed at its start" if theirs is None else theirs     # --hcmp-share
             raise ValueError(f"the running service uses {flag} {theirs}; add --local for a "
                              f"private engine with {flag} {mine}")
 

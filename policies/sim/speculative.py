@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..arca import climb, solo_share, start_step
 from .soc import SoC
 
 F16 = 2                       # bytes of an activation, a K/V element
@@ -273,27 +274,19 @@ def step_megatron(soc: SoC, model: SpecModel, W: int, ctx: int, wb: float, r: fl
 
 def solo_ratio(soc: SoC, model: SpecModel, W: int, ctx: int, wb: float, heads: int = 0) -> float:
     """The CPU's share from the processors' execution times alone (EdgeNN; ARCA's start): each
-    processor's share in proportion to its speed."""
-    tg = step_alone(soc, "gpu", model, W, ctx, wb, heads)
-    tc = step_alone(soc, "cpu", model, W, ctx, wb, heads)
-    return tg / (tg + tc)
+    processor's share in proportion to its speed (policies/arca.py solo_share)."""
+    return solo_share(step_alone(soc, "gpu", model, W, ctx, wb, heads),
+                      step_alone(soc, "cpu", model, W, ctx, wb, heads))
 
 
 def arca_ratio(soc: SoC, model: SpecModel, W: int, ctx: int, wb: float, heads: int = 0) -> tuple:
-    """(CPU share, step seconds): ARCA's contention-aware partition (§III-C3): start from the
-    solo ratio (rounded to RATIO_STEP), move one step at a time in whichever direction makes the
-    step under contention faster, stop where neither does."""
-    def t(k):
-        return step_hcmp(soc, model, W, ctx, wb, k * RATIO_STEP, heads)
+    """(CPU share, step seconds): ARCA's contention-aware partition (§III-C3, policies/arca.py
+    climb): start from the solo ratio (rounded to RATIO_STEP), move one step at a time in
+    whichever direction makes the step under contention faster, stop where neither does."""
     n = round(1 / RATIO_STEP)
-    k = min(n - 1, max(1, round(solo_ratio(soc, model, W, ctx, wb, heads) / RATIO_STEP)))
-    best = t(k)
-    while True:
-        moves = [(t(j), j) for j in (k - 1, k + 1) if 0 <= j <= n]
-        s, j = min(moves)
-        if s >= best:
-            return k * RATIO_STEP, best
-        k, best = j, s
+    k, best, _ = climb(lambda j: step_hcmp(soc, model, W, ctx, wb, j * RATIO_STEP, heads),
+                       start_step(solo_ratio(soc, model, W, ctx, wb, heads), n), 0, n)
+    return k * RATIO_STEP, best
 
 
 def speculative_curve(soc: SoC, model: SpecModel = VICUNA_7B, widths=WIDTHS,
