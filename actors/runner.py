@@ -130,7 +130,7 @@ class Runner:
         row (the LM head's input: draft heads read it, policies/drafting.py), where this plan's
         decode steps write it (the GPU's or the CPU's kernels); else None."""
         slot = self.eng.hidden_slot
-        if slot is None or self.decode_on not in ("gpu", "cpu", "hcmp"):
+        if slot is None or self.decode_on not in ("gpu", "cpu", "hcmp") or self.npu_batches:
             return None
         off, dim = self.lay.slots[slot], self.eng.cfg.dim
         return self.eng.arena.buf[off: off + 4 * dim * self.lay.max_rows].view(np.float32).reshape(-1, dim)
@@ -144,7 +144,7 @@ class Runner:
     def trees(self) -> bool:
         """Whether decode steps can verify draft trees: their attention runs in the GPU's or the
         CPU's kernels (paged.cl tree_row; the NPU's graphs see chains only)."""
-        return self.decode_on in ("gpu", "cpu", "hcmp")
+        return self.decode_on in ("gpu", "cpu", "hcmp") and not self.npu_batches
 
     @property
     def ran(self) -> collections.Counter:
@@ -156,13 +156,27 @@ class Runner:
                                                                  else "")] += n
         return out
 
-    def _batch_bucket(self, n: int, pos: float = 0.0) -> int:
+    # decode batch buckets (rows) that the NPU's static graphs run on a plan decoding on the GPU:
+    # those the Service's auto timed faster there (Ghidorah's issue: measured, not assumed)
+    npu_batches = frozenset()
+
+    def _batch_key(self, n: int, pos: float) -> tuple:
+        """The program of a decode batch of n rows at mean position pos: the plan's, or the
+        NPU's static batch graph where npu_batches has n's bucket."""
+        on = self.decode_on
+        if on == "gpu" and self.npu_batches and min(1 << (n - 1).bit_length(), self.lay.max_seqs) \
+                in self.npu_batches:
+            on = "npu"
+        return (on, True, 0, self._batch_bucket(n, pos, on))
+
+    def _batch_bucket(self, n: int, pos: float = 0.0, on: str | None = None) -> int:
         """The static rows of a decode batch of n rows on a plan the NPU takes part in: the next
         power of two, at most max_seqs (0: the GPU's and CPU's programs take any n); on hcmp,
         the CPU's share at the rows' mean position pos (policies/arca.py share_key)."""
-        if self.decode_on == "hcmp":
+        on = on or self.decode_on
+        if on == "hcmp":
             return share_key(band_of(self.hcmp_bands, pos))
-        if self.decode_on in ("gpu", "cpu"):
+        if on in ("gpu", "cpu"):
             return 0
         return min(1 << (n - 1).bit_length(), self.lay.max_seqs)
 
@@ -238,7 +252,7 @@ class Runner:
         if tree is not None and not (all_rows and self.trees):
             raise ValueError("draft trees are verified in decode steps on the GPU's or the CPU's kernels")
         if all_rows:
-            key = (self.decode_on, True, 0, self._batch_bucket(n, sum(r[1] for r in rows) / n))
+            key = self._batch_key(n, sum(r[1] for r in rows) / n)
         else:
             key = self._chunk_key(rows, buffer, span, on)
         prog = self._program(key)
@@ -334,34 +348,41 @@ class Runner:
 
     def time_verify(self, rows: int, pos: int, on: str | None = None, share: float | None = None,
                     reps: int = 3) -> float:
-        """Seconds of a verifying step (the fastest of reps, after one untimed run that installs
-        its program): one sequence's `rows` rows at positions pos .. pos+rows-1 (its last token
-        and its drafts, a chain), in slot 0 over blocks 0 .. (no request may hold them), on the
-        plan's decode program, or on `on`'s ("gpu", "cpu": a processor alone), the hcmp plan's
-        at the CPU's `share` (ARCA times these: Service._time_hcmp)."""
+        """Seconds of a verifying step (time_step): one sequence's `rows` rows at positions
+        pos .. pos+rows-1 (its last token and its drafts, a chain), in slot 0 over blocks 0 ..
+        (ARCA times these: Service's _time_hcmp)."""
         lay = self.lay
         blocks = list(range(-(-(pos + rows) // lay.block_rows)))
         if pos + rows > lay.context or len(blocks) > lay.kv_blocks:
             raise ValueError(f"a verifying step of {rows} rows at {pos} past the pool's context")
-        saved = self.decode_on, self.hcmp_bands
-        self.decode_on = on or self.decode_on
+        return self.time_step([(0, pos + j, 0) for j in range(rows)], {0: blocks}, on, share, reps)
+
+    def time_step(self, rows: list, tables: dict, on: str | None = None, share: float | None = None,
+                  reps: int = 3) -> float:
+        """Seconds of a decode step of these rows (the fastest of reps, after one untimed run that
+        installs its program; no request may hold their blocks) on the plan's decode program,
+        or on `on`'s ("gpu", "cpu", "npu": a processor alone, the NPU in its static batch
+        bucket), the hcmp plan's at the CPU's `share`."""
+        saved = self.decode_on, self.hcmp_bands, self.npu_batches
+        self.decode_on, self.npu_batches = on or self.decode_on, frozenset()
         if share is not None:
             self.hcmp_bands = [(0, share)]
         try:
             best = float("inf")
             for i in range(reps + 1):
                 t = time.perf_counter()
-                self.step([(0, pos + j, 0) for j in range(rows)], {0: blocks}, all_rows=True)
+                self.step(rows, tables, all_rows=True)
                 best = min(best, time.perf_counter() - t) if i else best
             return best
         finally:
-            self.decode_on, self.hcmp_bands = saved
+            self.decode_on, self.hcmp_bands, self.npu_batches = saved
 
     def keep_batches(self):
-        """Uninstall every decode-batch program but those the plan's steps use now (the shares
-        and processors ARCA only timed: their memory in the processor actors)."""
+        """Uninstall every decode-batch program but those the plan's steps use now (the shares,
+        processors and NPU batch graphs only timed: their memory in the processor actors)."""
         keep = {(self.decode_on, True, 0, share_key(s)) for _, s in self.hcmp_bands} \
-            if self.decode_on == "hcmp" else {k for k in self.programs if k[0] == self.decode_on}
+            if self.decode_on == "hcmp" else {k for k in self.programs if k[0] == self.decode_on
+                                              or k[0] == "npu" and k[3] in self.npu_batches}
         actors = self.eng.processors()
         for key in [k for k in self.programs if k[1] and k not in keep]:
             pid, procs, _ = self.programs.pop(key)

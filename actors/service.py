@@ -61,6 +61,15 @@ def _time_chunks(runner, n: int, on: tuple, reps: int = 3, at: int = 0) -> dict:
     return ms
 
 
+def _time_batches(runner, base: str, max_seqs: int) -> dict:
+    """ms of a decode batch of B rows (B the NPU's static batch buckets: powers of two up to
+    max_seqs) on the base processor's kernels and in the NPU's batch graphs (the fastest of 3,
+    rows at position 0 of sequences 0 .. B-1, on block 0: no request holds blocks yet)."""
+    sizes = sorted({min(1 << (n - 1).bit_length(), max_seqs) for n in range(1, max_seqs + 1)})
+    return {b: {on: round(1e3 * runner.time_step([(0, 0, s) for s in range(b)], {}, on=on), 2)
+                for on in (base, "npu")} for b in sizes}
+
+
 def _npu_takes(runner, chunk_ms: dict, base: str, chunk: int):
     """The chunks auto's NPU takes, from its timings: the NPU's static graph costs its bucket
     whatever the rows, the base processor's kernels grow with them, so from the rows where it is
@@ -147,9 +156,11 @@ class Service:
         self.slices = spans = POLICIES[c.policy].slice_s is not None
         from socllm.models.gguf_file import model_path
         self.plan_key = plan_key(c, model_path(c.model))
-        plan = c.plan if c.plan != "auto" else "gpu" if spans else \
-            plan_cache(c.cache_dir, self.plan_key) or "auto"
-        self.pool = e = Pool(c, processors_=processors_for(plan), kv_dtype=KV_DTYPE[c.precision],
+        cached = {} if c.plan != "auto" or spans else plan_cache(c.cache_dir).get(self.plan_key) or {}
+        plan = c.plan if c.plan != "auto" else "gpu" if spans else cached.get("plan") or "auto"
+        # the NPU also where auto found it the faster at some decode batch sizes
+        procs = set(processors_for(plan)) | ({"npu"} if cached.get("npu_batches") else set())
+        self.pool = e = Pool(c, processors_=tuple(sorted(procs)), kv_dtype=KV_DTYPE[c.precision],
                              double_rows=c.prefill_chunk if spans else 0)
         self.precision = c.precision
         self.runner, self.placement = self._start_plan(e)
@@ -185,31 +196,31 @@ class Service:
 
     def _start_plan(self, e) -> tuple:
         """The runner of the plan asked for (policies/placement.py SERVE_PLANS), warmed. auto:
-        HeteroLLM §4.3's decider, by timing on this device: the NPU's static graphs where they ran
-        a whole prefill chunk NPU_MARGIN times faster than the base processor's kernels at start
-        (the fastest of 3, on block 0 where no request holds blocks; their memory is the price),
-        else the base processor; decode on the base processor;
-        the choice is cached per model, device and knobs (plan_cache), so later starts skip it.
-        Under a policy that slices proactive chunks (agent), auto is the base processor."""
+        HeteroLLM §4.3's decider, by timing on this device (_time_plan: prefill chunks, decode
+        batches of each size), cached per model, device and knobs (plan_cache), so later starts
+        skip it. Under a policy that slices proactive chunks (agent), auto is the base processor."""
         from socllm.actors.runner import Runner
         c = self.config
         base = "gpu" if "gpu" in e.available else "cpu"
-        plan, source, chunk_ms = self._which_plan(e, base)
+        plan, source, cached = self._which_plan(e, base)
         npu = plan in ("npu", "hetero", "tensor", "seqcut", "hybrid") or plan == "auto"
         chunk = min(c.prefill_chunk, e.context)          # a small model's context is the limit
         runner = Runner(e, base if plan == "auto" else plan, self.precision, chunk if npu else 0)
+        runner.npu_batches = frozenset(cached.get("npu_batches", ()))
         if c.warm:
             runner.warm(c.max_seqs)
         self._wait_quiet()
         if plan == "auto":
-            plan, chunk_ms = self._time_plan(e, runner, base, chunk)
+            plan, cached = self._time_plan(e, runner, base, chunk)
+        chunk_ms = cached.get("chunk_ms", {})
         if runner.chunk_on == "npu" and chunk_ms.get(base):
             _npu_takes(runner, chunk_ms, base, chunk)
         if runner.chunk_on == "npu" and c.warm:
             runner.warm_npu()
         placed = {"asked": c.plan, "plan": plan, "from": source, "decode": runner.decode_on,
                   "prefill": runner.chunk_on, "else": runner.base, "chunk_ms": chunk_ms,
-                  "npu_from": runner.npu_from, "npu_later": runner.npu_later}
+                  "npu_from": runner.npu_from, "npu_later": runner.npu_later,
+                  "batch_ms": cached.get("batch_ms", {}), "npu_batches": sorted(runner.npu_batches)}
         if plan == "hcmp":
             placed["hcmp"] = self._hcmp_share(runner)
         return runner, placed
@@ -230,8 +241,8 @@ class Service:
         return {**got, "from": "timed"}
 
     def _which_plan(self, e, base: str) -> tuple:
-        """(the plan to start, why: "asked" | "policy" | "cached" | "timed" | "no npu", the chunk
-        times a cached choice had); "auto" is timed at start."""
+        """(the plan to start, why: "asked" | "policy" | "cached" | "timed" | "no npu", what a
+        cached choice kept: its chunk and batch times, npu_batches); "auto" is timed at start."""
         c = self.config
         if c.plan != "auto":
             return c.plan, "asked", {}
@@ -243,26 +254,32 @@ class Service:
             return base, "policy", {}
         entry = plan_cache(c.cache_dir).get(self.plan_key) or {}  # the plan and the times it had
         if entry.get("plan"):
-            return entry["plan"], "cached", entry.get("chunk_ms", {})
+            return entry["plan"], "cached", entry
         return ("auto", "timed", {}) if "npu" in e.available else (base, "no npu", {})
 
     def _time_plan(self, e, runner, base: str, chunk: int) -> tuple:
         """auto: a whole chunk timed on the base processor and the NPU; prefill on the NPU where
-        it ran NPU_MARGIN times faster (its graphs otherwise dropped), the choice cached.
-        -> (the plan, the chunk times)."""
+        it ran NPU_MARGIN times faster (its graphs otherwise dropped); decode batches of each
+        static size timed on both, the NPU's graphs kept for the sizes where they ran NPU_MARGIN
+        times faster; the choice cached. -> (the plan, what is cached: the times, npu_batches)."""
         chunk_ms = _time_chunks(runner, chunk, (base, "npu"))
         on = "npu" if chunk_ms["npu"] * NPU_MARGIN < chunk_ms[base] else base
+        # decode batches too, each size where it ran faster (issue 28: measured, not assumed)
+        batch_ms = _time_batches(runner, base, self.config.max_seqs)
+        runner.npu_batches = frozenset(b for b, t in batch_ms.items() if t["npu"] * NPU_MARGIN < t[base])
+        runner.keep_batches()
         if on == "npu" and self.config.whole_graph and whole_graph("chunk", chunk) \
                 and chunk < runner.lay.context:
             # that was the whole-model graph: a chunk past a prompt's start runs per-layer graphs
             later = _time_chunks(runner, min(chunk, runner.lay.context - chunk), (base, "npu"), at=chunk)
             chunk_ms.update({f"{p} later": t for p, t in later.items()})
         runner.chunks_on(on)
-        if on != "npu":
+        if on != "npu" and not runner.npu_batches:
             e.drop("npu")            # its graphs and its process: memory no step uses
         runner.plan = plan = "hetero" if on == "npu" else base
-        plan_cache(self.config.cache_dir, self.plan_key, {"plan": plan, "chunk_ms": chunk_ms})
-        return plan, chunk_ms
+        return plan, plan_cache(self.config.cache_dir, self.plan_key, {
+            "plan": plan, "chunk_ms": chunk_ms, "batch_ms": batch_ms,
+            "npu_batches": sorted(runner.npu_batches)})
 
     def _wait_quiet(self, timeout_s: float = 120.0):
         """Until the front ends started beside the model's load are up (front_ends_up), at

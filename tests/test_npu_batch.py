@@ -96,7 +96,7 @@ def test_batch_segments_match_numpy_and_padding_writes_no_kv(kv_dtype):
 # -- the whole model in the engine --------------------------------------------------------------
 def decode_on_npu(runner, rows: list, tables: dict, bucket: int) -> np.ndarray:
     """A decode batch through the npu plan's runner, in a static graph of `bucket` rows."""
-    runner._batch_bucket = lambda n: bucket
+    runner._batch_bucket = lambda *_: bucket
     return runner.step(rows, tables, all_rows=True).copy()
 
 

@@ -57,12 +57,48 @@ def test_every_plan_gives_the_oracles_tokens_through_the_service(ray_session, wa
     assert len(set(wanted)) == len(wanted)
 
 
+def test_decode_batches_of_a_size_auto_found_faster_on_the_npu_run_there(ray_session, wanted,
+                                                                       tmp_path, monkeypatch):
+    """auto's choice per decode batch size (issue 28: the processor measured fastest at it), as a
+    cached choice sets it: batches of 2 rows in the NPU's static batch graphs, those of 1 and 3
+    on the GPU's kernels, prefill on the GPU; the NPU actor starts for them alone; the oracle's
+    tokens. (Here the GPU is the faster at every size: the entry is written, not timed.)"""
+    import dataclasses
+    import json
+
+    import socllm
+    from socllm.models.gguf_file import default_model_path
+    from socllm.policies.config import ServeConfig
+    from socllm.policies.plan_cache import plan_key
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    knobs = dict(precision="f32", context=256, max_seqs=4, kv_mb=16, policy="fcfs", speculate="off")
+    config = dataclasses.replace(ServeConfig.from_env(model=default_model_path(), http_port=0, **knobs),
+                                 threads=ServeConfig.from_env().budget)
+    (tmp_path / "socllm").mkdir()
+    (tmp_path / "socllm" / "plans.json").write_text(json.dumps({plan_key(config, config.model): {
+        "plan": "gpu", "chunk_ms": {"gpu": 1.0, "npu": 2.0}, "npu_batches": [2]}}))
+    with socllm.LLM(**knobs) as llm:
+        pl = llm.describe["placement"]
+        assert (llm.describe["plan"], pl["from"], pl["prefill"], pl["npu_batches"]) == \
+            ("gpu", "cached", "gpu", [2])
+        assert {p["processor"] for p in llm.status()["processors"]} == {"gpu", "npu"}
+        before = llm.status()["steps_by_program"]
+        outs = llm.generate(list(TEXTS), max_tokens=10)
+        after = llm.status()["steps_by_program"]
+    ran = {k: n - before.get(k, 0) for k, n in after.items() if n > before.get(k, 0)}
+    assert ran.get("npu batch 2", 0) > 0 and ran.get("gpu batch", 0) > 0, ran
+    assert not any(k.startswith("npu chunk") or k.startswith("npu batch 4") for k in ran), ran
+    assert [o.text for o in outs] == wanted
+
+
 def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_session, wanted,
                                                                         tmp_path, monkeypatch):
     """HeteroLLM §4.3's decider: a whole chunk timed on the GPU's kernels and the NPU's static
     graphs at the first start, the NPU kept where it is NPU_MARGIN times faster (prefill there,
-    decode on the GPU), else the GPU, cached per model, device and knobs; the next start takes
-    it, and the times, without timing. Under the agent policy auto keeps the GPU, untimed."""
+    decode on the GPU), else the GPU; decode batches of each static size (1, 2, 4 rows) timed on
+    both, each size on the NPU's graphs where they were NPU_MARGIN times faster; cached per
+    model, device and knobs; the next start takes it, and the times, without timing. Under the
+    agent policy auto keeps the GPU, untimed."""
     import dataclasses
     import json
     import math
@@ -79,12 +115,19 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         ms = pl["chunk_ms"]
         faster = "npu" if ms["npu"] * NPU_MARGIN < ms["gpu"] else "gpu"
         assert chosen == {"npu": "hetero", "gpu": "gpu"}[faster] and pl["prefill"] == faster
+        batch_ms = {int(b): t for b, t in pl["batch_ms"].items()}
+        assert sorted(batch_ms) == [1, 2, 4] and all(set(t) == {"gpu", "npu"} for t in batch_ms.values())
+        npu_batches = [b for b, t in batch_ms.items() if t["npu"] * NPU_MARGIN < t["gpu"]]
+        assert pl["npu_batches"] == sorted(npu_batches)
         assert [o.text for o in llm.generate(list(TEXTS), max_tokens=10)] == wanted
     [(key, kept)] = json.loads((tmp_path / "socllm" / "plans.json").read_text()).items()
-    assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"]} and ".gguf:" in key
+    assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"], "npu_batches": pl["npu_batches"],
+                    "batch_ms": {str(b): t for b, t in batch_ms.items()}} and ".gguf:" in key
     with socllm.LLM(**knobs) as llm:              # only the chosen plan's processors start
         again = llm.describe["placement"]
         assert (llm.describe["plan"], again["from"], again["chunk_ms"]) == (chosen, "cached", ms)
+        assert again["npu_batches"] == pl["npu_batches"]
+        assert {str(b): t for b, t in again["batch_ms"].items()} == kept["batch_ms"]
         # the NPU takes the chunks from the rows where its static graph is the faster
         chunk = llm.describe["prefill_chunk"]
         assert again["npu_from"] == (math.ceil(chunk * ms["npu"] / ms["gpu"]) if chosen == "hetero" else 0)
@@ -95,7 +138,7 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         else:
             assert again["npu_later"] and "npu later" not in ms
         started = {p["processor"] for p in llm.status()["processors"]}
-        assert started == ({"gpu", "npu"} if chosen == "hetero" else {"gpu"})
+        assert started == ({"gpu", "npu"} if chosen == "hetero" or pl["npu_batches"] else {"gpu"})
     # other knobs: another key, so a start with them is timed anew (as the first one was)
     from socllm.policies.plan_cache import KERNELS, plan_key
     from socllm.policies.config import ServeConfig
