@@ -128,9 +128,9 @@ class Runner:
     def hidden_rows(self) -> np.ndarray | None:
         """A view of the pool [max_rows, dim]: the last step's final-normed hidden state of each
         row (the LM head's input: draft heads read it, policies/drafting.py), where this plan's
-        decode steps write it (the GPU's or the CPU's kernels); else None."""
+        decode steps write it (the GPU's or the CPU's kernels, the NPU's batch graphs); else None."""
         slot = self.eng.hidden_slot
-        if slot is None or self.decode_on not in ("gpu", "cpu", "hcmp") or self.npu_batches:
+        if slot is None or self.decode_on not in ("gpu", "cpu", "hcmp", "npu"):
             return None
         off, dim = self.lay.slots[slot], self.eng.cfg.dim
         return self.eng.arena.buf[off: off + 4 * dim * self.lay.max_rows].view(np.float32).reshape(-1, dim)
@@ -143,8 +143,8 @@ class Runner:
     @property
     def trees(self) -> bool:
         """Whether decode steps can verify draft trees: their attention runs in the GPU's or the
-        CPU's kernels (paged.cl tree_row; the NPU's graphs see chains only)."""
-        return self.decode_on in ("gpu", "cpu", "hcmp") and not self.npu_batches
+        CPU's kernels (paged.cl tree_row) or the NPU's batch graphs (npu/ops.py _tree_keys)."""
+        return self.decode_on in ("gpu", "cpu", "hcmp", "npu")
 
     @property
     def ran(self) -> collections.Counter:

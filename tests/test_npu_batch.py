@@ -153,3 +153,36 @@ def test_npu_decode_batch_follows_the_oracle(engine_npu, oracle, oracle_greedy):
         assert top == list(ref.argmax(axis=1)), (PROMPTS[s], top)
         err = max(float(np.abs(g - r).max() / np.abs(r).max()) for g, r in zip(got[s], ref))
         assert err <= 2e-3, (PROMPTS[s], err)
+
+
+def test_a_draft_tree_verified_in_the_npus_batch_graph_gives_the_gpus_logits(engine_npu,
+                                                                            oracle_greedy):
+    """Ghidorah's tree verification in the NPU's static graphs (npu/ops.py _tree_keys): a
+    sequence's last token and a draft tree of 3 nodes (the first head's likeliest token, its
+    second with a child), in a graph of 4 rows (a decode step's rows are at most max_seqs). Each
+    tree row sees the prefix and its ancestors (its entry's mask); the off-chain nodes write
+    their K/V past the chain. Every row's logits are those of the same step on the GPU's kernels
+    (paged.cl tree_row), and the hidden state the draft heads read is written too."""
+    from socllm.actors.runner import Runner
+    from socllm.policies.drafting import Tree
+    gpu, npu = Runner(engine_npu, "gpu", "f32"), Runner(engine_npu, "npu", "f32", npu_chunk=32)
+    assert npu.trees and npu.hidden_rows() is not None
+    ids, want = oracle_greedy[PROMPTS[1]]
+    tables = {0: [0, 1]}
+    gpu.step([(t, i, 0) for i, t in enumerate(ids)], tables, all_rows=False)
+    last = len(ids)                                    # the root row: want[0] at this position
+    tree = Tree([want[1], want[3], want[2]], [-1, -1, 1], [0, 1, 0])
+    pos, kv, ent = tree.entries(last)
+    rows = [(want[0], last, 0)] + [(t, int(p), 0) for t, p in zip(tree.tokens, pos)]
+    at = np.array([last, *kv.tolist()], np.int32)
+    entries = np.concatenate([np.zeros((1, 4), np.int32), ent])
+    assert tree.chain == 1 and entries[2:, 2].all() and kv[1] > last + 1   # off the chain
+    want_logits = gpu.step(rows, tables, all_rows=True, tree=(at, entries)).copy()
+    hidden_gpu = gpu.hidden_rows()[:4].copy()
+    npu.hidden_rows()[:4] = 0                  # the NPU's step must write them again
+    got = npu.step(rows, tables, all_rows=True, tree=(at, entries)).copy()
+    assert npu.steps[("npu", True, 0, 4)] == 1 and got.shape == want_logits.shape == (4, got.shape[1])
+    err = float(np.abs(got - want_logits).max() / np.abs(want_logits).max())
+    assert err <= 2e-3 and list(got.argmax(1)) == list(want_logits.argmax(1)), err
+    assert len(set(want_logits.argmax(1).tolist())) > 2          # the rows' logits differ
+    assert np.abs(npu.hidden_rows()[:4] - hidden_gpu).max() <= 2e-3 * np.abs(hidden_gpu).max()

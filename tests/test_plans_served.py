@@ -164,3 +164,24 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         pl = llm.describe["placement"]
         assert (llm.describe["plan"], pl["from"], pl["prefill"], pl["chunk_ms"]) == ("gpu", "policy", "gpu", {})
         assert {p["processor"] for p in llm.status()["processors"]} == {"gpu"}
+
+
+def test_the_npu_plan_verifies_the_draft_heads_trees_in_its_batch_graphs(ray_session):
+    """Speculative decoding on the npu plan (Ghidorah §III-A on the NPU's static graphs): its
+    decode batches leave the hidden state the draft heads read and verify their trees (a second
+    candidate's rows see only their ancestors): the same text as plain decoding, trees verified."""
+    import socllm
+    convs = [[{"role": "user", "content": c}] for c in
+             ("Write a short poem about the sea.", "Explain what a volcano is.")]
+    with socllm.LLM(precision="f32", context=256, max_seqs=4, kv_mb=16, plan="npu", policy="fcfs",
+                    speculate="heads") as llm:
+        plain = llm.chat(convs, max_tokens=32, speculate="off")
+        before = llm.status()["speculation"]["tree"]
+        drafted = llm.chat(convs, max_tokens=32)
+        after = llm.status()["speculation"]["tree"]
+        ran = llm.status()["steps_by_program"]
+    assert [o.text for o in drafted] == [o.text for o in plain] and len({o.text for o in plain}) == 2
+    assert after["ranks"] == 2 and after["steps"] > before["steps"] and after["side_tried"] > 0
+    assert sum((o.usage.get("completion_tokens_details") or {}).get("accepted_prediction_tokens", 0)
+               for o in drafted) >= 5
+    assert not any(k.startswith("gpu batch") for k in ran), ran

@@ -166,8 +166,11 @@ class NPUBackend:
         # importing it costs ~80 MB more than compiling over the pool's weights (measured)
         # a sequence-cut part (graph/seqcut.py) is a static graph of its own rows
         bucket = seg[0].args.get("seq_n", prog.bucket)
+        live = segment_live_out(prog, seqs)
+        if _decode_batch(prog):      # the rows' final-normed hidden state: the draft heads read it
+            live |= {t.args["x"][1] for t in seg if t.op == "lm_head"}
         ov_seg = OVSegment(self.core, [(t.op, t.args) for t in seg], self.arena, bucket,
-                           segment_live_out(prog, seqs), self.context_rows if paged else self.kv_rows,
+                           live, self.context_rows if paged else self.kv_rows,
                            hint, config, CACHE_DIR if cache else None,
                            self.shared, last_row=_is_tail(seg), const_weights=const,
                            pool=self.pool if paged else None, per_row=paged and _decode_batch(prog))

@@ -175,11 +175,38 @@ def _attention_rows(g: Graph, a, q):
     mask = ops.less_equal(cols, pos)                                                     # [B, T]
     if win:
         mask = ops.logical_and(mask, ops.greater(cols, ops.subtract(pos, np.int64(win))))
+    if a.get("tmask"):               # a verifying step: draft tree rows see their entry's keys
+        mask = ops.select(*_tree_keys(g, a, cols, win), mask)
     mask = ops.reshape(mask, np.array([B, 1, 1, T], np.int64), False)
     s = ops.select(mask, ops.matmul(qh, k, False, True), f32(-np.inf))          # [B, KVH, grp, T]
     o = ops.matmul(ops.softmax(s, 3), v, False, False)                          # [B, KVH, grp, hd]
     o = ops.reshape(o, np.array([B, H * hd], np.int64), False)
     g.write(a["out"], ops.select(ops.unsqueeze(g.valid, 1), o, f32(0.0)))
+
+
+def _tree_keys(g: Graph, a, cols, win: int) -> tuple:
+    """Draft tree rows (policies/drafting.py Tree; paged.cl tree_row, the GPU's form): a row's
+    tree entry [L, base, mask_lo, mask_hi] makes it see keys 0 .. L-1 (a window: the last `win`
+    of them) and key base + j for each bit j of the 64-bit mask (its ancestors and itself); a row
+    whose mask is 0 is a plain decode row. -> ([B, 1] has an entry, [B, T] its keys). The bits
+    are taken by integer division and remainder (the CPU plugin's bitwise ops are slow here)."""
+    tm = ops.convert(g.read(a["tmask"], 4, np.int32), np.int64)                         # [B, 4]
+    L, base, lo, hi = (ops.gather(tm, np.array([i], np.int64), 1) for i in range(4))    # [B, 1]
+    lo, hi = (ops.select(ops.less(w, np.int64(0)), ops.add(w, np.int64(1 << 32)), w) for w in (lo, hi))
+    has = ops.logical_or(ops.not_equal(lo, np.int64(0)), ops.not_equal(hi, np.int64(0)))
+    dense = ops.less(cols, L)
+    if win:
+        dense = ops.logical_and(dense, ops.greater_equal(cols, ops.subtract(L, np.int64(win))))
+    rel = ops.subtract(cols, base)                                                       # [B, T]
+    pow2 = ops.constant(np.array([1 << j for j in range(32)], np.int64))
+
+    def bit(word, lo_j):    # bit (rel - lo_j) of word where lo_j <= rel < lo_j + 32, else False
+        j = ops.subtract(rel, np.int64(lo_j))
+        inside = ops.logical_and(ops.greater_equal(j, np.int64(0)), ops.less(j, np.int64(32)))
+        p = ops.gather(pow2, ops.clamp(j, 0, 31), 0)
+        one = ops.equal(ops.floor_mod(ops.divide(word, p), np.int64(2)), np.int64(1))
+        return ops.logical_and(inside, one)
+    return has, ops.logical_or(dense, ops.logical_or(bit(lo, 0), bit(hi, 32)))
 
 
 CAUSAL_BLOCK = 128   # query rows per block of a prompt's first chunk (_causal_blocks)

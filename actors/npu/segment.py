@@ -106,6 +106,8 @@ class OVSegment:
         # a batch's attention: the io offset of its rows' positions (the KV-length bucket, run)
         self._pos_off = next((args["pos"][1] for op, args in tasks if op == "attention"), None) \
             if per_row else None
+        self._tm_off = next((args["tmask"][1] for op, args in tasks if op == "attention"
+                             and args.get("tmask")), None) if per_row else None
         self._step_rows = kv_from_cache(tasks)   # the step's own K/V rows are read from the cache
         self.variants: dict = {}                 # kv_len -> _Variant (None: no attention)
         self.compile_s = 0.0
@@ -148,8 +150,16 @@ class OVSegment:
 
     def _batch_rows(self, N: int) -> int:
         """The KV rows a decode batch's attention reads: its largest position + 1 (the runner's
-        pos0 is 0 for a batch of several rows: it is not the rows' own)."""
-        return int(self.arena[self._pos_off: self._pos_off + 4 * N].view(np.int32).max()) + 1
+        pos0 is 0 for a batch of several rows: it is not the rows' own), or past a draft tree
+        row's highest key (its entry's base + the mask's highest bit)."""
+        top = int(self.arena[self._pos_off: self._pos_off + 4 * N].view(np.int32).max()) + 1
+        if self._tm_off is not None:
+            tm = self.arena[self._tm_off: self._tm_off + 16 * N].view(np.int32).reshape(N, 4)
+            for L, base, lo, hi in tm.tolist():
+                mask = (lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32
+                if mask:
+                    top = max(top, L, base + mask.bit_length())
+        return top
 
 
 class _Variant:
