@@ -120,7 +120,16 @@ def test_a_share_of_each_linears_columns_goes_to_the_cpu_and_keeps_the_logits(
         steps = next(d["steps"] for d in eng.info() if d["processor"] == "cpu")
         got = split.step(rows, tables, all_rows=True).copy()
         assert next(d["steps"] for d in eng.info() if d["processor"] == "cpu") == steps + 1
+        # ARCA's bands (policies/arca.py band_of): a step takes the share of the band timed
+        # nearest its rows' mean position (here 29.75: the band at 64, log scale), a program each
+        split.hcmp_bands = [(8, 0.0), (64, 0.25)]
+        again = split.step(rows, tables, all_rows=True).copy()
+        early = [(ids[1], 1, 0), (ids[2], 2, 0), (ids[1], 1, 1)]       # mean 1.33: the band at 8
+        want_early = gpu.step(early, tables, all_rows=True).copy()
+        got_early = split.step(early, tables, all_rows=True).copy()
+        assert split.steps[("hcmp", True, 0, 256)] == 2 and split.steps[("hcmp", True, 0, 0)] == 1
     finally:
         eng.close()
-    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    for have, ref in ((got, want), (again, want), (got_early, want_early)):
+        assert np.abs(have - ref).max() < 1e-4 * np.abs(ref).max()
     assert len(set(want.argmax(axis=1).tolist())) > 1
