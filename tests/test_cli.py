@@ -154,3 +154,18 @@ def test_generate_against_a_running_service_refuses_knobs_it_does_not_run_with()
             same_service(argparse.Namespace(**{**unset, flag: value}), *served)
     with pytest.raises(ValueError, match="--hcmp-share as timed at its start; add --local"):
         same_service(argparse.Namespace(**{**unset, "hcmp_share": 0.25}), "/m.gguf", "hcmp", "q16", None)
+
+
+def test_status_says_where_decode_steps_run_where_that_was_timed():
+    """`socllm status`: auto's decode batch sizes (the GPU's kernels against the NPU's batch
+    graphs) and the hcmp plan's CPU share by band, with what ARCA tried."""
+    from socllm.actors.front.serve import _decode_lines
+    [line] = _decode_lines({"else": "gpu", "npu_batches": [2],
+                            "batch_ms": {"16": {"gpu": 29.7, "npu": 562.8}, "2": {"gpu": 8.2, "npu": 5.0}}})
+    assert line.startswith("decode     rows 2 on the npu, the rest on the gpu") and \
+        line.endswith("2:8.2/5.0 16:29.7/562.8)")
+    [line] = _decode_lines({"hcmp": {"from": "timed", "bands": [[128, 0.125], [1024, 0.0]],
+                                     "ms": {"128": {"shares": {"0.0": 27.5, "0.125": 20.1, "0.25": 22.0}}}}})
+    assert "0.125 near position 128, 0 near position 1024 (ARCA, timed at start" in line
+    assert "0.125:20.1" in line
+    assert _decode_lines({"batch_ms": {}, "else": "gpu"}) == []

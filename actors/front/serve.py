@@ -208,6 +208,8 @@ def status(a) -> int:
     other = f" (chunks {fewer}it cannot take: the {pl['else']})" if pl["prefill"] != pl["else"] else ""
     print(f"plan       {st['plan']} ({why}): chunks of {st['prefill_chunk']} rows on the "
           f"{pl['prefill']}{other}, decode on the {_on(pl['decode'])}")
+    for line in _decode_lines(pl):
+        print(line)
     pre = st.get("preemption")
     if pre:
         npu = f", a whole npu chunk {pre['npu_chunk_ms']:.0f} ms" if pre["npu_chunk_ms"] else ""
@@ -366,6 +368,29 @@ def run_generate(svc, a, where: str) -> int:
                            t["prefill_tok_s"], t["decode_tok_s"],
                            out["usage"].get("completion_tokens_details")), file=sys.stderr)
     return 0
+
+
+def _decode_lines(pl: dict) -> list:
+    """status's lines on what the decode steps run where it was timed: auto's batch sizes (GPU
+    kernels against the NPU's batch graphs) and the hcmp plan's CPU share (ARCA)."""
+    out = []
+    if pl.get("batch_ms"):
+        npu = set(pl.get("npu_batches") or ())
+        sizes = " ".join(f"{b}:{t['gpu' if 'gpu' in t else 'cpu']:.1f}/{t['npu']:.1f}"
+                         for b, t in sorted(pl["batch_ms"].items(), key=lambda x: int(x[0])))
+        where = f"rows {', '.join(map(str, sorted(npu)))} on the npu, the rest" if npu else "every size"
+        out.append(f"decode     {where} on the {pl['else']} (ms by rows, {pl['else']}/npu: {sizes})")
+    h = pl.get("hcmp")
+    if h:
+        shares = ", ".join(f"{s:g} near position {p}" if len(h["bands"]) > 1 else f"{s:g}"
+                           for p, s in h["bands"])
+        tried = "; ".join(f"at {p}: " + " ".join(f"{s}:{t:.1f}" for s, t in m["shares"].items())
+                          for p, m in h.get("ms", {}).items())
+        src = {"asked": "--hcmp-share", "timed": "ARCA, timed at start",
+               "cached": "ARCA, as timed at an earlier start"}[h["from"]]
+        out.append(f"hcmp       cpu share of each linear's columns {shares} ({src}"
+                   + (f"; ms by share {tried})" if tried else ")"))
+    return out
 
 
 def _on(program: str) -> str:
