@@ -114,7 +114,7 @@ def test_status_reports_model_requests_kv_processors_memory(served):
     assert st["frontends"]["http"] == served[1]
     assert st["placement"] == {"asked": "hetero", "plan": "hetero", "from": "asked", "decode": "gpu",
                                "prefill": "npu", "else": "gpu", "chunk_ms": {}, "npu_from": 0,
-                               "npu_later": True} \
+                               "npu_later": True, "batch_ms": {}, "npu_batches": []} \
         and st["plan"] == "hetero"
     # no proactive work runs where a reactive arrival could not stop it within the bound
     pre = st["preemption"]
