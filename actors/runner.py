@@ -18,7 +18,7 @@ import ray
 from socllm.graph.program import StepProgram
 from socllm.memory.layout import W_FIRST_LOC
 from socllm.memory.ready import MAX_EPOCH, STEP, SleepPredictor
-from socllm.policies.buckets import KV_STEP, MAX_CHUNK, bucket_for
+from socllm.policies.buckets import KV_STEP, MAX_CHUNK, batch_bucket, bucket_for
 from socllm.policies.arca import band_of, share_key
 from socllm.policies.drafting import hcmp_entries
 from socllm.policies.placement import PROCESSORS_OF, SERVE_PLANS, seq_parts
@@ -160,13 +160,13 @@ class Runner:
     # those the Service's auto timed faster there (Ghidorah's issue: measured, not assumed)
     npu_batches = frozenset()
 
-    def _batch_key(self, n: int, pos: float) -> tuple:
-        """The program of a decode batch of n rows at mean position pos: the plan's, or the
-        NPU's static batch graph where npu_batches has n's bucket."""
-        on = self.decode_on
-        if on == "gpu" and self.npu_batches and min(1 << (n - 1).bit_length(), self.lay.max_seqs) \
-                in self.npu_batches:
+    def _batch_key(self, rows: list) -> tuple:
+        """The program of a decode batch of these rows: the plan's (hcmp: its share at the rows'
+        mean position), or the NPU's static batch graph where npu_batches has their bucket."""
+        on, n = self.decode_on, len(rows)
+        if on == "gpu" and self.npu_batches and batch_bucket(n, self.lay.max_seqs) in self.npu_batches:
             on = "npu"
+        pos = sum(r[1] for r in rows) / n if on == "hcmp" else 0.0
         return (on, True, 0, self._batch_bucket(n, pos, on))
 
     def _batch_bucket(self, n: int, pos: float = 0.0, on: str | None = None) -> int:
@@ -178,7 +178,7 @@ class Runner:
             return share_key(band_of(self.hcmp_bands, pos))
         if on in ("gpu", "cpu"):
             return 0
-        return min(1 << (n - 1).bit_length(), self.lay.max_seqs)
+        return batch_bucket(n, self.lay.max_seqs)
 
     def _program(self, key):
         if key not in self.programs:
@@ -252,7 +252,7 @@ class Runner:
         if tree is not None and not (all_rows and self.trees):
             raise ValueError("draft trees are verified in decode steps on the GPU's or the CPU's kernels")
         if all_rows:
-            key = self._batch_key(n, sum(r[1] for r in rows) / n)
+            key = self._batch_key(rows)
         else:
             key = self._chunk_key(rows, buffer, span, on)
         prog = self._program(key)

@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 from socllm.policies.agent import POLICIES, b_rf_from_profile
 from socllm.policies.arca import SHARE_UNITS, climb, positions, solo_share, start_step
 from socllm.policies.config import DEFAULT_PRECISION, ServeConfig  # noqa: F401 (service's, as before)
-from socllm.policies.buckets import whole_graph
+from socllm.policies.buckets import batch_bucket, whole_graph
 from socllm.policies.placement import NPU_MARGIN
 from socllm.policies.plan_cache import plan_cache, plan_key, processors_for
 from socllm.policies.request import Sequence
@@ -65,7 +65,7 @@ def _time_batches(runner, base: str, max_seqs: int) -> dict:
     """ms of a decode batch of B rows (B the NPU's static batch buckets: powers of two up to
     max_seqs) on the base processor's kernels and in the NPU's batch graphs (the fastest of 3,
     rows at position 0 of sequences 0 .. B-1, on block 0: no request holds blocks yet)."""
-    sizes = sorted({min(1 << (n - 1).bit_length(), max_seqs) for n in range(1, max_seqs + 1)})
+    sizes = sorted({batch_bucket(n, max_seqs) for n in range(1, max_seqs + 1)})
     return {b: {on: round(1e3 * runner.time_step([(0, 0, s) for s in range(b)], {}, on=on), 2)
                 for on in (base, "npu")} for b in sizes}
 

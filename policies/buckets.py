@@ -30,6 +30,12 @@ def prefill_chunks(n_tokens: int) -> list:
     return chunks
 
 
+def batch_bucket(n: int, max_seqs: int) -> int:
+    """The static rows of an NPU decode batch graph that takes n rows: the next power of two, at
+    most max_seqs (a decode step's rows)."""
+    return min(1 << (n - 1).bit_length(), max_seqs)
+
+
 def kv_bucket(rows: int, cap: int, step: int = KV_STEP) -> int:
     """KV rows a static attention graph reads: `rows` (the cache rows the step needs) padded up to
     a multiple of `step`, at most `cap` (the cache's capacity); 0 when no row is needed.

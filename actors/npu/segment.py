@@ -155,10 +155,9 @@ class OVSegment:
         top = int(self.arena[self._pos_off: self._pos_off + 4 * N].view(np.int32).max()) + 1
         if self._tm_off is not None:
             tm = self.arena[self._tm_off: self._tm_off + 16 * N].view(np.int32).reshape(N, 4)
-            for L, base, lo, hi in tm.tolist():
+            for L, base, lo, hi in tm[(tm[:, 2] != 0) | (tm[:, 3] != 0)].tolist():   # tree rows
                 mask = (lo & 0xFFFFFFFF) | (hi & 0xFFFFFFFF) << 32
-                if mask:
-                    top = max(top, L, base + mask.bit_length())
+                top = max(top, L, base + mask.bit_length())
         return top
 
 
