@@ -458,8 +458,11 @@ TILE_INLINE void lm_tile_rows(__global uchar* arena, ulong s_o, ulong qs_o, ulon
             const __global ulong* xb = (const __global ulong*)(x0 + i * TRB) + 8 * b;
 #define XQ(k) __builtin_astype((ulong8)xb[k], v16si)
 #else
-            const ulong8 xw = __builtin_astype(CVT(*(const __global char32*)(x0 + i * TRB + QK * b), short32v), ulong8);
-#define XQ(k) __builtin_astype((ulong8)xw[k], v16si)
+            // widened once, through memory: each qword is then broadcast from it (one load
+            // each), where a broadcast from a register's upper lanes takes shuffles
+            volatile ulong8 xw = __builtin_astype(CVT(*(const __global char32*)(x0 + i * TRB + QK * b), short32v), ulong8);
+            const volatile ulong* xs = (const volatile ulong*)&xw;
+#define XQ(k) __builtin_astype((ulong8)xs[k], v16si)
 #endif
             v16si s = DOT_W16(__builtin_astype((int16)0, v16si), w16[0], XQ(0));
 #pragma unroll
