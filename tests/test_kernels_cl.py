@@ -616,13 +616,17 @@ def _spec_attention(arena, kv, k, v, n_blocks, q_row, keys, window=0) -> np.ndar
 
 
 @pytest.mark.parametrize("window", [0, 13])
-@pytest.mark.parametrize("runs", [[(37, 5), (5, 1), (300, 9), (16, 16)], [(9, 3), (30, 2), (31, 1)]])
+@pytest.mark.parametrize("runs", [[(37, 5), (5, 1), (300, 9), (16, 16)], [(9, 3), (30, 2), (31, 1)],
+                                  [(300, 45)], [(40, 20), (70, 17)], [(33, 33)]])
 def test_paged_attention_of_a_sequences_consecutive_rows_sees_each_rows_own_keys(kvdev, lay, rng,
                                                                                  runs, window):
     """A step's rows of one sequence at consecutive positions (drafted tokens being verified, a
     prefill chunk), beside other sequences' rows: each row attends to its own keys 0 .. pos (the
     rows after it in the step are in the cache already, and must not be seen); runs: (sequence
-    length, rows: its last positions)."""
+    length, rows: its last positions). From ATT_TILE_FROM rows (a chunk: no tree) the rows go in
+    tiles of 8 (paged.cl attention_paged_gt): a later chunk of one prompt (45 rows from position
+    255), two prompts in one chunk (a tile holding rows of both takes the row-by-row path), a
+    prompt's first chunk; with a window, every tile goes row by row."""
     arena, clk, kv = kvdev
     kvt = KV_NUMPY[kv]
     n_blocks, cols = 40, KVH * HD

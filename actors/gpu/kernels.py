@@ -74,6 +74,11 @@ TILE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 # one tile still beats two at every count measured.
 TILE16_MAX = 8
 TILE16_WIDE = 16
+# a prefill chunk of ATT_TILE_FROM rows or more takes attention_paged_gt (cl/paged.cl): tiles of
+# ATT_TILE_ROWS rows (its ATT_R) a work-item. 512 rows at q8 on 2 Zen 4 cores: attention 116 ->
+# 71 ms of the chunk (attention_paged_g's row a work-item against it)
+ATT_TILE_FROM = 32
+ATT_TILE_ROWS = 8
 
 u64, i32, f32 = np.uint64, np.int32, np.float32
 _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
@@ -106,6 +111,7 @@ _SCALARS = {  # kernel -> dtypes of its scalar args after the arena buffer
     "rope_rows_table": [u64] * 2 + [i32, f32, u64],
     "attention_paged": [u64] * 7 + [i32] * 5 + [u64],
     "attention_paged_g": [u64] * 7 + [i32] * 5 + [u64],     # builds with ATT_G (GQA) only
+    "attention_paged_gt": [u64] * 7 + [i32] * 5 + [u64, i32],
     "attention_hcmp": [u64] * 7 + [i32] * 5 + [u64, i32, i32],
     "attention_merge_parts": [u64] * 3 + [i32, i32],
     "lm_head_rows": [u64] * 4 + [i32, i32, i32],
@@ -451,6 +457,12 @@ class CLKernels(MoELaunches):
                          a["cols"], ks=self._kernels(a["head_dim"]))
                 return
             g = H // KVH
+            if wg == 1 and g > 1 and self.att_group and "tmask" not in a and N >= ATT_TILE_FROM \
+                    and a["head_dim"] <= 128:
+                # a prefill chunk's rows, a tile of them a work-item (paged.cl attention_paged_gt)
+                self._go("attention_paged_gt", (1, KVH, -(-N // ATT_TILE_ROWS)), (1, 1, 1), *args, N,
+                         ks=self._kernels(a["head_dim"], 32, None, f"-DATT_G={g}"))
+                return
             if wg == 1 and g > 1 and self.att_group:
                 # a work-item for the g query heads of a KV head: K and V converted once for them
                 self._go("attention_paged_g", (1, KVH, N), (1, 1, 1), *args,

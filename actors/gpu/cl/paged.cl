@@ -242,12 +242,12 @@ inline void att_rows_g(const __global float8* q, const __global kv8* k, const __
     }
 }
 
-// attention_paged for a KV head's ATT_G query heads at once (att_rows_g). global (1, KVH, N)
-__kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
-                                ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
-                                int win, ulong tm_o)
+// attention_paged_g's row n for KV head kv (and attention_paged_gt's, where its rows are no run)
+inline void att_row_g(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
+                      ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
+                      int win, ulong tm_o, int kv, int n)
 {
-    const int kv = get_global_id(1), n = get_global_id(2), kw = KVH * HC;
+    const int kw = KVH * HC;
     const __global float8* q = AT(const float8, q_o) + ((size_t)n * H + kv * ATT_G) * HC;
     const __global kv8* k = AT(const kv8, k_o) + kv * HC;
     const __global kv8* v = AT(const kv8, v_o) + kv * HC;
@@ -271,6 +271,188 @@ __kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulo
     for (int g = 0; g < ATT_G; g++)
 #pragma unroll
         for (int c = 0; c < HC; c++) out[g * HC + c] = acc[g * HC + c] / sum[g];
+}
+
+// attention_paged for a KV head's ATT_G query heads at once (att_rows_g). global (1, KVH, N)
+__kernel void attention_paged_g(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
+                                ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR, int MB,
+                                int win, ulong tm_o)
+{
+    att_row_g(arena, q_o, k_o, v_o, out_o, pos_o, seq_o, btab_o, H, KVH, BR, MB, win, tm_o,
+              get_global_id(1), get_global_id(2));
+}
+
+// A prefill chunk's attention a tile at a time (attention_paged_gt), as a CPU GEMM kernel would
+// take it: ATT_R rows of one sequence at consecutive positions (a chunk's) and the ATT_G heads of
+// one KV head are ATT_R ATT_G query vectors; they see keys 0 .. pos[n0]+R-1 (causal, no window,
+// no tree), taken ATT_KB at a time. A block's K rows are converted from f16 once and transposed
+// (kt: dimension-major, 8 keys a float8), its V rows converted once (vf); then the scores of 4
+// query vectors against the block's keys (16 float8 accumulators, a query's element broadcast),
+// an online softmax step per query vector over the block (lanes are keys: no reduction but the
+// max and the sum), and V weighted into each query vector's accumulators (o, two query vectors
+// at a time). A tile whose rows are not such a run (an embeddings chunk of several sequences)
+// takes attention_paged_g's path row by row.
+// global (1, KVH, ceil(N / ATT_R))
+#define ATT_R 8                 // kernels.py ATT_TILE_ROWS
+#define ATT_KB 32
+#define ATT_QV (ATT_R * ATT_G)
+inline void tr8(float8* r)      // rows r[0..7] -> r[e] = their elements e (an 8x8 transpose)
+{
+    const float8 t0 = __builtin_shufflevector(r[0], r[1], 0, 8, 1, 9, 4, 12, 5, 13);
+    const float8 t1 = __builtin_shufflevector(r[0], r[1], 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 t2 = __builtin_shufflevector(r[2], r[3], 0, 8, 1, 9, 4, 12, 5, 13);
+    const float8 t3 = __builtin_shufflevector(r[2], r[3], 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 t4 = __builtin_shufflevector(r[4], r[5], 0, 8, 1, 9, 4, 12, 5, 13);
+    const float8 t5 = __builtin_shufflevector(r[4], r[5], 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 t6 = __builtin_shufflevector(r[6], r[7], 0, 8, 1, 9, 4, 12, 5, 13);
+    const float8 t7 = __builtin_shufflevector(r[6], r[7], 2, 10, 3, 11, 6, 14, 7, 15);
+    const float8 u0 = __builtin_shufflevector(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13);
+    const float8 u1 = __builtin_shufflevector(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15);
+    const float8 u2 = __builtin_shufflevector(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13);
+    const float8 u3 = __builtin_shufflevector(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15);
+    const float8 u4 = __builtin_shufflevector(t4, t6, 0, 1, 8, 9, 4, 5, 12, 13);
+    const float8 u5 = __builtin_shufflevector(t4, t6, 2, 3, 10, 11, 6, 7, 14, 15);
+    const float8 u6 = __builtin_shufflevector(t5, t7, 0, 1, 8, 9, 4, 5, 12, 13);
+    const float8 u7 = __builtin_shufflevector(t5, t7, 2, 3, 10, 11, 6, 7, 14, 15);
+    r[0] = __builtin_shufflevector(u0, u4, 0, 1, 2, 3, 8, 9, 10, 11);
+    r[1] = __builtin_shufflevector(u1, u5, 0, 1, 2, 3, 8, 9, 10, 11);
+    r[2] = __builtin_shufflevector(u2, u6, 0, 1, 2, 3, 8, 9, 10, 11);
+    r[3] = __builtin_shufflevector(u3, u7, 0, 1, 2, 3, 8, 9, 10, 11);
+    r[4] = __builtin_shufflevector(u0, u4, 4, 5, 6, 7, 12, 13, 14, 15);
+    r[5] = __builtin_shufflevector(u1, u5, 4, 5, 6, 7, 12, 13, 14, 15);
+    r[6] = __builtin_shufflevector(u2, u6, 4, 5, 6, 7, 12, 13, 14, 15);
+    r[7] = __builtin_shufflevector(u3, u7, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+__kernel void attention_paged_gt(__global uchar* arena, ulong q_o, ulong k_o, ulong v_o, ulong out_o,
+                                 ulong pos_o, ulong seq_o, ulong btab_o, int H, int KVH, int BR,
+                                 int MB, int win, ulong tm_o, int N)
+{
+    const int kv = get_global_id(1), n0 = get_global_id(2) * ATT_R, kw = KVH * HC;
+    const int nr = min(ATT_R, N - n0);
+    const __global int* pos = AT(const int, pos_o);
+    const __global int* sq = AT(const int, seq_o);
+    int run = win == 0 && tm_o == 0;
+    for (int i = 1; i < nr; i++)
+        run = run && sq[n0 + i] == sq[n0] && pos[n0 + i] == pos[n0] + i;
+    if (!run) {
+        for (int i = 0; i < nr; i++)
+            att_row_g(arena, q_o, k_o, v_o, out_o, pos_o, seq_o, btab_o, H, KVH, BR, MB, win, tm_o,
+                      kv, n0 + i);
+        return;
+    }
+    const __global kv8* k = AT(const kv8, k_o) + kv * HC;
+    const __global kv8* v = AT(const kv8, v_o) + kv * HC;
+    const __global int* bt = AT(const int, btab_o) + (size_t)sq[n0] * MB;
+    const float rsq = 1.0f / sqrt((float)HEAD_DIM);
+    const int p0 = pos[n0], L = p0 + nr, sh = __builtin_ctz(BR), nq = nr * ATT_G;
+    // query vector j = i ATT_G + g: row n0 + i, head kv ATT_G + g, at qrow(j)
+#define QROW(j) (AT(const float, q_o) + ((size_t)(n0 + (j) / ATT_G) * H + kv * ATT_G + (j) % ATT_G) * HEAD_DIM)
+    float8 kt[HEAD_DIM * (ATT_KB / 8)];     // kt[d (KB/8) + u]: dim d of keys 8u .. 8u+7
+    float8 vf[ATT_KB * HC];                 // vf[t HC + c]: key t's dims 8c .. 8c+7
+    float8 o[ATT_QV * HC];
+    float p[ATT_QV * ATT_KB], mx[ATT_QV], sm[ATT_QV], sc[ATT_QV];
+    for (int j = 0; j < ATT_QV * HC; j++) o[j] = 0.0f;
+    for (int j = 0; j < ATT_QV; j++) mx[j] = -INFINITY, sm[j] = 0.0f;
+    for (int l0 = 0; l0 < L; l0 += ATT_KB) {
+        const int nk = min(ATT_KB, L - l0);
+        for (int u = 0; u < ATT_KB / 8; u++) {
+            const int l = l0 + 8 * u;
+            const __global kv8* kr[8];
+#pragma unroll
+            for (int t = 0; t < 8; t++) {       // keys past L re-read the last (masked below)
+                const int key = min(l + t, L - 1);
+                const size_t row = (size_t)((bt[key >> sh] << sh) + (key & (BR - 1))) * kw;
+                kr[t] = k + row;
+#pragma unroll
+                for (int c = 0; c < HC; c++) vf[(8 * u + t) * HC + c] = KV8(v + row + c);
+            }
+            for (int c = 0; c < HC; c++) {
+                float8 r[8];
+#pragma unroll
+                for (int t = 0; t < 8; t++) r[t] = KV8(kr[t] + c);
+                tr8(r);
+#pragma unroll
+                for (int e = 0; e < 8; e++) kt[(8 * c + e) * (ATT_KB / 8) + u] = r[e];
+            }
+        }
+        // scores, 4 query vectors at a time, into p (then the softmax step in place)
+        for (int j0 = 0; j0 < nq; j0 += 4) {
+            float8 s[4][ATT_KB / 8];
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int u = 0; u < ATT_KB / 8; u++) s[a][u] = 0.0f;
+            const __global float* qa[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) qa[a] = QROW(min(j0 + a, nq - 1));
+            for (int d = 0; d < HEAD_DIM; d++) {
+#pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    const float qd = qa[a][d];
+#pragma unroll
+                    for (int u = 0; u < ATT_KB / 8; u++) s[a][u] += qd * kt[d * (ATT_KB / 8) + u];
+                }
+            }
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                const int j = j0 + a, Li = p0 + j / ATT_G + 1;
+                if (j >= nq)
+                    break;
+                if (l0 >= Li) {                 // none of these keys (causal): nothing changes
+                    sc[j] = 1.0f;
+                    for (int t = 0; t < ATT_KB; t++) p[j * ATT_KB + t] = 0.0f;
+                    continue;
+                }
+                float8 m8 = -INFINITY;
+#pragma unroll
+                for (int u = 0; u < ATT_KB / 8; u++) {
+                    const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l0 + 8 * u;
+                    s[a][u] = key < (int8)Li ? s[a][u] * rsq : (float8)-INFINITY;
+                    m8 = fmax(m8, s[a][u]);
+                }
+                const float4 m4 = fmax(m8.lo, m8.hi);
+                const float2 m2 = fmax(m4.lo, m4.hi);
+                const float m = fmax(mx[j], fmax(m2.x, m2.y));
+                float8 acc = 0.0f;
+#pragma unroll
+                for (int u = 0; u < ATT_KB / 8; u++) {
+                    const int8 key = (int8)(0, 1, 2, 3, 4, 5, 6, 7) + l0 + 8 * u;
+                    const float8 e = key < (int8)Li ? exp8_f32(s[a][u] - m) : (float8)0.0f;
+                    acc += e;
+                    vstore8(e, 0, p + j * ATT_KB + 8 * u);
+                }
+                sc[j] = exp(mx[j] - m);
+                sm[j] = sm[j] * sc[j] + hsum8(acc);
+                mx[j] = m;
+            }
+        }
+        // o = o sc + p V, two query vectors at a time
+        for (int j = 0; j < nq; j += 2) {
+            const int j1 = min(j + 1, nq - 1);
+            float8 oa[HC], ob[HC];
+#pragma unroll
+            for (int c = 0; c < HC; c++) oa[c] = o[j * HC + c] * sc[j], ob[c] = o[j1 * HC + c] * sc[j1];
+            for (int t = 0; t < nk; t++) {
+                const float pa = p[j * ATT_KB + t], pb = p[j1 * ATT_KB + t];
+#pragma unroll
+                for (int c = 0; c < HC; c++) {
+                    const float8 vc = vf[t * HC + c];
+                    oa[c] += pa * vc, ob[c] += pb * vc;
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < HC; c++) o[j * HC + c] = oa[c];
+            if (j1 != j)
+#pragma unroll
+                for (int c = 0; c < HC; c++) o[j1 * HC + c] = ob[c];
+        }
+    }
+#undef QROW
+    for (int j = 0; j < nq; j++) {
+        __global float8* out = AT(float8, out_o) + ((size_t)(n0 + j / ATT_G) * H + kv * ATT_G + j % ATT_G) * HC;
+        for (int c = 0; c < HC; c++) out[c] = o[j * HC + c] / sm[j];
+    }
 }
 #endif
 
