@@ -19,7 +19,7 @@ import pytest
 import pyopencl  # noqa: F401  (a hard dependency: missing or broken, this file fails)
 
 from socllm.actors.gpu.device import GPU_SHAPED, Mirror, discrete, make_context, wrap_arena
-from socllm.actors.gpu.kernels import CLKernels
+from socllm.actors.gpu.kernels import ATT_TILE_FROM, CLKernels
 from socllm.actors.gpu.refs import prepared_row_bytes
 from socllm.actors.cpu.kernels import KV_NUMPY, NumpyKernels
 from socllm.graph.program import cut_rows
@@ -653,6 +653,28 @@ def test_paged_attention_of_a_sequences_consecutive_rows_sees_each_rows_own_keys
     for n in range(N):
         want = _spec_attention(arena, kv, k, v, n_blocks, qs[n], phys[row_seq[n]][:row_pos[n] + 1], window)
         np.testing.assert_allclose(got[n], want, rtol=1e-5, atol=1e-5, err_msg=f"row {n}")
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 4, 64), (8, 2, 128), (16, 2, 128)])
+def test_prefill_chunk_tiles_at_other_head_shapes(kvdev, lay, rng, heads, kv_heads, head_dim):
+    """A later prefill chunk of 40 rows (positions 30 .. 69 of one prompt, its KV blocks out of
+    order) at other GQA shapes than SmolLM2's (Qwen's, Llama's: 2, 4 and 8 query heads a KV head,
+    head sizes 64 and 128): the tiled kernel (paged.cl attention_paged_gt, ATT_G and HC of the
+    build) against numpy's paged attention, nothing else in the pool changed."""
+    arena, clk, kv = kvdev
+    kvt = KV_NUMPY[kv]
+    L, N, n_blocks, cols = 70, 40, 12, kv_heads * head_dim
+    table = rng.permutation(n_blocks)[: -(-L // BR)].astype(np.int32)
+    phys = table[np.arange(L) // BR] * BR + np.arange(L) % BR
+    k, v = _paged_cache(lay, rng, kvt, n_blocks, cols, [phys])
+    q, out = rows(lay, rng, N, heads * head_dim), lay.zeros((N, heads * head_dim))
+    args = {"q": ("a", q), "k": ("kv", k), "v": ("kv", v), "out": ("a", out),
+            "pos": ("a", lay.put(np.arange(L - N, L, dtype=np.int32))),
+            "seq": ("a", lay.put(np.zeros(N, np.int32))), "btab": ("a", lay.put(table[None, :])),
+            "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "block_rows": BR,
+            "max_blocks": len(table)}
+    assert N >= ATT_TILE_FROM
+    check(kvdev, lay, "attention", args, N, 0, [(out, N * heads * head_dim * 4)], clk=clk, kv=kv)
 
 
 # draft trees (policies/drafting.py Tree): parents of nodes 0 .. T-1 (-1: the root), ranks 0 along
