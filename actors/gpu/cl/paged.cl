@@ -357,12 +357,14 @@ __kernel void attention_paged_gt(__global uchar* arena, ulong q_o, ulong k_o, ul
     for (int l0 = 0; l0 < L; l0 += ATT_KB) {
         const int nk = min(ATT_KB, L - l0);
         for (int u = 0; u < ATT_KB / 8; u++) {
-            const int l = l0 + 8 * u;
+            // 8 keys never straddle a KV block (BR % 8 == 0): one table lookup for them, at the
+            // group that holds key l (or, past L, the last group: its keys are masked below)
+            const int l = l0 + 8 * u, first = min(l, (L - 1) & ~7);
+            const int base = (bt[first >> sh] << sh) + (first & (BR - 1));
             const __global kv8* kr[8];
 #pragma unroll
             for (int t = 0; t < 8; t++) {       // keys past L re-read the last (masked below)
-                const int key = min(l + t, L - 1);
-                const size_t row = (size_t)((bt[key >> sh] << sh) + (key & (BR - 1))) * kw;
+                const size_t row = (size_t)(base + min(l + t, L - 1) - first) * kw;
                 kr[t] = k + row;
 #pragma unroll
                 for (int c = 0; c < HC; c++) vf[(8 * u + t) * HC + c] = KV8(v + row + c);
