@@ -342,6 +342,26 @@ def test_arena_buffer_is_zero_copy(dev, lay):
     assert (arena[out: out + 256].view(np.float32) == 3).all()
 
 
+def test_clones_share_one_invoker_made_once_and_each_keeps_its_own_arguments(dev, lay):
+    """gpu/device.py keeps pyopencl's invokers in memory: kernels cloned for recorded launches
+    (gpu/launches.py) make theirs once (pyopencl went to its on-disk cache for every clone), and
+    each clone still adds its own rows."""
+    import pyopencl.invoker
+    arena, clk = dev
+    kept = pyopencl.invoker.generate_enqueue_and_set_args.kept
+    kept.clear()
+    ones, out = lay.put(np.ones(128, np.float32)), lay.zeros(128)
+    twos = lay.put(np.full(128, 2, np.float32))
+    clones = [clk.clone(clk.k, "add", (ones, b, out + 256 * i, 64)) for i, b in enumerate((ones, twos))]
+    assert len(kept) == 1
+    clk.upload()
+    for knl in clones:
+        pyopencl.enqueue_nd_range_kernel(clk.queue, knl, (64,), (64,))
+    clk.finish()
+    got = arena[out: out + 512].view(np.float32)         # a discrete device's copied back
+    assert (got[:64] == 2).all() and (got[64:] == 3).all()
+
+
 def test_gpu_tuning_and_portable_path_match_numpy(dev, lay, rng):
     """The build a GPU gets: GEMV rows split over work-items with a local-memory reduction,
     vload_half instead of the x86 F16C shortcut, another GEMM tile (odd, to hit the token tail)."""

@@ -31,6 +31,44 @@ import struct
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.invoker
+
+
+def _invokers_kept():
+    """pyopencl gives every new kernel object (cl.Kernel, and each clone) its Python invoker
+    through an on-disk cache with no layer in memory (`in_mem_cache_size=0`: a sqlite query, an
+    unpickle and a compile, ~0.2 ms a kernel). The GPU actor clones a kernel for each launch it
+    records (gpu/launches.py: 575 for each row count of a 16-row decode batch), so the service's
+    warm-up spent ~1.8 s there on 2 cores. The same key gives the same two functions, whatever
+    the kernel: kept here in memory, by pyopencl's own key (its devices only warn)."""
+    import inspect
+    made = pyopencl.invoker.generate_enqueue_and_set_args
+    if getattr(made, "kept", None) is not None or list(inspect.signature(made).parameters) != [
+            "function_name", "num_passed_args", "num_cl_args", "arg_types",
+            "work_around_arg_count_bug", "warn_about_arg_count_bug", "devs"]:
+        return                          # kept already, or a pyopencl this was not written for
+    kept: dict = {}
+
+    def generate_enqueue_and_set_args(function_name, num_passed_args, num_cl_args, arg_types,
+                                      work_around_arg_count_bug, warn_about_arg_count_bug, devs):
+        key = (function_name, num_passed_args, num_cl_args, arg_types,
+               work_around_arg_count_bug, warn_about_arg_count_bug)
+        try:
+            got = kept.get(key)
+        except TypeError:               # an argument type that does not hash: as pyopencl does
+            key, got = None, None
+        if got is None:
+            got = made(function_name, num_passed_args, num_cl_args, arg_types,
+                       work_around_arg_count_bug, warn_about_arg_count_bug, devs)
+            if key is not None:
+                kept[key] = got
+        return got
+
+    generate_enqueue_and_set_args.kept = kept
+    pyopencl.invoker.generate_enqueue_and_set_args = generate_enqueue_and_set_args
+
+
+_invokers_kept()
 
 # libpocl of pocl-binary-distribution 3.0 in pyopencl 2026.1.4's wheel:
 # sha256 -> (getHostCPUName's offset, {CPU name: offset of that string}), from its symbol table
