@@ -63,6 +63,11 @@ class ProcessorCore:
             self.backend.release()
         return True
 
+    def compile_kv(self, positions: list) -> int:
+        """The backend's graphs for later chunks at these positions, compiled ahead of use (an
+        NPU's KV-length buckets: npu/backend.py compile_kv); 0 where a backend compiles none."""
+        return self.backend.compile_kv(positions) if hasattr(self.backend, "compile_kv") else 0
+
     def info(self) -> dict:
         d = self.backend.describe()
         d.update(pid=os.getpid(), steps=self.worker.steps, busy_s=self.worker.busy_s,

@@ -311,12 +311,16 @@ class Runner:
 
     def warm_npu(self):
         """The NPU's attention graphs for every KV-length bucket (policies/buckets.KV_STEP rows),
-        compiled here rather than inside requests (warm() compiles the first)."""
+        compiled here rather than inside requests (warm() compiles the first): one later chunk
+        run (its per-layer graphs are made at the first), the other buckets compiled unrun."""
         lay, n = self.lay, self.npu_chunk
         on = None if self.chunk_on != self.base else "npu"
-        for pos0 in range(KV_STEP, lay.context - n + 1, KV_STEP):
+        later = list(range(KV_STEP, lay.context - n + 1, KV_STEP))
+        for pos0 in later[:1]:
             blocks = [b % lay.kv_blocks for b in range(-(-(pos0 + n) // lay.block_rows))]
             self.step([(0, pos0 + i, 0) for i in range(n)], {0: blocks}, all_rows=False, on=on)
+        if later[1:]:
+            ray.get(self.eng.processors()["npu"].compile_kv.remote(later[1:]))
 
     def chunks_on(self, on: str):
         """Prefill chunks from now on run on `on`: the NPU's static graphs ("npu", installed at

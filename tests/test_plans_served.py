@@ -185,3 +185,30 @@ def test_the_npu_plan_verifies_the_draft_heads_trees_in_its_batch_graphs(ray_ses
     assert sum((o.usage.get("completion_tokens_details") or {}).get("accepted_prediction_tokens", 0)
                for o in drafted) >= 5
     assert not any(k.startswith("gpu batch") for k in ran), ran
+
+
+def test_a_hetero_start_compiles_every_kv_bucket_and_a_long_prompt_keeps_the_oracles_tokens(
+        ray_session, oracle, tokenizer):
+    """warm_npu (actors/runner.py) runs one chunk past a prompt's start and has the NPU compile
+    its graphs for the other KV-length buckets unrun (npu/backend.py compile_kv): a prompt whose
+    chunks read every bucket up to 768 rows then compiles no graph more, and gives the oracle's
+    greedy tokens at f32."""
+    from pathlib import Path
+
+    import socllm
+    text = (Path(__file__).parents[1] / "scripts" / "data" / "pride_and_prejudice_ch1-2.txt").read_text()
+    prompt = tokenizer.decode(tokenizer.encode(text)[:660])
+    n = len(tokenizer.encode(prompt))
+    assert 640 < n <= 700                        # chunks from 0 to 640: buckets 256 to 768
+    # fcfs: under the agent policy a proactive request's chunks run on the GPU (they stop
+    # between layers there), and a reactive one's past the start mostly too
+    with socllm.LLM(plan="hetero", precision="f32", context=1024, max_seqs=2, kv_mb=64,
+                    prefill_chunk=128, policy="fcfs") as llm:
+        graphs = lambda: next(p["compiled_graphs"] for p in llm.status()["processors"]
+                              if p["processor"] == "npu")
+        before = graphs()
+        ran = llm.status()["steps_by_program"]["npu chunk 128"]
+        [out] = llm.generate([prompt], max_tokens=8)
+        assert graphs() == before
+        assert llm.status()["steps_by_program"]["npu chunk 128"] == ran + 6    # 0, 128 .. 640
+    assert out.text == _greedy(oracle, tokenizer, prompt, 8)

@@ -174,11 +174,27 @@ class NPUBackend:
                            hint, config, CACHE_DIR if cache else None,
                            self.shared, last_row=_is_tail(seg), const_weights=const,
                            pool=self.pool if paged else None, per_row=paged and _decode_batch(prog))
+        # a chunk's per-layer segment past a prompt's start (compile_kv: its KV-length buckets)
+        ov_seg.later_chunk = prog.phase in PREFILL_PHASES and not whole and not ov_seg.per_row \
+            and "seq_n" not in seg[0].args
         self.segments.append(ov_seg)
         run = ov_seg.run
         if "seq_n" in seg[0].args:
             run = lambda n, pos0, a=seg[0].args: ov_seg.run(*part_rows(a, n, pos0))
         return Unit(seg[0].waits, run, seg[-1].signals, tuple(sorted(seqs)))
+
+    def compile_kv(self, positions: list) -> int:
+        """Every later-chunk segment's graph for the KV-length buckets of chunks at `positions`
+        (each otherwise compiled by the first chunk that reads one): the runner's warm_npu at
+        start, which ran a 128-row chunk at each bucket for it (0.3-0.5 s a run on 2 cores, ~2.7
+        s of a hetero service's start). -> graphs compiled (or imported from CACHE_DIR)."""
+        built = 0
+        for seg in [s for s in self.segments if getattr(s, "later_chunk", False) and s._uses_kv]:
+            for pos0 in positions:
+                if seg.kv_len(pos0) not in seg.variants:
+                    seg._variant(pos0)
+                    built += 1
+        return built
 
     def release(self):
         """Forget every compiled graph (no program uses them any more), and give their memory
