@@ -40,8 +40,8 @@ POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 2
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
-# the config's knobs as each processor actor applies them, in status (policies/config.py)
-# what a processor's status adds where its backend has it: the knobs it applied, the NPU's graphs
+# what a processor's status adds where its backend has them: the config's knobs as it applied
+# them (policies/config.py), and the NPU's compiled graphs
 KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction", "compiled_graphs")
 
 

@@ -174,7 +174,7 @@ class NPUBackend:
                            hint, config, CACHE_DIR if cache else None,
                            self.shared, last_row=_is_tail(seg), const_weights=const,
                            pool=self.pool if paged else None, per_row=paged and _decode_batch(prog))
-        # a chunk's per-layer segment past a prompt's start (compile_kv: its KV-length buckets)
+        # compile_kv compiles its KV-length buckets ahead of use
         ov_seg.later_chunk = prog.phase in PREFILL_PHASES and not whole and not ov_seg.per_row \
             and "seq_n" not in seg[0].args
         self.segments.append(ov_seg)
@@ -188,13 +188,7 @@ class NPUBackend:
         (each otherwise compiled by the first chunk that reads one): the runner's warm_npu at
         start, which ran a 128-row chunk at each bucket for it (0.3-0.5 s a run on 2 cores, ~2.7
         s of a hetero service's start). -> graphs compiled (or imported from CACHE_DIR)."""
-        built = 0
-        for seg in [s for s in self.segments if getattr(s, "later_chunk", False) and s._uses_kv]:
-            for pos0 in positions:
-                if seg.kv_len(pos0) not in seg.variants:
-                    seg._variant(pos0)
-                    built += 1
-        return built
+        return sum(seg.prepare(pos0) for seg in self.segments if seg.later_chunk for pos0 in positions)
 
     def release(self):
         """Forget every compiled graph (no program uses them any more), and give their memory

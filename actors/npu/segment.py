@@ -114,6 +114,16 @@ class OVSegment:
         first = self._variant(0, 1 if per_row else None) if self._uses_kv else self._build(None)
         self.shared, self.compiled = first.shared, first.compiled
 
+    later_chunk = False     # a chunk's per-layer segment past a prompt's start (npu/backend.py)
+
+    def prepare(self, pos0: int) -> bool:
+        """The graph a step at pos0 reads, compiled now if it is not yet (a later chunk's
+        KV-length bucket, at start rather than inside a request). True where one was."""
+        if not self._uses_kv or self.kv_len(pos0) in self.variants:
+            return False
+        self._variant(pos0)
+        return True
+
     def kv_len(self, pos0: int) -> int:
         """The KV-length bucket a step at pos0 reads: the pos0 earlier rows, plus this step's B
         rows when they come from the cache."""
