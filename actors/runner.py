@@ -316,9 +316,10 @@ class Runner:
         lay, n = self.lay, self.npu_chunk
         on = None if self.chunk_on != self.base else "npu"
         later = list(range(KV_STEP, lay.context - n + 1, KV_STEP))
-        for pos0 in later[:1]:
-            blocks = [b % lay.kv_blocks for b in range(-(-(pos0 + n) // lay.block_rows))]
-            self.step([(0, pos0 + i, 0) for i in range(n)], {0: blocks}, all_rows=False, on=on)
+        if not later:
+            return
+        blocks = [b % lay.kv_blocks for b in range(-(-(later[0] + n) // lay.block_rows))]
+        self.step([(0, later[0] + i, 0) for i in range(n)], {0: blocks}, all_rows=False, on=on)
         if later[1:]:
             ray.get(self.eng.processors()["npu"].compile_kv.remote(later[1:]))
 
