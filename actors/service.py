@@ -106,6 +106,8 @@ def _time_hcmp(runner, rows: int) -> dict:
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
 class Service:
+    profile_from: str | None = None      # the batching profile's: "timed", "cached" (or none)
+
     def __init__(self, config: ServeConfig, front_ends_start: bool = False):
         """config: every knob (policies/config.py), validated and read from the environment by
         the caller (`socllm serve`: ServeConfig.from_env): this actor, its engine and the
@@ -168,12 +170,26 @@ class Service:
         self.plan = self.runner.plan
         # the agent policy sizes its mixed batches from this device's step times
         # (and so does speculation, where on: policies/drafting.py StepCosts)
-        self.step_profile = self.runner.profile_batches(c.max_seqs) \
+        self.step_profile = self._step_profile() \
             if c.policy == "agent" or c.speculate != "off" and c.warm else {}
         if c.warm and self.runner.chunk_on == self.runner.decode_on == self.runner.base:
             # warm() compiled every program of a base-processor plan: the planner's memory
             # is freed (it starts again if a program is ever missing)
             e.release_planner()
+
+    def _step_profile(self) -> dict:
+        """The batching profile (runner.profile_batches: seconds of a decode step of 1 ..
+        max_seqs rows), timed at a plan's first start and cached as auto's choice is (per model,
+        device, knobs and plan, plan_cache): later starts skip its ~50 steps (~0.8 s)."""
+        c, r = self.config, self.runner
+        key = f"{self.plan_key}|steps {r.plan} npu {sorted(r.npu_batches)} hcmp {r.hcmp_bands}"
+        got = plan_cache(c.cache_dir).get(key) or {}
+        self.profile_from = "cached" if got.get("profile") else "timed"
+        if got.get("profile"):
+            return {int(b): t for b, t in got["profile"].items()}
+        prof = r.profile_batches(c.max_seqs)
+        plan_cache(c.cache_dir, key, {"profile": {str(b): t for b, t in prof.items()}})
+        return prof
 
     def _start_engine(self):
         """The KV blocks, the scheduling policy, the drafter and the engine's loop over them."""
@@ -321,6 +337,7 @@ class Service:
                 # the agent policy's learned cost of a key attended (policies/agent.py StepModel)
                 "decode_us_per_key": _per_key_us(self.scheduler),
                 "decode_step_ms": {b: round(1e3 * t, 2) for b, t in self.step_profile.items()},
+                "decode_step_from": self.profile_from,
                 "kv_blocks": self.kv.n_blocks, "block_rows": self.kv.block_rows,
                 "kv_dtype": e.layout.kv_dtype, "prefill_chunk": self.config.prefill_chunk,
                 "placement": self.placement, "preemption": self._preemption(), "pid": os.getpid(),

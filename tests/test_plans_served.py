@@ -120,7 +120,11 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
         npu_batches = [b for b, t in batch_ms.items() if t["npu"] * NPU_MARGIN < t["gpu"]]
         assert pl["npu_batches"] == sorted(npu_batches)
         assert [o.text for o in llm.generate(list(TEXTS), max_tokens=10)] == wanted
-    [(key, kept)] = json.loads((tmp_path / "socllm" / "plans.json").read_text()).items()
+        # the batching profile (speculation's step costs) timed too, and kept for the next start
+        steps = llm.describe["decode_step_ms"]
+        assert llm.describe["decode_step_from"] == "timed" and sorted(steps) == [1, 2, 3, 4]
+    table = json.loads((tmp_path / "socllm" / "plans.json").read_text())
+    [(key, kept)] = [(k, v) for k, v in table.items() if "|steps " not in k]
     assert kept == {"plan": chosen, "chunk_ms": pl["chunk_ms"], "npu_batches": pl["npu_batches"],
                     "batch_ms": {str(b): t for b, t in batch_ms.items()}} and ".gguf:" in key
     with socllm.LLM(**knobs) as llm:              # only the chosen plan's processors start
@@ -137,6 +141,7 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
             assert again["npu_later"] == (ms["npu later"] < ms["gpu later"])
         else:
             assert again["npu_later"] and "npu later" not in ms
+        assert (llm.describe["decode_step_from"], llm.describe["decode_step_ms"]) == ("cached", steps)
         started = {p["processor"] for p in llm.status()["processors"]}
         assert started == ({"gpu", "npu"} if chosen == "hetero" or pl["npu_batches"] else {"gpu"})
     # other knobs: another key, so a start with them is timed anew (as the first one was)
