@@ -31,7 +31,7 @@ from socllm.memory.blocks import BLOCK_ROWS
 from socllm.memory.layout import KV_DTYPES, Control, plan_layout, write_weights
 from socllm.memory.ready import ReadyWords
 from socllm.models.chat import ChatTemplate, chat_prompt
-from socllm.models.gguf_file import ModelError, model_path, open_gguf, verify_default_model
+from socllm.models.gguf_file import ModelError, file_digest, model_path, open_gguf, verify_default_model
 from socllm.models.llama import load_config, load_weights, matrix_types
 from socllm.models.tokenizer import Tokenizer
 from socllm.policies.buckets import MAX_CHUNK, bucket_for
@@ -190,7 +190,7 @@ class Pool:
         """Compiled programs on disk (graph/store.py), for this code, model, layout and cuts."""
         c = self.config
         return None if c.cache_dir is None else ProgramStore(
-            c.cache_dir, self.model_path, n_layers, lay.to_dict(), self.rowcut_profile)
+            c.cache_dir, file_digest(self.model_path), n_layers, lay.to_dict(), self.rowcut_profile)
 
     # -- step programs: compiled by the planner actor, kept here and on disk ----------------------
     def program(self, key: tuple) -> tuple:

@@ -157,8 +157,9 @@ class Service:
         # the second activation buffer holds proactive chunks that stop between layers
         # (the agent policy's, Agent.xpu §4.4)
         self.slices = spans = POLICIES[c.policy].slice_s is not None
-        from socllm.models.gguf_file import model_path
-        self.plan_key = plan_key(c, model_path(c.model))
+        from socllm.models.gguf_file import file_digest, model_path
+        path = model_path(c.model)
+        self.plan_key = plan_key(c, path, file_digest(path))
         cached = {} if c.plan != "auto" or spans else plan_cache(c.cache_dir).get(self.plan_key) or {}
         plan = c.plan if c.plan != "auto" else "gpu" if spans else cached.get("plan") or "auto"
         # the NPU also where auto found it the faster at some decode batch sizes

@@ -35,14 +35,13 @@ def code_version(pkgs=("graph", "models", "memory", "policies"), exts=(".py",)) 
 
 
 class ProgramStore:
-    def __init__(self, cache_dir: str, model_path: str, n_layers: int | None, layout: dict,
+    def __init__(self, cache_dir: str, model_digest: str, n_layers: int | None, layout: dict,
                  rowcut_profile: dict | None):
-        """layout: memory/layout.py PoolLayout.to_dict() of the pool the programs address;
-        rowcut_profile: how the tensor plan cuts the linears (an hcmp program's share is in its
-        key)."""
-        st = os.stat(model_path)
-        what = json.dumps([code_version(), os.path.realpath(model_path), st.st_size,
-                           int(st.st_mtime), n_layers, layout, rowcut_profile],
+        """model_digest: the model file's sha256 (models/gguf_file.py file_digest: the same
+        model installed elsewhere finds its programs); layout: memory/layout.py
+        PoolLayout.to_dict() of the pool the programs address; rowcut_profile: how the tensor plan
+        cuts the linears (an hcmp program's share is in its key)."""
+        what = json.dumps([code_version(), model_digest, n_layers, layout, rowcut_profile],
                           sort_keys=True, default=str)
         self.root = os.path.join(cache_dir, "programs")
         self.folder = os.path.join(self.root, hashlib.sha256(what.encode()).hexdigest()[:32])

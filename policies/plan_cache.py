@@ -32,17 +32,16 @@ def cpu_name() -> str:
                     platform.machine())
 
 
-def plan_key(c, model_file: str) -> str:
-    """What an auto plan's choice depends on: the model file, this machine (its CPU, its OpenCL
-    drivers, an NPU's device node), the knobs, the rule, and the processors' kernels (a kernel
-    made faster changes the timings the choice was made from)."""
-    path = os.path.realpath(model_file)
-    st = os.stat(path)
+def plan_key(c, model_file: str, model_digest: str) -> str:
+    """What an auto plan's choice depends on: the model (its file's name and sha256,
+    models/gguf_file.py file_digest: the same model installed elsewhere finds it), this machine
+    (its CPU, its OpenCL drivers, an NPU's device node), the knobs, the rule, and the processors'
+    kernels (a kernel made faster changes the timings the choice was made from)."""
     cpu = cpu_name()
     icd = "/etc/OpenCL/vendors"
     drivers = ",".join(sorted(os.listdir(icd))) if os.path.isdir(icd) else ""
     npu = ",".join(sorted(d for d in os.listdir("/dev") if d.startswith("accel")))
-    return f"{path}:{st.st_size}:{int(st.st_mtime)}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
+    return f"{os.path.basename(model_file)}:{model_digest[:32]}|{platform.node()} {cpu} [{drivers}] [{npu}]|" \
            f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}|" \
            f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}|" \
            f"whole graphs from {WHOLE_GRAPH_FROM if c.whole_graph else 0}|" \

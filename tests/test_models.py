@@ -127,6 +127,34 @@ def test_non_gguf_file_is_refused(tmp_path):
         verify_default_model(str(junk))
 
 
+def test_a_models_digest_is_hashed_once_and_names_the_same_model_anywhere(tmp_path, monkeypatch,
+                                                                         model_path):
+    """file_digest keys the caches of compiled programs and timed plans: the same bytes at
+    another path (a new venv, a fresh clone) have the same digest; each file is hashed once
+    until it changes; entries of files gone are dropped."""
+    import json
+    import shutil
+
+    from socllm.models import gguf_file
+    monkeypatch.setattr(gguf_file, "HASH_CACHE", tmp_path / "digests.json")
+    real, hashed = gguf_file._sha256, []
+    monkeypatch.setattr(gguf_file, "_sha256", lambda p: hashed.append(p) or real(p))
+    copy = tmp_path / "elsewhere" / "model.gguf"
+    copy.parent.mkdir()
+    shutil.copy(model_path, copy)
+    want = gguf_file.DEFAULT_MODEL_SHA256
+    assert gguf_file.file_digest(model_path) == gguf_file.file_digest(str(copy)) == want
+    assert gguf_file.file_digest(str(copy)) == want and len(hashed) == 2
+    copy.write_bytes(b"another model")                       # changed: hashed anew
+    assert gguf_file.file_digest(str(copy)) != want and len(hashed) == 3
+    copy.unlink()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"x")
+    gguf_file.file_digest(str(other))
+    kept = json.loads((tmp_path / "digests.json").read_text())
+    assert len(kept) == 2 and not any(str(copy) in k for k in kept)
+
+
 def test_unsupported_architecture_is_refused(tmp_path):
     path = tmp_path / "gpt2.gguf"
     w = GGUFWriter(str(path), "gpt2")

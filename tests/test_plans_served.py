@@ -67,7 +67,7 @@ def test_decode_batches_of_a_size_auto_found_faster_on_the_npu_run_there(ray_ses
     import json
 
     import socllm
-    from socllm.models.gguf_file import default_model_path
+    from socllm.models.gguf_file import default_model_path, file_digest
     from socllm.policies.config import ServeConfig
     from socllm.policies.plan_cache import plan_key
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -75,7 +75,7 @@ def test_decode_batches_of_a_size_auto_found_faster_on_the_npu_run_there(ray_ses
     config = dataclasses.replace(ServeConfig.from_env(model=default_model_path(), http_port=0, **knobs),
                                  threads=ServeConfig.from_env().budget)
     (tmp_path / "socllm").mkdir()
-    (tmp_path / "socllm" / "plans.json").write_text(json.dumps({plan_key(config, config.model): {
+    (tmp_path / "socllm" / "plans.json").write_text(json.dumps({plan_key(config, config.model, file_digest(config.model)): {
         "plan": "gpu", "chunk_ms": {"gpu": 1.0, "npu": 2.0}, "npu_batches": [2]}}))
     with socllm.LLM(**knobs) as llm:
         pl = llm.describe["placement"]
@@ -147,20 +147,20 @@ def test_auto_times_prefill_once_and_later_starts_take_the_cached_choice(ray_ses
     # other knobs: another key, so a start with them is timed anew (as the first one was)
     from socllm.policies.plan_cache import KERNELS, plan_key
     from socllm.policies.config import ServeConfig
-    from socllm.models.gguf_file import default_model_path
+    from socllm.models.gguf_file import default_model_path, file_digest
     config = dataclasses.replace(ServeConfig.from_env(model=default_model_path(), http_port=0, **knobs),
                                  threads=ServeConfig.from_env().budget)
-    assert plan_key(config, config.model) == key
-    assert plan_key(dataclasses.replace(config, max_seqs=2), config.model) not in (key, None)
+    assert plan_key(config, config.model, file_digest(config.model)) == key
+    assert plan_key(dataclasses.replace(config, max_seqs=2), config.model, file_digest(config.model)) not in (key, None)
     # the NPU's whole-model graphs (or none: generate's private engine) time another chunk
     assert plan_key(dataclasses.replace(config, whole_graph=not config.whole_graph),
-                    config.model) not in (key, None)
+                    config.model, file_digest(config.model)) not in (key, None)
     # and other kernels another: a kernel made faster must not keep a choice timed before it
     from socllm.graph import store
     saved = dict(store._digests)
     try:
         store._digests = {k: ("0" * 64 if k[0] == KERNELS else v) for k, v in saved.items()}
-        assert plan_key(config, config.model) != key
+        assert plan_key(config, config.model, file_digest(config.model)) != key
     finally:
         store._digests = saved
     # the agent policy's proactive chunks stop between layers on the GPU and its reactive

@@ -193,11 +193,11 @@ def moe_plan(config, tasks: list, chunk: int):
     import json
     import os
 
-    from socllm.models.gguf_file import _sha256, model_path
+    from socllm.models.gguf_file import file_digest, model_path
     from socllm.policies import moe
     g = next(t.args for t in tasks if t.op == "moe_linear")
     E, k, F, D = g["E"], g["k"], g["M"], g["K"]
-    sha = _sha256(model_path(config.model))
+    sha = file_digest(model_path(config.model))
     calib, source = None, "uniform (no calibration cached: socllm calibrate MODEL)"
     for f in sorted(glob.glob(os.path.join(config.cache_dir or "", "moe", f"{sha}-T{chunk}-*.json"))):
         with open(f) as fh:
