@@ -362,6 +362,19 @@ def test_clones_share_one_invoker_made_once_and_each_keeps_its_own_arguments(dev
     assert (got[:64] == 2).all() and (got[64:] == 3).all()
 
 
+def test_a_kernel_builds_options_name_no_folder_of_this_install(dev):
+    """PoCL keys its kernel cache by a build's source and options: pyopencl's own include folder
+    (a path inside this venv) among them made every new venv or fresh clone compile every kernel
+    again. gpu/device.py drops it; the kernels' own options stay."""
+    import os
+
+    import pyopencl
+    _, clk = dev
+    opts, _ = pyopencl.Program._process_build_options(clk.ctx, f"{clk.options} -DHEAD_DIM=64")
+    assert os.path.dirname(pyopencl.__file__).encode() not in opts and b"-I" not in opts.split()
+    assert b"-DHEAD_DIM=64" in opts and clk.options.split()[0].encode() in opts
+
+
 def test_gpu_tuning_and_portable_path_match_numpy(dev, lay, rng):
     """The build a GPU gets: GEMV rows split over work-items with a local-memory reduction,
     vload_half instead of the x86 F16C shortcut, another GEMM tile (odd, to hit the token tail)."""

@@ -70,6 +70,19 @@ def _invokers_kept():
 
 _invokers_kept()
 
+
+def _no_include_path():
+    """pyopencl adds `-I <its own cl/ folder>` to every build's options, and PoCL keys its kernel
+    cache by source and options: a new venv or a fresh clone (another folder) compiled every
+    kernel again, ~0.5 s a build on 2 cores (~2 min of the suite's CPU in a fresh clone). socllm's
+    kernels include nothing: that option is dropped, for every build in the process."""
+    opts = getattr(cl, "_DEFAULT_INCLUDE_OPTIONS", None)
+    if isinstance(opts, list) and len(opts) == 2 and opts[0] == "-I":
+        opts.clear()
+
+
+_no_include_path()
+
 # libpocl of pocl-binary-distribution 3.0 in pyopencl 2026.1.4's wheel:
 # sha256 -> (getHostCPUName's offset, {CPU name: offset of that string}), from its symbol table
 KNOWN = {"d214aece60df73c75d8a678d33e4a51f4e5b594772dc74891b5451f909db6025":
