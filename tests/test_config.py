@@ -147,3 +147,21 @@ def test_the_cpus_llvm_14_cannot_name_get_a_target_and_the_rest_keep_theirs():
     assert named_cpu(cpu("AuthenticAMD", 26, 2, avx512), asked="znver3") == "znver3"
     assert named_cpu(cpu("GenuineIntel", 6, 0xcf, avx512), asked="znver3") == "icelake-server"
     assert named_cpu(cpu("GenuineIntel", 6, 0xb7, avx2)) is None                    # Raptor Lake
+
+
+def test_pocl_copies_made_for_deleted_installs_are_removed(tmp_path):
+    """gpu/device.py keeps a copy of PoCL's library per pyopencl install (~104 MB, linked to
+    that install's PoCL resources); a venv or clone deleted leaves its link dangling, and the
+    next copy made removes such copies, not the others."""
+    import os
+
+    from socllm.actors.gpu.device import _prune
+    root = tmp_path / "pocl"
+    gone, live = root / "gone", root / "live"
+    for d in (gone, live):
+        (d / "pyopencl-icelake-server").mkdir(parents=True)
+    (tmp_path / "resources").mkdir()
+    os.symlink(tmp_path / "a-deleted-venv", gone / "pocl_binary_distribution")
+    os.symlink(tmp_path / "resources", live / "pocl_binary_distribution")
+    _prune(str(root))
+    assert os.listdir(root) == ["live"]

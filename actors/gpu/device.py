@@ -171,6 +171,7 @@ def _patched(lib: str, cache: str, cpu: str) -> str | None:
     marker = out + ".source"
     if os.path.exists(out) and os.path.exists(marker) and open(marker).read() == stamp:
         return home
+    _prune(os.path.dirname(cache))
     data = bytearray(open(lib, "rb").read())
     at = KNOWN.get(hashlib.sha256(data).hexdigest())
     if at is None:
@@ -196,6 +197,16 @@ def _patched(lib: str, cache: str, cpu: str) -> str | None:
             f.write(content)
         os.replace(tmp, path)               # several actors may start at once
     return home
+
+
+def _prune(root: str):
+    """Removes the copies made for installs since deleted (a venv or a clone gone: their link to
+    its PoCL resources dangles), ~104 MB each; called when a new copy is made."""
+    import shutil
+    for d in os.listdir(root) if os.path.isdir(root) else ():
+        link = os.path.join(root, d, "pocl_binary_distribution")
+        if os.path.islink(link) and not os.path.exists(link):
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 
 
 _named = False
