@@ -184,10 +184,10 @@ class Service:
         device, knobs and plan, plan_cache): later starts skip its ~50 steps (~0.8 s)."""
         c, r = self.config, self.runner
         key = f"{self.plan_key}|steps {r.plan} npu {sorted(r.npu_batches)} hcmp {r.hcmp_bands}"
-        got = plan_cache(c.cache_dir).get(key) or {}
-        self.profile_from = "cached" if got.get("profile") else "timed"
-        if got.get("profile"):
-            return {int(b): t for b, t in got["profile"].items()}
+        kept = (plan_cache(c.cache_dir).get(key) or {}).get("profile")
+        self.profile_from = "cached" if kept else "timed"
+        if kept:
+            return {int(b): t for b, t in kept.items()}
         prof = r.profile_batches(c.max_seqs)
         plan_cache(c.cache_dir, key, {"profile": {str(b): t for b, t in prof.items()}})
         return prof
