@@ -5,6 +5,10 @@ share are in tests/testlib.py."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -42,22 +46,54 @@ class _KeptGreedy(Oracle):
     """The session's oracle, its greedy continuations kept: many tests ask for the same prompt's
     (141 calls, 67 distinct, ~17 s of numpy asked again), some for fewer tokens than an earlier
     call (greedy does not stop at EOS, and its first n tokens are the same computation whatever
-    n_new: a prefix of the longest kept); the logits, [T, vocab] each, are not kept."""
+    n_new: a prefix of the longest kept); the logits, [T, vocab] each, are not kept.
 
-    def __init__(self, *args):
+    Kept on disk too, beside socllm's other caches (~55 s of numpy a suite run): a file per
+    model and oracle, named by the sha256 of the model file's bytes, of the oracle's sources
+    (models/oracle.py and what it reads the weights with), and of numpy's and gguf's versions,
+    so a change to any of them computes every continuation anew."""
+
+    SOURCES = ("oracle.py", "llama.py", "quant.py", "gguf_file.py")
+
+    def __init__(self, *args, model_path: str | None = None):
         super().__init__(*args)
         self._kept: dict = {}      # prompt ids -> the longest greedy continuation asked for
+        self._file = self._store(model_path) if model_path else None
+        with contextlib.suppress(OSError, ValueError):
+            self._kept = {tuple(json.loads(k)): v for k, v in json.loads(self._file.read_text()).items()}
+
+    @classmethod
+    def _store(cls, model_path: str) -> Path:
+        from importlib.metadata import version
+
+        from socllm.models import oracle
+        from socllm.models.gguf_file import file_digest
+        h = hashlib.sha256(f"{file_digest(model_path)} numpy {version('numpy')} gguf {version('gguf')}".encode())
+        for name in cls.SOURCES:
+            h.update((Path(oracle.__file__).parent / name).read_bytes())
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "socllm" / "oracle"
+        return root / f"greedy-{h.hexdigest()[:32]}.json"
 
     def greedy(self, prompt_ids: list[int], n_new: int) -> list[int]:
         key = tuple(prompt_ids)
         if len(self._kept.get(key, ())) < n_new:
             self._kept[key] = super().greedy(prompt_ids, n_new)
+            self._save()
         return list(self._kept[key][:n_new])
+
+    def _save(self):
+        if self._file is None:
+            return
+        with contextlib.suppress(OSError):
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({json.dumps(list(k)): v for k, v in self._kept.items()}))
+            os.replace(tmp, self._file)
 
 
 @pytest.fixture(scope="session")
-def oracle(model_config, model_weights) -> Oracle:
-    return _KeptGreedy(model_config, model_weights)  # ~0.6 GB of fp32: build it once
+def oracle(model_config, model_weights, model_path) -> Oracle:
+    return _KeptGreedy(model_config, model_weights, model_path=model_path)  # ~0.6 GB of fp32: build it once
 
 
 @pytest.fixture(scope="session")

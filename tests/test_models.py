@@ -1,6 +1,8 @@
 """models/: the GGUF file, config, weights, tokenizer, chat template and the fp32 oracle."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from gguf import GGUFWriter
@@ -105,6 +107,18 @@ def test_teacher_forced_logits_agree_with_incremental_decode(oracle, tokenizer):
     np.testing.assert_allclose(oracle.forward(prompt[2:], 2, kv), logits[len(prompt) - 1],
                                rtol=0, atol=1e-3)
 
+
+
+def test_the_oracles_kept_continuations_are_its_greedy_ones(oracle, tokenizer):
+    """The session's oracle keeps its greedy continuations on disk (conftest.py _KeptGreedy):
+    what it keeps is what its greedy computes now, and a continuation asked for again is the
+    kept one, not computed anew."""
+    oracle.greedy(tokenizer.encode(PROMPT), 3)
+    kept = sorted(oracle._kept.items(), key=lambda kv: len(kv[0]) + len(kv[1]))[:3]
+    for ids, cont in kept:
+        assert Oracle.greedy(oracle, list(ids), len(cont)) == cont
+    file = json.loads(oracle._file.read_text())
+    assert all(file[json.dumps(list(ids))] == cont for ids, cont in kept)
 
 # --- files socllm must refuse, with one-line reasons ---------------------------------------
 
