@@ -132,7 +132,7 @@ def test_the_engine_computes_what_llamacpp_computes(tmp_path, ray_session, name,
     from socllm.actors.pool import Pool
     want, greedy = FIX[f"{name}/logits"], FIX[f"{name}/greedy"].tolist()
     path = model_path(name, str(tmp_path))
-    eng = Pool(model=path, context=64, threads=2)
+    eng = Pool(model=path, context=64, threads=2, processors_=(plan,))   # the one it runs on
     try:
         out = eng.generate_ids(PROMPT, plan=plan, precision="f32", max_tokens=len(greedy), ignore_eos=True)
         got = eng.logits_after(PROMPT, plan, "f32")
