@@ -912,12 +912,25 @@ def test_a_killed_gpu_actor_comes_back_and_its_generations_equal_the_oracle(clie
 
 
 def test_stop_removes_the_service_and_its_pool(served, client):
+    """`socllm stop` removes socllm and nothing else: another application on the same Serve
+    (deployed here) keeps running and answering; with socllm's the only one, Serve goes too."""
+    import requests
+    from ray import serve
     from socllm.actors.front.direct import record_path
     env, pid = served[0], client.status()["pid"]
     assert any(s.startswith(f"socllm-{pid}-") for s in _segments())
     assert os.path.exists(record_path(env["RAY_ADDRESS"]))
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class Other:
+        def __call__(self, request):
+            return "other"
+    serve.run(Other.bind(), name="other", route_prefix="/other")
     r = _cli(env, "stop", timeout=300)
     assert r.returncode == 0 and "stopped" in r.stdout
+    assert set(serve.status().applications) == {"other"}
+    assert requests.get(served[1] + "/other", timeout=30).text == "other"
+    serve.shutdown()
     assert not os.path.exists(record_path(env["RAY_ADDRESS"])), "`generate` would look for it"
     assert not any(s.startswith(f"socllm-{pid}-") for s in _segments()), "the pool outlived stop"
     assert not os.path.exists(f"/proc/{pid}"), "the service's process outlived stop"

@@ -418,8 +418,10 @@ async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-sty
 
 # (everything the routes use is defined above: serve.ingress freezes a copy of the app, and
 # of the globals its routes name, when the class below is decorated)
+# graceful_shutdown_wait_loop_s: how often a replica being removed looks whether its requests
+# are done (Serve's default, 2 s, was most of `socllm stop`'s time)
 @serve.deployment(name="openai", num_replicas=1, max_ongoing_requests=1024,
-                  ray_actor_options={"num_cpus": 0})
+                  ray_actor_options={"num_cpus": 0}, graceful_shutdown_wait_loop_s=0.1)
 @serve.ingress(app)
 class OpenAIServer:
     """Forwards to the service actor; holds nothing but its handle."""
@@ -775,7 +777,11 @@ def undeploy():
         apps = serve.status().applications
     except Exception:
         return
-    if APP in apps:
-        serve.delete(APP)
     if not set(apps) - {APP}:
-        serve.shutdown()
+        serve.shutdown()            # removes the ingress with Serve's own actors
+        return
+    if APP in apps:                 # Serve's blocking delete looks once a second
+        serve.delete(APP, _blocking=False)
+        end = time.monotonic() + 60
+        while APP in serve.status().applications and time.monotonic() < end:
+            time.sleep(0.05)
