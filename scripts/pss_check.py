@@ -1,5 +1,6 @@
 """PSS of socllm's processes (the service's status) and of Ray's daemons: idle, then under 8 streams
-(4 of them constrained by a JSON schema).
+(4 of them constrained by a JSON schema), then idle again after three more waves of 8 (new
+prompts, 300 tokens each: what the prefix cache keeps, up to --prefix-cache-mb of KV, stays).
 
     ray start --head && socllm serve && python scripts/pss_check.py     # prints one JSON object
 """
@@ -44,6 +45,15 @@ def main():
         st = c.status(); samples.append((st["memory_pss_mb"], round(ray_pss(), 1))); time.sleep(1)
     [t.join() for t in ts]
     out["under_8_streams"] = {"socllm_pss_mb": max(s[0] for s in samples), "ray_and_socllm_pss_mb": max(s[1] for s in samples), "samples": samples}
+    for w in range(3):
+        ts = [threading.Thread(target=c.generate, args=(f"Wave {w}, story {i}: in a distant land there lived",),
+                               kwargs={"max_tokens": 300, "temperature": 0}) for i in range(8)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+    time.sleep(6)
+    st = c.status()
+    out["idle_after_use"] = {"socllm_pss_mb": st["memory_pss_mb"], "by_process": st["memory_pss_mb_by_process"],
+                             "ray_and_socllm_pss_mb": round(ray_pss(), 1), "kv": st["kv"]}
     print(json.dumps(out, indent=1))
 
 
