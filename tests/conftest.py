@@ -42,6 +42,9 @@ def model_weights(gguf_reader, model_config):
     return load_weights(gguf_reader, model_config)
 
 
+KEEP_ORACLES = 8        # files of kept greedy continuations (models and oracle versions) kept
+
+
 class _KeptGreedy(Oracle):
     """The session's oracle, its greedy continuations kept: many tests ask for the same prompt's
     (141 calls, 67 distinct, ~17 s of numpy asked again), some for fewer tokens than an earlier
@@ -86,6 +89,10 @@ class _KeptGreedy(Oracle):
             return
         with contextlib.suppress(OSError):
             self._file.parent.mkdir(parents=True, exist_ok=True)
+            if not self._file.exists():      # a new model or oracle: the files of old ones go
+                old = sorted(self._file.parent.glob("greedy-*.json"), key=lambda f: f.stat().st_mtime)
+                for f in old[:-(KEEP_ORACLES - 1)]:
+                    f.unlink(missing_ok=True)
             tmp = self._file.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps({json.dumps(list(k)): v for k, v in self._kept.items()}))
             os.replace(tmp, self._file)
