@@ -62,7 +62,7 @@ class _KeptGreedy(Oracle):
         super().__init__(*args)
         self._kept: dict = {}      # prompt ids -> the longest greedy continuation asked for
         self._file = self._store(model_path) if model_path else None
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):   # none, or damaged
             self._kept = {tuple(json.loads(k)): v for k, v in json.loads(self._file.read_text()).items()}
 
     @classmethod
