@@ -74,8 +74,8 @@ class _KeptGreedy(Oracle):
         h = hashlib.sha256(f"{file_digest(model_path)} numpy {version('numpy')} gguf {version('gguf')}".encode())
         for name in cls.SOURCES:
             h.update((Path(oracle.__file__).parent / name).read_bytes())
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "socllm" / "oracle"
-        return root / f"greedy-{h.hexdigest()[:32]}.json"
+        from socllm.policies.config import EngineConfig
+        return Path(EngineConfig.from_env().cache_dir) / "oracle" / f"greedy-{h.hexdigest()[:32]}.json"
 
     def greedy(self, prompt_ids: list[int], n_new: int) -> list[int]:
         key = tuple(prompt_ids)

@@ -108,7 +108,6 @@ def test_teacher_forced_logits_agree_with_incremental_decode(oracle, tokenizer):
                                rtol=0, atol=1e-3)
 
 
-
 def test_the_oracles_kept_continuations_are_its_greedy_ones(oracle, tokenizer):
     """The session's oracle keeps its greedy continuations on disk (conftest.py _KeptGreedy):
     what it keeps is what its greedy computes now, and a continuation asked for again is the
