@@ -913,7 +913,8 @@ def test_a_killed_gpu_actor_comes_back_and_its_generations_equal_the_oracle(clie
 
 def test_stop_removes_the_service_and_its_pool(served, client):
     """`socllm stop` removes socllm and nothing else: another application on the same Serve
-    (deployed here) keeps running and answering; with socllm's the only one, Serve goes too."""
+    (deployed here) keeps running and answering; `socllm serve` beside it refuses a port other
+    than Serve's; with socllm's the only one, Serve goes too."""
     import requests
     from ray import serve
     from socllm.actors.front.direct import record_path
@@ -930,6 +931,12 @@ def test_stop_removes_the_service_and_its_pool(served, client):
     assert r.returncode == 0 and "stopped" in r.stdout
     assert set(serve.status().applications) == {"other"}
     assert requests.get(served[1] + "/other", timeout=30).text == "other"
+    # Serve has one HTTP address: a `socllm serve` that asks for another says where it is and
+    # starts nothing (Serve would have put socllm's front end on its own port all the same)
+    port = int(served[1].rsplit(":", 1)[1])
+    r = _cli(env, "serve", "--http-port", str(port + 1))
+    assert r.returncode == 2 and f"--http-port {port}" in r.stderr and "other" in r.stderr, r.stderr
+    assert _cli(env, "status").returncode == 1, "it started a service"
     serve.shutdown()
     assert not os.path.exists(record_path(env["RAY_ADDRESS"])), "`generate` would look for it"
     assert not any(s.startswith(f"socllm-{pid}-") for s in _segments()), "the pool outlived stop"

@@ -64,8 +64,8 @@ def serve(a) -> int:
         print(f"socllm: a service is already running ({d['model']}, "
               f"{d['frontends'].get('http', 'no HTTP')}); `socllm stop` removes it")
         return 0
-    if config.http_port and not _port_free(config.http_host, config.http_port):
-        raise ValueError(f"port {config.http_port} on {config.http_host} is in use (choose --http-port)")
+    if config.http_port:
+        _check_http(config)
     # the config travels as the argument: its knobs reach every actor, whatever environment
     # the cluster's processes have (runtime_env only sizes the libraries' thread pools)
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
@@ -101,6 +101,38 @@ def serve(a) -> int:
                   file=sys.stderr)
     print("socllm: `socllm status` shows what runs, `socllm stop` removes it")
     return 0
+
+
+def _serve_http() -> tuple | None:
+    """(host, port, applications) of Ray Serve's HTTP proxy where Serve already runs in the
+    cluster (another user's applications, or one left behind), else None."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    try:
+        client = _get_global_client(raise_if_no_controller_running=False)
+        if client is None:
+            return None
+        return client.http_config.host, client.http_config.port, sorted(serve.status().applications)
+    except Exception:
+        return None
+
+
+def _check_http(config):
+    """The HTTP front end can start where asked: Serve has one proxy per node, set when Serve
+    starts, so where Serve already runs socllm's ingress joins it on its host and port (Serve
+    would ignore others and serve there all the same); else the port must be free."""
+    host, port = config.http_host, config.http_port
+    running = _serve_http()
+    if running is None:
+        if not _port_free(host, port):
+            raise ValueError(f"port {port} on {host} is in use (choose --http-port)")
+        return
+    if (running[0], running[1]) != (host, port):
+        apps = ", ".join(running[2]) or "none"
+        raise ValueError(f"Ray Serve already runs in this cluster with its HTTP proxy on "
+                         f"{running[0]}:{running[1]} (applications: {apps}), and one Serve has one "
+                         f"HTTP address: add --http-host {running[0]} --http-port {running[1]} to "
+                         f"join it, or --http-port 0 for no HTTP")
 
 
 def _deploy_beside(svc, config) -> str:
