@@ -30,6 +30,8 @@ TRIM_KEEP = 64                # free KV blocks kept written on top of the stack 
 
 
 class Engine:
+    on_release = None        # called idle for prefix_cache_idle_s, as the cache goes (the service's)
+
     def __init__(self, config, pool, runner, scheduler, metrics, publish, speculator=None):
         """pool: actors/pool.py's Pool (the pool and its actors); publish(seq): tell seq's
         client that it changed (called on this thread); speculator: policies/drafting.py's
@@ -48,7 +50,7 @@ class Engine:
         self.stopped = False         # the last step stopped a chunk for a reactive arrival
         self.doing = "idle"          # the step now: what a new request waits behind
         self.last_step = time.monotonic()     # when the last step ended
-        self.next_check = 0.0
+        self.next_check, self.idle_since = 0.0, None   # idle since (None: busy): _give_back
         self.ends = self.trimmed_at = 0    # requests ended; how many when the idle loop last
                                            # trimmed the heap
         self.token_times: collections.deque = collections.deque()   # tokens/s over a minute
@@ -68,6 +70,7 @@ class Engine:
             try:
                 self.watch(batch)
                 if batch:
+                    self.idle_since = None
                     self.step(batch)
             except ProcessorLost as ex:     # redone at the next step, once it is back
                 self.recover(ex.names, self.running)
@@ -126,11 +129,21 @@ class Engine:
     def _give_back(self, idle: bool):
         """Memory no request uses, back to the OS: the pages of free KV blocks (memory/blocks.py
         trim; between steps, so none is taken meanwhile) and, idle after requests ended, the
-        heap pages they freed (every thread's malloc arena: ~33 MB after a few hundred)."""
-        kv = self.scheduler.kv
-        if trimmed := kv.trim(min(TRIM_KEEP, kv.n_blocks // 8)):
+        heap pages they freed (every thread's malloc arena: ~33 MB after a few hundred). Idle
+        for prefix_cache_idle_s: the prefix cache's blocks too, the free ones kept written, and
+        what on_release lets go."""
+        kv, now = self.scheduler.kv, time.monotonic()
+        if idle and self.idle_since is None:
+            self.idle_since = now
+        window = getattr(self.config, "prefix_cache_idle_s", 0)
+        release = idle and window and now - self.idle_since >= window and (kv.n_cached or kv.written)
+        if release:
+            kv.drop_cached()
+            if self.on_release is not None:
+                self.on_release()
+        if trimmed := kv.trim(0 if release else min(TRIM_KEEP, kv.n_blocks // 8)):
             self.pool.release_kv(trimmed)
-        if idle and self.trimmed_at != self.ends:
+        if idle and (release or self.trimmed_at != self.ends):
             self.trimmed_at = self.ends
             _trim()
 

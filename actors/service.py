@@ -206,6 +206,7 @@ class Service:
                        c.draft_ranks if self.runner.trees else 1, reactive_first=c.policy == "agent")
         self.core = Engine(c, e, self.runner, self.scheduler, self.metrics, self._publish, spec)
         self.intake = Intake(e, c.speculate, spec is not None and bool(spec.heads))
+        self.core.on_release = self.intake.drop_grammars      # idle: the mask library goes too
 
     def _publish(self, seq: Sequence):
         """Wake the polls of a sequence that changed (from the loop's thread)."""
@@ -543,7 +544,8 @@ class Service:
                 "kv": {"blocks": self.kv.n_blocks, "blocks_used": self.kv.n_used,
                        "blocks_free": self.kv.n_free, "block_rows": self.kv.block_rows,
                        "sequences_max": self.scheduler.max_seqs,
-                       "sequences_used": len(self.scheduler.running)} | self.kv.stats(),
+                       "sequences_used": len(self.scheduler.running),
+                       "idle_s": self.config.prefix_cache_idle_s} | self.kv.stats(),
                 "tokens_per_s_1min": round(len(core.token_times) / min(60.0, max(uptime, 1e-3)), 2),
                 "loop": {k: round(v, 3) for k, v in core.times.items()},
                 "recoveries": core.recoveries[-10:], "recoveries_total": len(core.recoveries),

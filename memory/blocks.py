@@ -26,7 +26,8 @@ nobody holds are kept up to `cache_max` (the service's --prefix-cache-mb); past 
 recently released go (in the eviction order above) to the free stack. Free blocks that were written
 and sit below the stack's top `keep` are handed to `trim`, whose caller gives their pages back to
 the OS (actors/pool.py release_kv): without both, a busy service's cache grew until every block
-had been written, and the whole region stayed resident (512 MB of K/V for the default model).
+had been written, and the whole region stayed resident (512 MB of K/V for the default model). A
+service idle for a while lets the whole cache go (`drop_cached`), as Ollama unloads an idle model.
 
 This is the bookkeeping only (no Ray, no kernels): the tables themselves are written into the
 pool by the runner each step, where every processor's attention reads them.
@@ -58,6 +59,7 @@ class BlockPool:
         self.cache_max = n_blocks if cache_max is None else cache_max
         self.written: set = set()                 # free blocks whose pages may be resident
         self.trimmed = 0                          # blocks handed to trim() so far
+        self.dropped = 0                          # cached blocks drop_cached() let go
         # never named (or evicted): a stack (a dict in order, its last key the top), so that the
         # pages a busy service touches stay the few it needs at its peak (a queue would walk
         # through every page of the region)
@@ -267,6 +269,17 @@ class BlockPool:
         self.free[b] = None
         self.written.add(b)
 
+    def drop_cached(self) -> int:
+        """Every block kept for a later hit leaves the cache (the service has been idle long
+        enough: ServeConfig.prefix_cache_idle_s) onto the free stack, written: the next trim
+        hands them over. Blocks a sequence holds keep their names. -> how many left."""
+        gone = [*self.idle[0], *self.idle[1]]
+        for b in gone:
+            self._forget(b)
+            self._to_free(b)
+        self.dropped += len(gone)
+        return len(gone)
+
     def trim(self, keep: int) -> list:
         """Free blocks that were written, but for the `keep` on top of the free stack (the next
         to be taken): their pages may go back to the OS now (the caller's; K/V read back as
@@ -282,4 +295,5 @@ class BlockPool:
         return {"prefix_cache": self.cache, "queries": self.queries, "hits": self.hits,
                 "hit_rate": round(self.hits / self.queries, 4) if self.queries else 0.0,
                 "cached_blocks": self.n_cached, "cached_blocks_max": self.cache_max,
-                "evicted_blocks": self.evicted, "trimmed_blocks": self.trimmed}
+                "evicted_blocks": self.evicted, "trimmed_blocks": self.trimmed,
+                "dropped_blocks": self.dropped}

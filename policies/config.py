@@ -192,6 +192,10 @@ class ServeConfig(EngineConfig):
     # the most K/V the prefix cache keeps that no request holds, MB; the KV cache's other unused
     # pages go back to the OS (memory/blocks.py trim)
     prefix_cache_mb: float = 128
+    # seconds the service stays idle (no request running or waiting) before the prefix cache's
+    # blocks go, their K/V pages back to the OS with every free block's (Ollama's keep_alive is
+    # 5 minutes for a whole model); 0: kept while the service runs
+    prefix_cache_idle_s: float = 300.0
     # a running request whose text nobody has asked for this long (no poll open, none returned
     # since) has lost its client: a Python driver that died, or an HTTP disconnect that Serve's
     # proxy did not pass on (actors/front/http.py). Clients poll continuously (each poll within 10 s).
@@ -222,6 +226,8 @@ class ServeConfig(EngineConfig):
         _need(isinstance(self.prefix_cache, bool), "prefix_cache", "True or False", self.prefix_cache)
         _need(_number(self.prefix_cache_mb) and self.prefix_cache_mb >= 0, "prefix_cache_mb", ">= 0",
               self.prefix_cache_mb)
+        _need(_number(self.prefix_cache_idle_s) and self.prefix_cache_idle_s >= 0,
+              "prefix_cache_idle_s", ">= 0", self.prefix_cache_idle_s)
         _need(self.policy in POLICIES, "policy", "one of " + ", ".join(POLICIES), self.policy)
         _need(self.plan in SERVE_PLAN_NAMES, "plan", "one of " + ", ".join(SERVE_PLAN_NAMES), self.plan)
         _need(_whole(self.prefill_chunk) and 1 <= self.prefill_chunk <= MAX_CHUNK, "prefill_chunk",

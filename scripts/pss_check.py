@@ -1,10 +1,13 @@
 """PSS of socllm's processes (the service's status) and of Ray's daemons: idle, then under 8 streams
 (4 of them constrained by a JSON schema), then idle again after three more waves of 8 (new
-prompts, 300 tokens each: what the prefix cache keeps, up to --prefix-cache-mb of KV, stays).
+prompts, 300 tokens each: what the prefix cache keeps, up to --prefix-cache-mb of KV, stays),
+and once more when the service, idle for its --prefix-cache-idle-s, has let the cache go (it
+waits for that up to that window and a minute more; --no-release: not at all).
 
-    ray start --head && socllm serve && python scripts/pss_check.py     # prints one JSON object
+    ray start --head && socllm serve && python scripts/pss_check.py [--no-release]    # one JSON object
 """
 import json
+import sys
 import threading
 import time
 
@@ -54,6 +57,15 @@ def main():
     st = c.status()
     out["idle_after_use"] = {"socllm_pss_mb": st["memory_pss_mb"], "by_process": st["memory_pss_mb_by_process"],
                              "ray_and_socllm_pss_mb": round(ray_pss(), 1), "kv": st["kv"]}
+    window = st["kv"].get("idle_s") or 0
+    if window and "--no-release" not in sys.argv:
+        end = time.monotonic() + window + 60
+        while c.status()["kv"]["dropped_blocks"] == st["kv"]["dropped_blocks"] and time.monotonic() < end:
+            time.sleep(1)
+        time.sleep(2)
+        st = c.status()
+        out["idle_after_release"] = {"socllm_pss_mb": st["memory_pss_mb"], "by_process": st["memory_pss_mb_by_process"],
+                                     "ray_and_socllm_pss_mb": round(ray_pss(), 1), "kv": st["kv"]}
     print(json.dumps(out, indent=1))
 
 

@@ -23,7 +23,7 @@ def test_cli_defaults_are_the_config_fields():
     serve, gen = _parser().parse_args(["serve"]), _parser().parse_args(["generate", "hi"])
     flagged = {k: v for k, v in vars(serve).items() if k in {f.name for f in dataclasses.fields(ServeConfig)}}
     assert set(flagged) == {"model", "context", "max_seqs", "kv_mb", "precision", "policy", "plan",
-                            "prefix_cache", "prefix_cache_mb", "abandon_s", "http_host", "http_port", "api_key",
+                            "prefix_cache", "prefix_cache_mb", "prefix_cache_idle_s", "abandon_s", "http_host", "http_port", "api_key",
                             "max_body_mb", "max_waiting", "speculate", "draft_max", "draft_ranks", "warm",
                             "hcmp_share"}
     assert flagged == {k: getattr(ServeConfig(), k) for k in flagged}
@@ -40,6 +40,7 @@ def test_engine_and_service_share_one_default_precision():
     (EngineConfig, "context", 8), (EngineConfig, "max_seqs", 0), (ServeConfig, "max_seqs", 257),
     (EngineConfig, "threads", -1), (ServeConfig, "http_port", 70000), (ServeConfig, "prefill_chunk", 0),
     (EngineConfig, "kv_mb", -1.0), (ServeConfig, "kv_mb", 0), (ServeConfig, "abandon_s", 0.0),
+    (ServeConfig, "prefix_cache_idle_s", -1.0),
     (EngineConfig, "sleep_fraction", 1.5), (EngineConfig, "precision", "int4"),
     (ServeConfig, "precision", "f16"), (ServeConfig, "policy", "lifo"), (ServeConfig, "plan", "tpu"),
     (EngineConfig, "fuse", "no"), (EngineConfig, "model", ""), (EngineConfig, "pocl_cpu", ""),

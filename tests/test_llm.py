@@ -5,6 +5,8 @@ import pytest
 
 from testlib import PROMPTS
 
+IDLE_S = 3.0          # the engine's prefix_cache_idle_s: idle this long, it lets its cache go
+
 
 def _greedy_text(oracle, tokenizer, prompt: str, n: int) -> tuple[str, str]:
     """The oracle's greedy text of n tokens (cut at a stop token) and its finish reason."""
@@ -17,7 +19,8 @@ def _greedy_text(oracle, tokenizer, prompt: str, n: int) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def llm(ray_session):
     import socllm
-    with socllm.LLM(precision="f32", context=256, max_seqs=4, kv_mb=16, plan="gpu") as llm:
+    with socllm.LLM(precision="f32", context=256, max_seqs=4, kv_mb=16, plan="gpu",
+                    prefix_cache_idle_s=IDLE_S) as llm:
         yield llm
 
 
@@ -29,6 +32,37 @@ def test_a_batch_gives_the_oracles_greedy_text_in_order(llm, oracle, tokenizer):
     for o, p in zip(outs, PROMPTS):
         assert o.finish_reason == _greedy_text(oracle, tokenizer, p, 16)[1]
         assert o.usage["prompt_tokens"] == len(tokenizer.encode(p))
+
+
+def test_an_idle_engine_lets_its_prefix_cache_go_and_computes_the_same_text(llm, oracle, tokenizer):
+    """Idle for prefix_cache_idle_s, the engine lets its prefix cache go, their pages back to the
+    OS: the same prompt is then computed whole, with the same (the oracle's) text; before that,
+    its blocks are found in the cache; a JSON-constrained reply parses before and after (the
+    mask library went too, and is built again)."""
+    import json
+    import time
+    prompt = " ".join(PROMPTS * 2)
+    [a] = llm.generate(prompt, max_tokens=8)
+    [b] = llm.generate(prompt, max_tokens=8)
+    assert b.usage["prompt_tokens_details"]["cached_tokens"] >= 16
+    asked = [{"role": "user", "content": "A JSON object with a name, please."}]
+    named = {"type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}},
+        "required": ["name"], "additionalProperties": False}}}
+    assert set(json.loads(llm.chat(asked, max_tokens=40, response_format=named)[0].text)) == {"name"}
+    before = llm.status()["kv"]
+    assert before["idle_s"] == IDLE_S and before["cached_blocks"] > 0
+    end = time.monotonic() + 120
+    while llm.status()["kv"]["dropped_blocks"] == before["dropped_blocks"] and time.monotonic() < end:
+        time.sleep(0.25)
+    kv = llm.status()["kv"]
+    assert kv["dropped_blocks"] > before["dropped_blocks"] and kv["cached_blocks"] == 0
+    assert kv["trimmed_blocks"] > before["trimmed_blocks"], "their pages were not given back"
+    [c] = llm.generate(prompt, max_tokens=8)
+    assert c.usage["prompt_tokens_details"]["cached_tokens"] == 0
+    # the mask library went too (Intake.drop_grammars): built again for the next schema
+    assert set(json.loads(llm.chat(asked, max_tokens=40, response_format=named)[0].text)) == {"name"}
+    assert a.text == b.text == c.text == _greedy_text(oracle, tokenizer, prompt, 8)[0]
 
 
 def test_one_prompt_a_chat_and_sampling_params(llm, oracle, tokenizer):

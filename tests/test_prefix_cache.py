@@ -241,3 +241,28 @@ def test_trim_hands_over_the_written_free_blocks_below_the_top_of_the_stack():
     s.finish(c)
     assert set(kv.trim(0)) == set(a_blocks_[:2]) | set(c_blocks)
     assert set(held).isdisjoint(a_blocks_ + c_blocks)      # a held block is never handed over
+
+
+def test_dropping_the_cache_frees_every_kept_block_for_trim_and_no_held_one():
+    """An idle service lets its whole prefix cache go (ServeConfig.prefix_cache_idle_s): every
+    block kept for a later hit goes to the free stack, written, so trim hands it over; a block a
+    running sequence holds keeps its name, and a later request finds it (and only it)."""
+    s = FCFS(4, 10_000, BlockPool(20, BR))
+    a = served(s, req(1, range(40)))               # 40 rows: 2 full blocks and a tail
+    a_blocks_ = list(a.blocks)
+    s.finish(a)
+    b = served(s, req(2, [*range(100, 140)]))       # running: holds its blocks
+    kept, held = s.kv.n_cached, list(b.blocks)
+    assert kept == 3
+    assert s.kv.drop_cached() == kept and s.kv.n_cached == 0
+    assert s.kv.stats()["dropped_blocks"] == kept and s.kv.drop_cached() == 0
+    given = s.kv.trim(0)
+    assert set(a_blocks_) <= set(given) and set(held).isdisjoint(given)
+    again = req(3, range(40))                      # a's prompt: found nowhere now
+    s.add(again)
+    s.schedule()
+    assert again.cached == again.computed == 0
+    c = req(4, [*range(100, 116), 5])               # b's first block: still named, still found
+    s.add(c)
+    s.schedule()
+    assert c.computed == BR and c.blocks[0] == held[0]

@@ -133,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the most K/V the prefix cache keeps for later requests while no request "
                         "holds it, MB (default %(default)s); the KV cache's other unused pages go "
                         "back to the OS")
+    s.add_argument("--prefix-cache-idle-s", type=float, default=srv.prefix_cache_idle_s,
+                   help="seconds the service stays idle (nothing running or waiting) before the "
+                        "prefix cache lets its K/V go back to the OS, as Ollama unloads an idle "
+                        "model (default %(default)s; 0: kept while the service runs)")
     s.add_argument("--no-warmup", dest="warm", action="store_false", default=srv.warm,
                    help="start without running every kernel and graph once (as llama-server's "
                         "--no-warmup): a faster start, and the first requests build what they use")

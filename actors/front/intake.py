@@ -71,6 +71,12 @@ class Intake:
                 self._grammars = Grammars(e.tokenizer.to_json(), e.cfg.vocab, e.stop_ids)
         return self._grammars
 
+    def drop_grammars(self):
+        """The mask library goes (~34 MB: the service has been idle, Engine.on_release); the next
+        constrained request builds it again."""
+        with self.grammar_lock:
+            self._grammars = None
+
     def prompt_ids(self, prompt, messages, ids, shape: dict) -> tuple:
         """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
         from socllm.models.tools import chat_messages

@@ -261,7 +261,9 @@ def status(a) -> int:
         print(f"prefix     {kv['hits']} of {kv['queries']} prompt tokens found in the cache "
               f"({100 * kv['hit_rate']:.1f} %); {kv['cached_blocks']} of at most "
               f"{kv['cached_blocks_max']} blocks kept, {kv['evicted_blocks']} evicted; "
-              f"{kv['trimmed_blocks']} unused blocks' pages given back")
+              f"{kv['trimmed_blocks']} unused blocks' pages given back; "
+              + (f"{kv['dropped_blocks']} cached ones let go after {kv['idle_s']:g} s idle"
+                 if kv["idle_s"] else "kept while the service runs (--prefix-cache-idle-s 0)"))
     else:
         print("prefix     cache off (--no-prefix-cache)")
     sp = st.get("speculation") or {"mode": "off"}
