@@ -31,6 +31,7 @@ TRIM_KEEP = 64                # free KV blocks kept written on top of the stack 
 
 class Engine:
     on_release = None        # called idle for prefix_cache_idle_s, as the cache goes (the service's)
+    released = False         # that release happened in this idle spell
 
     def __init__(self, config, pool, runner, scheduler, metrics, publish, speculator=None):
         """pool: actors/pool.py's Pool (the pool and its actors); publish(seq): tell seq's
@@ -70,7 +71,7 @@ class Engine:
             try:
                 self.watch(batch)
                 if batch:
-                    self.idle_since = None
+                    self.idle_since = None       # busy: an idle spell starts again after it
                     self.step(batch)
             except ProcessorLost as ex:     # redone at the next step, once it is back
                 self.recover(ex.names, self.running)
@@ -121,31 +122,37 @@ class Engine:
                 if not seq.polls and not seq.stop_asked and now - seq.last_poll > self.config.abandon_s:
                     seq.stop_asked = "abandoned"
                     self.abandoned += 1
-            self._give_back(not batch)
+            # idle: nothing runs or waits now (the batch may be older than a new arrival)
+            released = self._give_back(not batch and not self.scheduler.running and
+                                       not any(s.state == "waiting" for s in self.table.values()))
+        if released and self.on_release is not None:
+            self.on_release()        # outside the lock: the requests' threads take it
         lost = self.pool.lost()
         if lost:
             raise ProcessorLost(lost)
 
-    def _give_back(self, idle: bool):
+    def _give_back(self, idle: bool) -> bool:
         """Memory no request uses, back to the OS: the pages of free KV blocks (memory/blocks.py
         trim; between steps, so none is taken meanwhile) and, idle after requests ended, the
-        heap pages they freed (every thread's malloc arena: ~33 MB after a few hundred). Idle
-        for prefix_cache_idle_s: the prefix cache's blocks too, the free ones kept written, and
-        what on_release lets go."""
+        heap pages they freed (every thread's malloc arena: ~33 MB after a few hundred). Once
+        idle for prefix_cache_idle_s: the prefix cache's blocks too, and the free ones kept
+        written. -> whether that release happened now (once an idle spell: on_release follows)."""
         kv, now = self.scheduler.kv, time.monotonic()
-        if idle and self.idle_since is None:
-            self.idle_since = now
+        if not idle:
+            self.idle_since = None
+        elif self.idle_since is None:            # an idle spell starts
+            self.idle_since, self.released = now, False
         window = getattr(self.config, "prefix_cache_idle_s", 0)
-        release = idle and window and now - self.idle_since >= window and (kv.n_cached or kv.written)
+        release = bool(idle and window and not self.released and now - self.idle_since >= window)
         if release:
             kv.drop_cached()
-            if self.on_release is not None:
-                self.on_release()
+            self.released = True
         if trimmed := kv.trim(0 if release else min(TRIM_KEEP, kv.n_blocks // 8)):
             self.pool.release_kv(trimmed)
         if idle and (release or self.trimmed_at != self.ends):
             self.trimmed_at = self.ends
             _trim()
+        return release
 
     # -- faults --------------------------------------------------------------------------------
     def fail(self, running: list, ex: Exception):

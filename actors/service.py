@@ -405,13 +405,13 @@ class Service:
                                            (response_format, grammar, tools))
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
-        ids, rule, tooled = await asyncio.to_thread(self.intake.prompt_ids, prompt, messages, ids, shape)
+        ids, constraint, tooled = await asyncio.to_thread(self.intake.prompt_ids, prompt, messages, ids, shape)
         params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)),  # OpenAI's
                                    **{k: v for k, v in sampling.items() if v is not None}})
         seq = Sequence(secrets.token_urlsafe(12), ids, params, priority, stop, ignore_eos=bool(ignore_eos),
                        sampler=Sampler(params, ids, () if ignore_eos else self.pool.stop_ids),
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
-                       constraint=rule and self.intake.grammars().constraint(rule), tools=tooled,
+                       constraint=constraint, tools=tooled,
                        speculate=speculate, embed=embed)
         return seq
 
@@ -545,7 +545,8 @@ class Service:
                        "blocks_free": self.kv.n_free, "block_rows": self.kv.block_rows,
                        "sequences_max": self.scheduler.max_seqs,
                        "sequences_used": len(self.scheduler.running),
-                       "idle_s": self.config.prefix_cache_idle_s} | self.kv.stats(),
+                       "idle_s": self.config.prefix_cache_idle_s,
+                       "mask_library_loaded": self.intake.grammars_loaded} | self.kv.stats(),
                 "tokens_per_s_1min": round(len(core.token_times) / min(60.0, max(uptime, 1e-3)), 2),
                 "loop": {k: round(v, 3) for k, v in core.times.items()},
                 "recoveries": core.recoveries[-10:], "recoveries_total": len(core.recoveries),

@@ -59,7 +59,7 @@ class BlockPool:
         self.cache_max = n_blocks if cache_max is None else cache_max
         self.written: set = set()                 # free blocks whose pages may be resident
         self.trimmed = 0                          # blocks handed to trim() so far
-        self.dropped = 0                          # cached blocks drop_cached() let go
+        self.dropped = self.drops = 0             # cached blocks drop_cached() let go; its calls
         # never named (or evicted): a stack (a dict in order, its last key the top), so that the
         # pages a busy service touches stay the few it needs at its peak (a queue would walk
         # through every page of the region)
@@ -155,14 +155,19 @@ class BlockPool:
         """Block b leaves the cache (evicted, or taken over by one sequence): no name, not idle."""
         self.idle[0].pop(b, None)
         self.idle[1].pop(b, None)
+        self.hit_count[b] = 0
         if self.name[b] is not None:
             name, _, parent = self.name[b]
             del self.by_name[name]
-            self.children[parent].discard(b)
             self.name[b] = None
         elif b in self.tail:
-            self.children[self.tail.pop(b)[0]].discard(b)
-        self.hit_count[b] = 0
+            parent = self.tail.pop(b)[0]
+        else:
+            return
+        kids = self.children[parent]
+        kids.discard(b)
+        if not kids:                      # no key left behind for every parent ever named
+            del self.children[parent]
 
     def match(self, table: list, names: list, ids: list, rows: int) -> int:
         """A sequence starts: `table` and `names` (empty) take the cached blocks that hold the
@@ -278,6 +283,7 @@ class BlockPool:
             self._forget(b)
             self._to_free(b)
         self.dropped += len(gone)
+        self.drops += 1
         return len(gone)
 
     def trim(self, keep: int) -> list:
@@ -296,4 +302,4 @@ class BlockPool:
                 "hit_rate": round(self.hits / self.queries, 4) if self.queries else 0.0,
                 "cached_blocks": self.n_cached, "cached_blocks_max": self.cache_max,
                 "evicted_blocks": self.evicted, "trimmed_blocks": self.trimmed,
-                "dropped_blocks": self.dropped}
+                "dropped_blocks": self.dropped, "drops": self.drops, "written_free_blocks": len(self.written)}

@@ -60,7 +60,7 @@ def main():
     window = st["kv"].get("idle_s") or 0
     if window and "--no-release" not in sys.argv:
         end = time.monotonic() + window + 60
-        while c.status()["kv"]["dropped_blocks"] == st["kv"]["dropped_blocks"] and time.monotonic() < end:
+        while c.status()["kv"].get("drops") == st["kv"].get("drops") and time.monotonic() < end:
             time.sleep(1)
         time.sleep(2)
         st = c.status()

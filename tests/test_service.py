@@ -937,6 +937,7 @@ def test_stop_removes_the_service_and_its_pool(served, client):
     r = _cli(env, "serve", "--http-port", str(port + 1))
     assert r.returncode == 2 and f"--http-port {port}" in r.stderr and "other" in r.stderr, r.stderr
     assert _cli(env, "status").returncode == 1, "it started a service"
+    assert set(serve.status().applications) == {"other"}
     serve.shutdown()
     assert not os.path.exists(record_path(env["RAY_ADDRESS"])), "`generate` would look for it"
     assert not any(s.startswith(f"socllm-{pid}-") for s in _segments()), "the pool outlived stop"

@@ -65,19 +65,31 @@ class Intake:
     def grammars(self):
         """The mask library on this model's tokenizer, built at the first constrained request."""
         with self.grammar_lock:
-            if self._grammars is None:
+            g = self._grammars          # drop_grammars may clear it at any time: this one is kept
+            if g is None:
                 from socllm.policies.grammar import Grammars
                 e = self.pool
-                self._grammars = Grammars(e.tokenizer.to_json(), e.cfg.vocab, e.stop_ids)
-        return self._grammars
+                g = self._grammars = Grammars(e.tokenizer.to_json(), e.cfg.vocab, e.stop_ids)
+        return g
+
+    @property
+    def grammars_loaded(self) -> bool:
+        return self._grammars is not None
 
     def drop_grammars(self):
         """The mask library goes (~34 MB: the service has been idle, Engine.on_release); the next
-        constrained request builds it again."""
-        with self.grammar_lock:
-            self._grammars = None
+        constrained request builds it again. One assignment, no lock: a build in progress (it
+        holds the lock ~0.3 s) stores its library after, and a running constraint keeps its own."""
+        self._grammars = None
 
     def prompt_ids(self, prompt, messages, ids, shape: dict) -> tuple:
+        """(prompt ids, the reply's Constraint or None, whether the reply holds tool calls): in
+        the request's thread, the mask library built there where it is not (and not on the
+        service's event loop)."""
+        ids, rule, tooled = self._prompt_rule(prompt, messages, ids, shape)
+        return ids, rule and self.grammars().constraint(rule), tooled
+
+    def _prompt_rule(self, prompt, messages, ids, shape: dict) -> tuple:
         """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
         from socllm.models.tools import chat_messages
         e = self.pool

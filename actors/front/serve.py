@@ -64,8 +64,7 @@ def serve(a) -> int:
         print(f"socllm: a service is already running ({d['model']}, "
               f"{d['frontends'].get('http', 'no HTTP')}); `socllm stop` removes it")
         return 0
-    if config.http_port:
-        _check_http(config)
+    listens = _check_http(config) if config.http_port else None
     # the config travels as the argument: its knobs reach every actor, whatever environment
     # the cluster's processes have (runtime_env only sizes the libraries' thread pools)
     svc = Service.options(name=NAME, namespace=NAMESPACE, lifetime="detached",
@@ -95,8 +94,8 @@ def serve(a) -> int:
     if url:
         key = "an API key (Authorization: Bearer)" if config.api_key else "no API key"
         print(f"socllm: OpenAI-compatible HTTP at {url}/v1, {key}")
-        if config.api_key is None and config.http_host not in ("127.0.0.1", "localhost", "::1"):
-            print(f"socllm: warning: HTTP listens on {config.http_host} without an API key: anyone "
+        if config.api_key is None and listens not in _LOCAL:
+            print(f"socllm: warning: HTTP listens on {listens} without an API key: anyone "
                   f"who reaches this port can use the model (set --api-key or SOCLLM_API_KEY)",
                   file=sys.stderr)
     print("socllm: `socllm status` shows what runs, `socllm stop` removes it")
@@ -104,35 +103,57 @@ def serve(a) -> int:
 
 
 def _serve_http() -> tuple | None:
-    """(host, port, applications) of Ray Serve's HTTP proxy where Serve already runs in the
-    cluster (another user's applications, or one left behind), else None."""
+    """(host, port, its applications) of Ray Serve's HTTP proxy where Serve already runs in the
+    cluster (another user's applications, or one left behind), else None. A controller that
+    answers nothing here is an error, not "no Serve": Serve would ignore a new address."""
     from ray import serve
     from ray.serve.context import _get_global_client
+    from ray.serve.exceptions import RayServeException
     try:
         client = _get_global_client(raise_if_no_controller_running=False)
-        if client is None:
-            return None
-        return client.http_config.host, client.http_config.port, sorted(serve.status().applications)
-    except Exception:
+    except RayServeException:
         return None
+    if client is None:
+        return None
+    http = client.http_config
+    try:
+        apps = ", ".join(sorted(serve.status().applications)) or "none"
+    except Exception:
+        apps = "unknown"
+    return http.host, http.port, apps
+
+
+_LOCAL = {"127.0.0.1", "localhost", "::1"}
+
+
+def _same_host(serving: str | None, asked: str) -> bool:
+    """Serve's proxy on `serving` answers at `asked`: the same name, both this machine's
+    loopback, or Serve on every address."""
+    return serving is not None and (serving == asked or serving in ("0.0.0.0", "::")
+                                    or serving in _LOCAL and asked in _LOCAL)
 
 
 def _check_http(config):
     """The HTTP front end can start where asked: Serve has one proxy per node, set when Serve
     starts, so where Serve already runs socllm's ingress joins it on its host and port (Serve
-    would ignore others and serve there all the same); else the port must be free."""
+    would ignore others and serve there all the same); else the port must be free. -> the
+    host the proxy listens on (Serve's, where it runs)."""
     host, port = config.http_host, config.http_port
     running = _serve_http()
     if running is None:
         if not _port_free(host, port):
             raise ValueError(f"port {port} on {host} is in use (choose --http-port)")
-        return
-    if (running[0], running[1]) != (host, port):
-        apps = ", ".join(running[2]) or "none"
-        raise ValueError(f"Ray Serve already runs in this cluster with its HTTP proxy on "
-                         f"{running[0]}:{running[1]} (applications: {apps}), and one Serve has one "
-                         f"HTTP address: add --http-host {running[0]} --http-port {running[1]} to "
-                         f"join it, or --http-port 0 for no HTTP")
+        return host
+    on, at, apps = running
+    if on is None:
+        raise ValueError(f"Ray Serve already runs in this cluster without HTTP (applications: "
+                         f"{apps}): add --http-port 0 for none")
+    if at != port or not _same_host(on, host):
+        raise ValueError(f"Ray Serve already runs in this cluster with its HTTP proxy on {on}:{at} "
+                         f"(applications: {apps}), and one Serve has one HTTP address: add "
+                         f"--http-port {at}" + ("" if _same_host(on, host) else f" --http-host {on}")
+                         + " to join it, or --http-port 0 for no HTTP")
+    return on
 
 
 def _deploy_beside(svc, config) -> str:
@@ -261,9 +282,10 @@ def status(a) -> int:
         print(f"prefix     {kv['hits']} of {kv['queries']} prompt tokens found in the cache "
               f"({100 * kv['hit_rate']:.1f} %); {kv['cached_blocks']} of at most "
               f"{kv['cached_blocks_max']} blocks kept, {kv['evicted_blocks']} evicted; "
-              f"{kv['trimmed_blocks']} unused blocks' pages given back; "
-              + (f"{kv['dropped_blocks']} cached ones let go after {kv['idle_s']:g} s idle"
-                 if kv["idle_s"] else "kept while the service runs (--prefix-cache-idle-s 0)"))
+              f"{kv['trimmed_blocks']} unused blocks' pages given back"
+              + ("" if kv.get("idle_s") is None else
+                 f"; {kv['dropped_blocks']} cached ones let go after {kv['idle_s']:g} s idle"
+                 if kv["idle_s"] else "; kept while the service runs (--prefix-cache-idle-s 0)"))
     else:
         print("prefix     cache off (--no-prefix-cache)")
     sp = st.get("speculation") or {"mode": "off"}
