@@ -127,6 +127,7 @@ class Engine:
                                        not any(s.state == "waiting" for s in self.table.values()))
         if released and self.on_release is not None:
             self.on_release()        # outside the lock: the requests' threads take it
+            _trim()                  # what it freed, back to the OS too
         lost = self.pool.lost()
         if lost:
             raise ProcessorLost(lost)
