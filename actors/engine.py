@@ -125,9 +125,10 @@ class Engine:
             # idle: nothing runs or waits now (the batch may be older than a new arrival)
             released = self._give_back(not batch and not self.scheduler.running and
                                        not any(s.state == "waiting" for s in self.table.values()))
-        if released and self.on_release is not None:
-            self.on_release()        # outside the lock: the requests' threads take it
-            _trim()                  # what it freed, back to the OS too
+        if released:
+            if self.on_release is not None:
+                self.on_release()    # outside the lock: the requests' threads take it
+            _trim()                  # the heap pages freed by the release, back to the OS
         lost = self.pool.lost()
         if lost:
             raise ProcessorLost(lost)
@@ -150,7 +151,7 @@ class Engine:
             self.released = True
         if trimmed := kv.trim(0 if release else min(TRIM_KEEP, kv.n_blocks // 8)):
             self.pool.release_kv(trimmed)
-        if idle and (release or self.trimmed_at != self.ends):
+        if idle and self.trimmed_at != self.ends:
             self.trimmed_at = self.ends
             _trim()
         return release
