@@ -32,10 +32,9 @@ from socllm.policies.request import Sequence
 from socllm.policies.drafting import Speculator
 from socllm.policies.sampling import Sampler, SamplingParams
 
-from socllm.actors.engine import Engine
+from socllm.actors.front.cluster import NAME, NAMESPACE  # noqa: F401 (also imported from here)
 from socllm.actors.front.intake import Intake, timings
 
-NAMESPACE, NAME = "socllm", "service"
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
 STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
@@ -194,6 +193,7 @@ class Service:
 
     def _start_engine(self):
         """The KV blocks, the scheduling policy, the drafter and the engine's loop over them."""
+        from socllm.actors.engine import Engine    # here: a client's get_actor imports this module
         from socllm.memory.blocks import BlockPool
         c, e = self.config, self.pool
         self.kv = BlockPool(e.layout.kv_blocks, e.layout.block_rows, cache=c.prefix_cache,

@@ -26,7 +26,7 @@ import ray
 
 from socllm.policies.request import ENDED
 
-from socllm.actors.service import NAME, NAMESPACE
+from socllm.actors.front.cluster import NAME, NAMESPACE
 
 POLL_S = 10.0
 HUB_EVERY_S = (0.02, 0.01, 0.05)   # a hub's calls at most every max(a, b * streams) <= c s

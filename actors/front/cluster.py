@@ -31,6 +31,9 @@ import socket
 import sys
 import tempfile
 
+# where the service lives in a cluster: its Ray namespace and its actor's name (here, not in
+# actors/service.py: the HTTP replica and the client find it without importing the engine)
+NAMESPACE, NAME = "socllm", "service"
 OBJECT_STORE_BYTES = 256 << 20     # Ray's default takes 30 % of RAM; the pool carries the tensors
 CONNECT_S = 2.0      # a GCS on this machine or the LAN answers a TCP connect well within this
 

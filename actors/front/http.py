@@ -37,7 +37,7 @@ from ray import serve
 
 from socllm.policies.request import ENDED, QueueFull
 
-from socllm.actors.service import NAME, NAMESPACE
+from socllm.actors.front.cluster import NAME, NAMESPACE
 
 APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
 

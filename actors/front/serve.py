@@ -12,7 +12,7 @@ import sys
 
 from socllm.policies.placement import NPU_MARGIN, PROCESSORS_OF
 
-from socllm.actors.service import NAME, NAMESPACE
+from socllm.actors.front.cluster import NAME, NAMESPACE
 
 def _join(address: str | None) -> str:
     """Join the Ray cluster the user runs (actors/front/cluster.py: --address, RAY_ADDRESS, Ray's
