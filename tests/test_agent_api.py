@@ -285,6 +285,68 @@ def test_a_named_tool_streamed_and_an_agents_second_turn(oa):
     assert r.usage.prompt_tokens_details.cached_tokens > 0    # the turn before was cached
 
 
+def _flat(tool: dict) -> dict:
+    """A chat tool in the Responses API's flat shape."""
+    return {"type": "function", **tool["function"]}
+
+
+def test_the_responses_api_answers_as_chat_does_streamed_or_not(oa, door):
+    """POST /v1/responses through the openai client: the same greedy text and token counts as
+    the chat route for the same turn; streamed, the deltas make that text and the last event
+    carries the response; what it does not do is a 400 naming the field."""
+    import openai
+    import requests
+    ask = dict(instructions="Answer in one sentence.", input="What is a river?", max_output_tokens=24)
+    chat = oa.chat.completions.create(model="m", max_tokens=24, messages=[
+        {"role": "system", "content": ask["instructions"]}, {"role": "user", "content": ask["input"]}])
+    r = oa.responses.create(model="m", **ask)
+    assert r.object == "response" and r.output_text == chat.choices[0].message.content and r.output_text
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.usage.input_tokens_details.cached_tokens > 0          # the chat turn's prompt, cached
+    evs = list(oa.responses.create(model="m", stream=True, **ask))
+    assert [e.sequence_number for e in evs] == list(range(len(evs)))
+    assert evs[0].type == "response.created" and evs[-1].type == f"response.{r.status}"
+    assert "".join(e.delta for e in evs if e.type == "response.output_text.delta") == r.output_text
+    assert evs[-1].response.output_text == r.output_text and evs[-1].response.usage.output_tokens == r.usage.output_tokens
+    for bad, param in (({"previous_response_id": "resp_x"}, "previous_response_id"),
+                       ({"store": True}, "store"), ({"tools": [{"type": "web_search"}]}, "tools")):
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.responses.create(model="m", input="Hi", **bad)
+        assert e.value.body["param"] == param
+    r = requests.post(door[1] + "/v1/responses", json={"input": "Hi"}, timeout=30)
+    assert r.status_code == 401                                     # the door holds here too
+
+
+def test_the_responses_api_calls_tools_takes_their_output_and_a_schema(oa):
+    import jsonschema
+    tools = [_flat(WEATHER), _flat(CLOCK)]
+    params = {t["name"]: t["parameters"] for t in tools}
+    r = oa.responses.create(model="m", input="What is the weather in Paris?", tools=tools,
+                            tool_choice="required", max_output_tokens=120)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert calls and r.status == "completed"
+    for call in calls:
+        jsonschema.validate(json.loads(call.arguments), params[call.name])
+    history = [{"role": "user", "content": "What is the weather in Paris?"},
+               *[{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+                 for c in calls],
+               *[{"type": "function_call_output", "call_id": c.call_id, "output": "18 C, sunny"} for c in calls]]
+    r = oa.responses.create(model="m", input=history, tools=tools, tool_choice="none", max_output_tokens=40)
+    assert [o.type for o in r.output] == ["message"] and r.output_text
+    assert r.usage.input_tokens_details.cached_tokens > 0          # the first turn's prompt
+    streamed = list(oa.responses.create(model="m", input="Time in Oslo?", tools=tools, stream=True,
+                                        tool_choice={"type": "function", "name": "get_time"},
+                                        max_output_tokens=80))
+    done = [e.item for e in streamed if e.type == "response.output_item.done"]
+    assert [d.name for d in done] == ["get_time"] and streamed[-1].type == "response.completed"
+    jsonschema.validate(json.loads(done[0].arguments), params["get_time"])
+    r = oa.responses.create(model="m", input="Describe a place you like, as JSON.", max_output_tokens=120,
+                            temperature=0.8, text={"format": {"type": "json_schema", "name": "place",
+                                                              "schema": SCHEMAS[0], "strict": True}})
+    jsonschema.validate(json.loads(r.output_text), SCHEMAS[0])
+
+
 def test_the_python_client_takes_a_schema(door):
     import jsonschema
     import socllm

@@ -37,6 +37,7 @@ from ray import serve
 
 from socllm.policies.request import ENDED, QueueFull
 
+from socllm.actors.front import responses
 from socllm.actors.front.cluster import NAME, NAMESPACE
 
 APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
@@ -562,7 +563,12 @@ class OpenAIServer:
     async def chat_completions(self, request: Request):
         return await self._serve(request, chat=True)
 
-    async def _serve(self, request: Request, chat: bool):
+    @app.post("/v1/responses")
+    async def responses(self, request: Request):
+        """OpenAI's Responses API, on the chat path (actors/front/responses.py)."""
+        return await self._serve(request, chat=True, api="responses")
+
+    async def _serve(self, request: Request, chat: bool, api: str = ""):
         if (locked := self._locked(request)) is not None:
             return locked
         try:
@@ -573,6 +579,12 @@ class OpenAIServer:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             return _error(f"the body is not valid JSON: {e}")
+        asked = body
+        if api == "responses":
+            try:
+                body = responses.to_chat(body)
+            except responses.Refused as e:
+                return _error(str(e), e.param, code="unsupported_parameter" if e.param else None)
         subs, rids = [], []
         try:
             args = parse(body, chat)
@@ -601,7 +613,10 @@ class OpenAIServer:
         fans = [[r] for r in rids]         # each prompt's choices: its n requests, as they start
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return _ClosingStream(self._events(fans, meta, shape, request, usage, (subs, n)),
+            chunks = self._events(fans, meta, shape, request, usage, (subs, n))
+            if api == "responses":
+                chunks = responses.events(asked, self.model, chunks)
+            return _ClosingStream(chunks,
                                   lambda: [self.svc.cancel.remote(r) for f in fans for r in f],
                                   media_type="text/event-stream")
         async def choices_of(f: list, sub: dict) -> list:
@@ -640,9 +655,10 @@ class OpenAIServer:
             choices.append(choice)
         more = {"prompt_logprobs": _vllm_prompt(results[0][1].get("prompt_logprobs"), vllm_k)} \
             if vllm_k is not None and chat else {}             # vLLM's: the response's, in chat
-        return {**meta, "object": "chat.completion" if chat else "text_completion",
-                "choices": choices, **more, "usage": _usage([r[1]["usage"] for r in results], n),
-                **_timings(results[0][1])}
+        reply = {**meta, "object": "chat.completion" if chat else "text_completion",
+                 "choices": choices, **more, "usage": _usage([r[1]["usage"] for r in results], n),
+                 **_timings(results[0][1])}
+        return responses.reply(asked, self.model, reply) if api == "responses" else reply
 
     async def _echo(self, sub: dict) -> str:
         """A completion's prompt as its text (echo): as given, or its token ids detokenized."""

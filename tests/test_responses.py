@@ -1,0 +1,154 @@
+"""OpenAI's Responses API as a translation of the chat route (actors/front/responses.py), without
+a service: a request's items become the chat route's messages, tools and format; what it does
+not do is a 400 naming the field; a chat stream's chunks become the API's events in order, and a
+chat reply its response object. Through HTTP and the `openai` client: tests/test_agent_api.py."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from socllm.actors.front.responses import Refused, events, reply, to_chat
+
+FN = {"type": "function", "name": "get_time", "description": "The time in a zone",
+      "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}
+
+
+def test_an_agents_history_becomes_the_chat_routes_messages():
+    body = {"model": "m", "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.5,
+            "seed": 3, "tools": [FN], "tool_choice": {"type": "function", "name": "get_time"},
+            "input": [{"role": "developer", "content": "Zones are IANA names."},
+                      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Time in "},
+                                                                      {"type": "input_text", "text": "Oslo?"}]},
+                      {"type": "function_call", "call_id": "c1", "name": "get_time", "arguments": '{"zone": "A"}'},
+                      {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": '{"zone": "B"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": "14:05"},
+                      {"type": "function_call_output", "call_id": "c2",
+                       "output": [{"type": "input_text", "text": "15:05"}]}]}
+    chat = to_chat(body)
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "Zones are IANA names."},
+        {"role": "user", "content": "Time in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "A"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "B"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "14:05"},
+        {"role": "tool", "tool_call_id": "c2", "content": "15:05"}]
+    assert chat["tools"] == [{"type": "function", "function": {k: FN[k] for k in ("name", "description", "parameters")}}]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
+    assert (chat["max_tokens"], chat["temperature"], chat["seed"]) == (9, 0.5, 3) and "stream" not in chat
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = to_chat({"input": "Hi", "stream": True, "store": False, "truncation": "disabled",
+                    "text": {"format": {"type": "json_schema", "name": "s", "schema": schema, "strict": True}}})
+    assert chat["messages"] == [{"role": "user", "content": "Hi"}]
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "s", "schema": schema,
+                                                                              "strict": True}}
+    assert chat["stream"] and chat["stream_options"] == {"include_usage": True}
+    assert "response_format" not in to_chat({"input": "Hi", "text": {"format": {"type": "text"}}})
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "Hi", "store": True}, "store"),
+    ({"input": "Hi", "background": True}, "background"),
+    ({"input": "Hi", "top_logprobs": 2}, "top_logprobs"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input"),
+    ({"input": []}, "input"),
+    ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
+    ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text"),
+    ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning"),
+])
+def test_what_the_route_does_not_do_is_refused_naming_the_field(body, param):
+    with pytest.raises(Refused) as e:
+        to_chat(body)
+    assert e.value.param == param and param in str(e.value)
+
+
+def _chunks(deltas: list, finish: str, usage: dict):
+    async def gen():
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}}]})}\n\n"
+        for d in deltas:
+            yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': d, 'finish_reason': None}]})}\n\n"
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {}, 'finish_reason': finish}]})}\n\n"
+        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+    return gen()
+
+
+def _events(body, chunks) -> list:
+    async def run():
+        return [e async for e in events(body, "m", chunks)]
+    out = []
+    for raw in asyncio.run(run()):
+        head, data = raw.strip().split("\n")
+        obj = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {obj['type']}"
+        out.append(obj)
+    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    return out
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+         "prompt_tokens_details": {"cached_tokens": 4}}
+
+
+def test_a_streamed_text_becomes_the_apis_events_and_its_response():
+    evs = _events({"input": "Hi", "max_output_tokens": 3}, _chunks([{"content": "Hel"}, {"content": "lo"}],
+                                                                   "length", USAGE))
+    assert [e["type"] for e in evs] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.incomplete"]
+    assert "".join(e["delta"] for e in evs if e["type"].endswith(".delta")) == "Hello"
+    item_id = evs[2]["item"]["id"]
+    assert all(e["item_id"] == item_id for e in evs[3:8])
+    last = evs[-1]["response"]
+    assert last["status"] == "incomplete" and last["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert last["output"][0]["content"][0]["text"] == "Hello" and last["output"][0]["id"] == item_id
+    assert last["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 4},
+                             "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+                             "total_tokens": 10}
+    assert last["id"] == evs[0]["response"]["id"] and evs[0]["response"]["status"] == "in_progress"
+
+
+def test_streamed_tool_calls_become_function_call_items():
+    calls = [{"index": k, "id": f"call_{k}", "type": "function",
+              "function": {"name": "get_time", "arguments": json.dumps({"zone": z})}}
+             for k, z in enumerate(("Europe/Oslo", "Asia/Tokyo"))]
+    evs = _events({"input": "Hi", "tools": [FN]}, _chunks([{"tool_calls": calls}], "tool_calls", USAGE))
+    kinds = [e["type"] for e in evs]
+    assert kinds == ["response.created", "response.in_progress"] + [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done"] * 2 + ["response.completed"]
+    out = evs[-1]["response"]["output"]
+    assert [(o["type"], o["call_id"], json.loads(o["arguments"])["zone"], o["status"]) for o in out] == [
+        ("function_call", "call_0", "Europe/Oslo", "completed"), ("function_call", "call_1", "Asia/Tokyo", "completed")]
+    assert [e["output_index"] for e in evs if e["type"] == "response.output_item.done"] == [0, 1]
+
+
+def test_a_failed_generation_ends_the_stream_failed():
+    async def gen():
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': 'a'}}]})}\n\n"
+        yield f"data: {json.dumps({'error': {'message': 'generation failed: boom'}})}\n\n"
+    evs = _events({"input": "Hi"}, gen())
+    assert evs[-1]["type"] == "response.failed" and "boom" in evs[-1]["response"]["error"]["message"]
+
+
+def test_a_chat_reply_becomes_a_response_object():
+    chat = {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi!"}}],
+            "usage": USAGE}
+    r = reply({"input": "Hi", "metadata": {"k": "v"}}, "m", chat)
+    assert r["object"] == "response" and r["status"] == "completed" and r["id"].startswith("resp_")
+    assert r["output"][0]["content"][0] == {"type": "output_text", "text": "Hi!", "annotations": [], "logprobs": []}
+    assert r["metadata"] == {"k": "v"} and r["usage"]["input_tokens_details"]["cached_tokens"] == 4
+    call = {"id": "call_9", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    chat["choices"][0].update(finish_reason="tool_calls", message={"role": "assistant", "content": None,
+                                                                   "tool_calls": [call]})
+    [item] = reply({"input": "Hi"}, "m", chat)["output"]
+    assert (item["type"], item["call_id"], item["name"], item["arguments"]) == ("function_call", "call_9", "get_time", "{}")
