@@ -120,16 +120,18 @@ class StopText:
     it is not one (OpenAI's and llama.cpp's servers do the same)."""
 
     def __init__(self, stop: tuple):
-        self.stop, self.held, self.hit = stop, "", False
+        self.stop, self.held, self.hit = stop, "", None
 
     def feed(self, piece: str) -> str:
-        """The text that is safe to show after `piece`; sets `hit` once a stop string appears."""
+        """The text that is safe to show after `piece`; sets `hit` to the stop string once one
+        appears (the first in the text; of two at one place, the first given)."""
         if self.hit:
             return ""
         text = self.held + piece
-        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        cut, hit = min(((i, k) for k, i in enumerate(text.find(s) for s in self.stop) if i >= 0),
+                       default=(-1, None))
         if cut >= 0:
-            self.hit, self.held = True, ""
+            self.hit, self.held = self.stop[hit], ""
             return text[:cut]
         keep = max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
         self.held = text[len(text) - keep:] if keep else ""

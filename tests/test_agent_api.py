@@ -347,6 +347,69 @@ def test_the_responses_api_calls_tools_takes_their_output_and_a_schema(oa):
     jsonschema.validate(json.loads(r.output_text), SCHEMAS[0])
 
 
+def _anthropic_tool(tool: dict) -> dict:
+    f = tool["function"]
+    return {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+
+
+def test_the_messages_api_answers_as_chat_does_streamed_or_not(oa, door):
+    """POST /v1/messages through the `anthropic` client (its x-api-key header): the chat route's
+    greedy text and token counts for the same turn (the cached part as cache_read_input_tokens);
+    streamed, the same text and final message; a stop sequence reported as the one that ended
+    it; errors in Anthropic's shape."""
+    import anthropic
+    ac = anthropic.Anthropic(base_url=door[1], api_key=KEY)
+    system, ask = "Answer in one sentence.", [{"role": "user", "content": "What is a lake?"}]
+    chat = oa.chat.completions.create(model="m", max_tokens=24, messages=[{"role": "system", "content": system}, *ask])
+    want = chat.choices[0].message.content
+    m = ac.messages.create(model="m", max_tokens=24, system=system, messages=ask)
+    assert m.type == "message" and [b.type for b in m.content] == ["text"] and m.content[0].text == want
+    assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[chat.choices[0].finish_reason]
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert m.usage.cache_read_input_tokens > 0 and m.usage.output_tokens == chat.usage.completion_tokens
+    with ac.messages.stream(model="m", max_tokens=24, system=system, messages=ask) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == want and final.content[0].text == want and final.stop_reason == m.stop_reason
+    word = want.split()[2]                               # a stop sequence the reply holds
+    m = ac.messages.create(model="m", max_tokens=24, system=system, messages=ask, stop_sequences=["@@", word])
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", word)
+    assert m.content[0].text == want[:want.index(word)]
+    for bad in ({"thinking": {"type": "enabled", "budget_tokens": 1024}},
+                {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}):
+        with pytest.raises(anthropic.BadRequestError) as e:
+            ac.messages.create(model="m", max_tokens=8, messages=ask, **bad)
+        assert e.value.body["type"] == "error" and e.value.body["error"]["param"] in bad
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=door[1], api_key="nope").messages.create(model="m", max_tokens=2, messages=ask)
+
+
+def test_the_messages_api_uses_tools_takes_their_results(door):
+    import anthropic
+    import jsonschema
+    ac = anthropic.Anthropic(base_url=door[1], api_key=KEY)
+    tools = [_anthropic_tool(WEATHER), _anthropic_tool(CLOCK)]
+    schemas = {t["name"]: t["input_schema"] for t in tools}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    m = ac.messages.create(model="m", max_tokens=120, messages=ask, tools=tools, tool_choice={"type": "any"})
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert uses and m.stop_reason == "tool_use"
+    for u in uses:
+        jsonschema.validate(u.input, schemas[u.name])
+    turn = ask + [{"role": "assistant", "content": [u.model_dump(include={"type", "id", "name", "input"}) for u in uses]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "18 C, sunny"}
+                                               for u in uses]}]
+    m = ac.messages.create(model="m", max_tokens=40, messages=turn, tools=tools, tool_choice={"type": "none"})
+    assert [b.type for b in m.content] == ["text"] and m.content[0].text
+    assert m.usage.cache_read_input_tokens > 0                   # the first turn's prompt
+    with ac.messages.stream(model="m", max_tokens=80, tools=tools, tool_choice={"type": "tool", "name": "get_time"},
+                            messages=[{"role": "user", "content": "Time in Oslo?"}]) as s:
+        final = s.get_final_message()
+    [use] = final.content
+    assert (use.type, use.name, final.stop_reason) == ("tool_use", "get_time", "tool_use")
+    jsonschema.validate(use.input, schemas["get_time"])
+
+
 def test_the_python_client_takes_a_schema(door):
     import jsonschema
     import socllm

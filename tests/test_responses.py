@@ -10,6 +10,7 @@ import json
 import pytest
 
 from socllm.actors.front.responses import Refused, events, reply, to_chat
+from testlib import sse_events
 
 FN = {"type": "function", "name": "get_time", "description": "The time in a zone",
       "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}
@@ -83,12 +84,7 @@ def _chunks(deltas: list, finish: str, usage: dict):
 def _events(body, chunks) -> list:
     async def run():
         return [e async for e in events(body, "m", chunks)]
-    out = []
-    for raw in asyncio.run(run()):
-        head, data = raw.strip().split("\n")
-        obj = json.loads(data.removeprefix("data: "))
-        assert head == f"event: {obj['type']}"
-        out.append(obj)
+    out = sse_events(asyncio.run(run()))
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     return out
 

@@ -116,8 +116,10 @@ def test_bad_stop_strings_are_refused(stop):
 def test_stop_text_cuts_before_the_stop_string_across_pieces():
     st = StopText(("END",))
     out = [st.feed(p) for p in ["Hello E", "N", "D and more"]]
-    assert "".join(out) == "Hello " and st.hit
+    assert "".join(out) == "Hello " and st.hit == "END"
     assert st.feed("later") == "" and st.flush() == ""
+    st = StopText(("b", "xa", "a"))           # the first in the text; at one place, the first given
+    assert st.feed("xxab") == "x" and st.hit == "xa"
 
 
 def test_stop_text_releases_a_false_start():

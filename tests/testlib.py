@@ -79,3 +79,15 @@ def prefill_then_decode(runner, prompts: list, forced: list, steps: int):
         for s in range(len(prompts)):
             got[s].append(logits[s].copy())
     return tables, got
+
+
+def sse_events(raws) -> list:
+    """Server-sent events (each "event: T\ndata: {...}") as objects, each event line its type."""
+    import json
+    out = []
+    for raw in raws:
+        head, data = raw.strip().split("\n")
+        obj = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {obj['type']}"
+        out.append(obj)
+    return out

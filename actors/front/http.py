@@ -37,7 +37,7 @@ from ray import serve
 
 from socllm.policies.request import ENDED, QueueFull
 
-from socllm.actors.front import responses
+from socllm.actors.front import anthropic_api, responses
 from socllm.actors.front.cluster import NAME, NAMESPACE
 
 APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
@@ -446,6 +446,8 @@ class OpenAIServer:
         scheme, _, token = got.partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode()):
             return None
+        if hmac.compare_digest(request.headers.get("x-api-key", "").encode(), self.key.encode()):
+            return None                  # Anthropic's clients send the key so
         return _error("a valid API key is needed: Authorization: Bearer <key>", status=401,
                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
@@ -568,6 +570,17 @@ class OpenAIServer:
         """OpenAI's Responses API, on the chat path (actors/front/responses.py)."""
         return await self._serve(request, chat=True, api="responses")
 
+    @app.post("/v1/messages")
+    async def messages(self, request: Request):
+        """Anthropic's Messages API, on the chat path (actors/front/anthropic_api.py); errors in
+        its shape."""
+        out = await self._serve(request, chat=True, api="messages")
+        if isinstance(out, JSONResponse) and out.status_code >= 400:
+            return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
+                                status_code=out.status_code, headers={
+                                    k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
+        return out
+
     async def _serve(self, request: Request, chat: bool, api: str = ""):
         if (locked := self._locked(request)) is not None:
             return locked
@@ -580,10 +593,11 @@ class OpenAIServer:
         except (ValueError, UnicodeDecodeError) as e:
             return _error(f"the body is not valid JSON: {e}")
         asked = body
-        if api == "responses":
+        if api:
+            front = responses if api == "responses" else anthropic_api
             try:
-                body = responses.to_chat(body)
-            except responses.Refused as e:
+                body = front.to_chat(body)
+            except front.Refused as e:
                 return _error(str(e), e.param, code="unsupported_parameter" if e.param else None)
         subs, rids = [], []
         try:
@@ -616,6 +630,8 @@ class OpenAIServer:
             chunks = self._events(fans, meta, shape, request, usage, (subs, n))
             if api == "responses":
                 chunks = responses.events(asked, self.model, chunks)
+            elif api == "messages":
+                chunks = anthropic_api.events(self.model, chunks)
             return _ClosingStream(chunks,
                                   lambda: [self.svc.cancel.remote(r) for f in fans for r in f],
                                   media_type="text/event-stream")
@@ -645,7 +661,7 @@ class OpenAIServer:
                 return _error(f"generation failed: {out['error']}", status=500, kind="server_error")
             echoed = echoes[i // n] or ""
             prompt_lps = results[i - i % n][1].get("prompt_logprobs")   # the prompt's first choice's
-            choice = {"index": i, "finish_reason": _reason(out),
+            choice = {"index": i, "finish_reason": _reason(out), "stop_reason": out.get("stop_string"),
                       "logprobs": _logprobs(lps, chat, len(echoed), echoed and prompt_lps,
                                             args.get("logprobs"))
                       if shape["logprobs"] else None}
@@ -658,7 +674,8 @@ class OpenAIServer:
         reply = {**meta, "object": "chat.completion" if chat else "text_completion",
                  "choices": choices, **more, "usage": _usage([r[1]["usage"] for r in results], n),
                  **_timings(results[0][1])}
-        return responses.reply(asked, self.model, reply) if api == "responses" else reply
+        return responses.reply(asked, self.model, reply) if api == "responses" else \
+            anthropic_api.reply(self.model, reply) if api == "messages" else reply
 
     async def _echo(self, sub: dict) -> str:
         """A completion's prompt as its text (echo): as given, or its token ids detokenized."""
@@ -701,7 +718,7 @@ class OpenAIServer:
         chunks interleave, told apart by index."""
         chat = shape["chat"]
 
-        def event(i, delta, reason=None, first=False, lps=None, extra=None):
+        def event(i, delta, reason=None, first=False, lps=None, extra=None, matched=None):
             if chat:
                 d = ({"role": "assistant", "content": ""} if first else
                      delta if isinstance(delta, dict) else
@@ -711,6 +728,8 @@ class OpenAIServer:
             else:
                 choice = {"index": i, "text": delta or "", "finish_reason": reason,
                           "logprobs": _logprobs(lps, False, 0) if lps else None}
+            if reason is not None:
+                choice["stop_reason"] = matched     # vLLM's: the stop string that ended it, or null
             return f"data: {json.dumps({**meta, 'choices': [choice], **(extra or {})})}\n\n"
 
         def said(i, out):
@@ -730,7 +749,7 @@ class OpenAIServer:
                                  "type": "server_error", "param": None, "code": None}}
                 yield f"data: {json.dumps(err)}\n\n"
             elif out["state"] in ENDED:
-                yield event(i, None, _reason(out), extra=_timings(out))
+                yield event(i, None, _reason(out), extra=_timings(out), matched=out.get("stop_string"))
 
         queue: asyncio.Queue = asyncio.Queue()
 

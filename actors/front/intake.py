@@ -173,6 +173,8 @@ class Intake:
             out["seen_logprobs"] = seen_logprobs + len(out["logprobs"])
         if seq.ended:
             out["timings"] = timings(seq)
+            if seq.stops is not None and seq.stops.hit:
+                out["stop_string"] = seq.stops.hit        # the stop string that ended it
             if seq.params.prompt_logprobs is not None:    # once, with the end
                 out["prompt_logprobs"] = self._logprobs(seq, 0, prompt=True)
         if seq.embed is not None and seq.ended:

@@ -168,6 +168,16 @@ def _usage(u: dict | None) -> dict | None:
             "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
 
+async def chat_chunks(chunks):
+    """The chat route's server-sent chunks as objects (its `[DONE]` left out), closing them when
+    this ends: the requests of a stream a client left are cancelled."""
+    async with aclosing(chunks):
+        async for chunk in chunks:
+            data = chunk.partition("data: ")[2].strip()
+            if data and data != "[DONE]":
+                yield json.loads(data)
+
+
 def _id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
@@ -247,12 +257,8 @@ async def events(body: dict, model: str, chunks):
 
     yield event("response.created", response=response(body, model, rid, "in_progress", []))
     yield event("response.in_progress", response=response(body, model, rid, "in_progress", []))
-    async with aclosing(chunks):             # closed with this stream: its requests cancelled
-        async for chunk in chunks:
-            data = chunk.partition("data: ")[2].strip()
-            if not data or data == "[DONE]":
-                continue
-            obj = json.loads(data)
+    async with aclosing(chat_chunks(chunks)) as objs:
+        async for obj in objs:
             if "error" in obj:
                 err = {"code": "server_error", "message": obj["error"]["message"]}
                 yield event("response.failed", response=response(body, model, rid, "failed", output, error=err))

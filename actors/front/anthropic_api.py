@@ -1,0 +1,225 @@
+"""Anthropic's Messages API (`POST /v1/messages`, what the Anthropic SDKs and Claude Code speak, as
+llama.cpp's server and Ollama offer it) on the chat path: the system prompt, messages with text,
+`tool_use` and `tool_result` blocks, custom tools and `tool_choice` become a chat request
+(`to_chat`), and the chat reply, or its stream of chunks, becomes a message (`reply`) or the API's
+events (`events`). Pure: no Ray.
+
+What is not done is a 400 naming the field: server tools (web search, code execution, computer
+use), image and document blocks, extended thinking, MCP servers, containers. `cache_control`
+marks are accepted: the prefix cache keeps every prompt's blocks anyway (`usage` says what it
+found: `cache_read_input_tokens`)."""
+from __future__ import annotations
+
+import json
+import secrets
+from contextlib import aclosing
+
+from socllm.actors.front.responses import chat_chunks
+
+
+class Refused(ValueError):
+    """A request this route does not take: the message and the field it names."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+PASSED = ("temperature", "top_p", "top_k", "seed", "priority", "min_p", "repetition_penalty", "speculate")
+HONOURED = {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools",
+            "tool_choice", "metadata", *PASSED}
+NEUTRAL = {"thinking": ({"type": "disabled"},), "service_tier": ("auto", "standard_only")}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               413: "request_too_large", 429: "rate_limit_error"}
+
+
+def error_body(openai_error: dict, status: int) -> dict:
+    """An OpenAI-style error object -> Anthropic's {"type": "error", "error": {type, message}}."""
+    err = openai_error.get("error", {})
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": err.get("message", ""),
+                                       "param": err.get("param")}}
+
+
+def _text(blocks, field: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if isinstance(blocks, list) and all(isinstance(b, dict) and b.get("type") == "text" and
+                                        isinstance(b.get("text"), str) for b in blocks):
+        return "".join(b["text"] for b in blocks)
+    raise Refused(f"'{field}' must be a string or a list of text blocks", field)
+
+
+def _turn(role: str, content) -> list:
+    """One message -> chat messages: a user turn's tool results as tool messages (first), its
+    text as a user message; an assistant turn's text and tool uses as one assistant message."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise Refused("a message's 'content' must be a string or a list of content blocks", "messages")
+    text, calls, results = [], [], []
+    for b in content:
+        kind = b.get("type")
+        if kind == "text" and isinstance(b.get("text"), str):
+            text.append(b["text"])
+        elif kind == "tool_use" and role == "assistant":
+            calls.append({"id": b.get("id"), "type": "function", "function": {
+                "name": b.get("name"), "arguments": json.dumps(b.get("input", {}))}})
+        elif kind == "tool_result" and role == "user":
+            out = b.get("content", "")
+            out = _text(out, "messages") if out else ""
+            results.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                            "content": f"Error: {out}" if b.get("is_error") else out})
+        else:
+            raise Refused(f"'messages': content blocks of type {kind!r} are not supported in a "
+                          f"{role} message (text; tool_use from the assistant; tool_result from the "
+                          "user)", "messages")
+    if role == "assistant":
+        msg = {"role": "assistant", "content": "".join(text) or None}
+        return [msg | {"tool_calls": calls}] if calls else [msg]
+    return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
+
+
+def _tools(tools) -> list:
+    if not isinstance(tools, list):
+        raise Refused("'tools' must be a list", "tools")
+    out = []
+    for t in tools:
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str):
+            kind = t.get("type") if isinstance(t, dict) else t
+            raise Refused(f"only custom tools ({{name, description, input_schema}}) are supported; "
+                          f"got {kind!r}", "tools")
+        fn = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object"}}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: dict, chat: dict):
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none") or kind == "tool" and not isinstance(choice.get("name"), str):
+        raise Refused("'tool_choice' must be {type: auto | any | none} or {type: tool, name}", "tool_choice")
+    chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(kind) or \
+        {"type": "function", "function": {"name": choice["name"]}}
+    if choice.get("disable_parallel_tool_use"):
+        chat["parallel_tool_calls"] = False
+
+
+def to_chat(body) -> dict:
+    """A Messages request -> the chat route's body (Refused if it asks for what is not done)."""
+    if not isinstance(body, dict):
+        raise Refused("the request body must be a JSON object")
+    for name, value in body.items():
+        if name not in HONOURED and value is not None and value not in NEUTRAL.get(name, ()):
+            raise Refused(f"'{name}' is not supported by this service (/v1/messages honours "
+                          f"{', '.join(sorted(HONOURED - {'model'}))})", name)
+    if not isinstance(body.get("max_tokens"), int) or isinstance(body["max_tokens"], bool) or body["max_tokens"] < 1:
+        raise Refused("'max_tokens' is required: an integer >= 1", "max_tokens")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(
+            isinstance(m, dict) and m.get("role") in ("user", "assistant") for m in msgs):
+        raise Refused("'messages' must be a non-empty list of user and assistant messages", "messages")
+    chat = {"messages": ([{"role": "system", "content": _text(body["system"], "system")}]
+                         if body.get("system") is not None else [])
+            + [t for m in msgs for t in _turn(m["role"], m.get("content"))],
+            "max_tokens": body["max_tokens"], **{k: body[k] for k in PASSED if body.get(k) is not None}}
+    if body.get("stop_sequences"):
+        stop = body["stop_sequences"]
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise Refused("'stop_sequences' must be a list of at most 4 non-empty strings here", "stop_sequences")
+        chat["stop"] = stop
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+        if body.get("tool_choice") is not None:
+            _tool_choice(body["tool_choice"], chat)
+    elif body.get("tool_choice") is not None and (body["tool_choice"] or {}).get("type") not in ("auto", "none"):
+        raise Refused("'tool_choice' needs 'tools'", "tool_choice")
+    if body.get("stream"):
+        chat.update(stream=True, stream_options={"include_usage": True})
+    return chat
+
+
+def _usage(u: dict | None) -> dict:
+    u = u or {"prompt_tokens": 0, "completion_tokens": 0}
+    cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return {"input_tokens": u["prompt_tokens"] - cached, "output_tokens": u["completion_tokens"],
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+def _stop(finish: str | None, matched: str | None) -> tuple:
+    """(stop_reason, stop_sequence) of a chat finish_reason and the stop string that ended it."""
+    if finish == "tool_calls":
+        return "tool_use", None
+    if finish == "length":
+        return "max_tokens", None
+    return ("stop_sequence", matched) if matched else ("end_turn", None)
+
+
+def _use(call: dict) -> dict:
+    try:
+        args = json.loads(call["function"]["arguments"] or "{}")
+    except ValueError:
+        args = {}
+    return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": args}
+
+
+def message(model: str, mid: str, content: list, usage=None, stop=(None, None)) -> dict:
+    return {"id": mid, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop[0], "stop_sequence": stop[1], "usage": _usage(usage)}
+
+
+def reply(model: str, chat: dict) -> dict:
+    """A chat completion (one choice) -> the message."""
+    choice = chat["choices"][0]
+    msg = choice["message"]
+    content = ([{"type": "text", "text": msg["content"]}] if msg.get("content") else []) + \
+        [_use(c) for c in msg.get("tool_calls") or []]
+    return message(model, f"msg_{secrets.token_hex(12)}", content, chat.get("usage"),
+                   _stop(choice["finish_reason"], choice.get("stop_reason")))
+
+
+async def events(model: str, chunks):
+    """The chat route's server-sent chunks -> the Messages API's events: message_start, each
+    content block's start, deltas and stop, message_delta (the stop reason and usage),
+    message_stop; a failed generation: an error event."""
+    mid, blocks, text_open = f"msg_{secrets.token_hex(12)}", 0, False
+    finish, matched = None, None
+
+    def event(kind: str, **fields) -> str:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
+
+    yield event("message_start", message=message(model, mid, []))
+    async with aclosing(chat_chunks(chunks)) as objs:
+        async for obj in objs:
+            if "error" in obj:
+                yield event("error", error={"type": "api_error", "message": obj["error"]["message"]})
+                return
+            if not obj.get("choices"):                   # the usage chunk: the last
+                if text_open:
+                    yield event("content_block_stop", index=blocks - 1)
+                yield event("message_delta", delta={"stop_reason": _stop(finish, matched)[0],
+                                                    "stop_sequence": _stop(finish, matched)[1]},
+                            usage=_usage(obj.get("usage")))
+                yield event("message_stop")
+                return
+            choice = obj["choices"][0]
+            delta = choice.get("delta") or {}
+            finish = choice.get("finish_reason") or finish
+            matched = choice.get("stop_reason") or matched
+            if delta.get("content"):
+                if not text_open:
+                    yield event("content_block_start", index=blocks, content_block={"type": "text", "text": ""})
+                    text_open, blocks = True, blocks + 1
+                yield event("content_block_delta", index=blocks - 1,
+                            delta={"type": "text_delta", "text": delta["content"]})
+            for call in delta.get("tool_calls") or []:
+                if text_open:
+                    yield event("content_block_stop", index=blocks - 1)
+                    text_open = False
+                use = _use(call)
+                yield event("content_block_start", index=blocks, content_block=use | {"input": {}})
+                yield event("content_block_delta", index=blocks,
+                            delta={"type": "input_json_delta", "partial_json": json.dumps(use["input"])})
+                yield event("content_block_stop", index=blocks)
+                blocks += 1
