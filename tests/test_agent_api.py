@@ -314,8 +314,17 @@ def test_the_responses_api_answers_as_chat_does_streamed_or_not(oa, door):
         with pytest.raises(openai.BadRequestError) as e:
             oa.responses.create(model="m", input="Hi", **bad)
         assert e.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as e:               # found by the chat path
+        oa.responses.create(model="m", input="Hi", max_output_tokens=0)
+    assert e.value.body["param"] == "max_output_tokens" and "max_output_tokens" in e.value.body["message"]
     r = requests.post(door[1] + "/v1/responses", json={"input": "Hi"}, timeout=30)
     assert r.status_code == 401                                     # the door holds here too
+    lp = oa.responses.create(model="m", include=["message.output_text.logprobs"], top_logprobs=2, **ask)
+    chat = oa.chat.completions.create(model="m", max_tokens=24, logprobs=True, top_logprobs=2, messages=[
+        {"role": "system", "content": ask["instructions"]}, {"role": "user", "content": ask["input"]}])
+    got = lp.output[0].content[0].logprobs
+    assert [(g.token, g.logprob, len(g.top_logprobs)) for g in got] == [
+        (c.token, c.logprob, 2) for c in chat.choices[0].logprobs.content]
 
 
 def test_the_responses_api_calls_tools_takes_their_output_and_a_schema(oa):

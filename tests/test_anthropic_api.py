@@ -122,6 +122,8 @@ def test_streamed_tool_calls_become_tool_use_blocks():
 def test_a_failed_generation_is_an_error_event():
     evs = _events([_choice({"content": "a"}), {"error": {"message": "generation failed: boom"}}])
     assert evs[-1] == {"type": "error", "error": {"type": "api_error", "message": "generation failed: boom"}}
+    evs = _events([_choice({"content": "a"})])              # no usage chunk: cut short
+    assert evs[-1]["type"] == "error" and "ended before" in evs[-1]["error"]["message"]
 
 
 def test_a_chat_reply_becomes_a_message_and_errors_take_anthropics_shape():

@@ -48,13 +48,19 @@ def test_an_agents_history_becomes_the_chat_routes_messages():
                                                                               "strict": True}}
     assert chat["stream"] and chat["stream_options"] == {"include_usage": True}
     assert "response_format" not in to_chat({"input": "Hi", "text": {"format": {"type": "text"}}})
+    # what the Agents SDK sends by default or for ModelSettings(top_logprobs=3)
+    chat = to_chat({"input": "Hi", "include": ["message.output_text.logprobs"], "top_logprobs": 3,
+                    "reasoning": {"effort": "none"}, "prompt_cache_key": "agent-1"})
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 3)
 
 
 @pytest.mark.parametrize("body, param", [
     ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "Hi", "store": True}, "store"),
     ({"input": "Hi", "background": True}, "background"),
-    ({"input": "Hi", "top_logprobs": 2}, "top_logprobs"),
+    ({"input": "Hi", "top_logprobs": 50}, "top_logprobs"),
+    ({"input": "Hi", "include": ["file_search_call.results"]}, "include"),
+    ({"input": "Hi", "tools": [dict(FN, defer_loading=True)]}, "tools"),
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
@@ -107,7 +113,7 @@ def test_a_streamed_text_becomes_the_apis_events_and_its_response():
     last = evs[-1]["response"]
     assert last["status"] == "incomplete" and last["incomplete_details"] == {"reason": "max_output_tokens"}
     assert last["output"][0]["content"][0]["text"] == "Hello" and last["output"][0]["id"] == item_id
-    assert last["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 4},
+    assert last["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 4, "cache_write_tokens": 0},
                              "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
                              "total_tokens": 10}
     assert last["id"] == evs[0]["response"]["id"] and evs[0]["response"]["status"] == "in_progress"
@@ -148,3 +154,21 @@ def test_a_chat_reply_becomes_a_response_object():
                                                                    "tool_calls": [call]})
     [item] = reply({"input": "Hi"}, "m", chat)["output"]
     assert (item["type"], item["call_id"], item["name"], item["arguments"]) == ("function_call", "call_9", "get_time", "{}")
+
+
+def test_logprobs_ride_the_deltas_and_a_stream_cut_short_ends_failed():
+    lp = [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}]
+    deltas = [{"content": "Hi"}]
+
+    async def gen():
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': deltas[0], 'logprobs': {'content': lp}}]})}\n\n"
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})}\n\n"
+        yield f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n"
+    evs = _events({"input": "Hi"}, gen())
+    assert [e["logprobs"] for e in evs if e["type"] == "response.output_text.delta"] == [lp]
+    assert evs[-1]["response"]["output"][0]["content"][0]["logprobs"] == lp
+
+    async def cut():                 # no usage chunk: the chat stream ended early
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'content': 'a'}}]})}\n\n"
+    evs = _events({"input": "Hi"}, cut())
+    assert evs[-1]["type"] == "response.failed"

@@ -223,3 +223,4 @@ async def events(model: str, chunks):
                             delta={"type": "input_json_delta", "partial_json": json.dumps(use["input"])})
                 yield event("content_block_stop", index=blocks)
                 blocks += 1
+    yield event("error", error={"type": "api_error", "message": "the stream ended before the reply did"})

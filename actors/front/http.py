@@ -567,8 +567,16 @@ class OpenAIServer:
 
     @app.post("/v1/responses")
     async def responses(self, request: Request):
-        """OpenAI's Responses API, on the chat path (actors/front/responses.py)."""
-        return await self._serve(request, chat=True, api="responses")
+        """OpenAI's Responses API, on the chat path (actors/front/responses.py); an error the
+        chat path finds names the Responses field (max_output_tokens, not max_tokens)."""
+        out = await self._serve(request, chat=True, api="responses")
+        if isinstance(out, JSONResponse) and out.status_code >= 400:
+            err = json.loads(out.body)
+            if (name := responses.FIELD_OF.get(err["error"].get("param"))) is not None:
+                old = err["error"]["param"]
+                err["error"].update(param=name, message=err["error"]["message"].replace(f"'{old}'", f"'{name}'"))
+                return JSONResponse(err, status_code=out.status_code)
+        return out
 
     @app.post("/v1/messages")
     async def messages(self, request: Request):
@@ -598,7 +606,7 @@ class OpenAIServer:
             try:
                 body = front.to_chat(body)
             except front.Refused as e:
-                return _error(str(e), e.param, code="unsupported_parameter" if e.param else None)
+                return _error(str(e), e.param, code=getattr(e, "code", None))
         subs, rids = [], []
         try:
             args = parse(body, chat)

@@ -16,21 +16,24 @@ from contextlib import aclosing
 
 
 class Refused(ValueError):
-    """A request this route does not take: the message and the field it names."""
+    """A request this route does not take: the message, the field it names, and OpenAI's code
+    (unsupported_parameter: a field or value this service does not do; None: a bad value)."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 # fields taken as the chat route takes them (socllm's extensions too), under the same name
 PASSED = ("temperature", "top_p", "seed", "priority", "top_k", "min_p", "repetition_penalty",
           "frequency_penalty", "presence_penalty", "speculate", "parallel_tool_calls", "user")
 HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "stream",
-            "text", "metadata", "prompt_cache_key", *PASSED}
+            "text", "metadata", "prompt_cache_key", "top_logprobs", *PASSED}
+LOGPROBS = "message.output_text.logprobs"       # the one `include` this service answers
 # fields taken only at the value that asks for nothing this service does not do
-NEUTRAL = {"store": (False,), "background": (False,), "truncation": ("disabled",), "include": ([],),
-           "previous_response_id": (None,), "conversation": (None,), "reasoning": (None,),
+NEUTRAL = {"store": (False,), "background": (False,), "truncation": ("disabled",),
+           "include": ([], [LOGPROBS]), "previous_response_id": (None,), "conversation": (None,),
+           "reasoning": (None, {"effort": "none"}, {"effort": None}, {}),
            "service_tier": ("auto", "default")}
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -45,7 +48,8 @@ def _check_fields(body: dict):
                "conversation": "this service keeps no conversations (send the history as input)"}
         raise Refused(f"'{name}' is not supported by this service"
                       + (f": {why[name]}" if name in why else
-                         f" (/v1/responses honours {', '.join(sorted(HONOURED - {'model', 'user'}))})"), name)
+                         f" (/v1/responses honours {', '.join(sorted(HONOURED - {'model', 'user'}))})"),
+                      name, "unsupported_parameter")
 
 
 def _text(content, field: str) -> str:
@@ -97,6 +101,12 @@ def _messages(body: dict) -> list:
     return msgs
 
 
+# the chat route's fields -> the Responses API's, for the errors the chat route finds
+FIELD_OF = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input",
+            "logprobs": "include"}
+TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
+
+
 def _tools(tools) -> list:
     if not isinstance(tools, list):
         raise Refused("'tools' must be a list", "tools")
@@ -105,7 +115,11 @@ def _tools(tools) -> list:
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
             kind = t.get("type") if isinstance(t, dict) else t
             raise Refused(f"only function tools ({{type: function, name, parameters}}) are "
-                          f"supported; got {kind!r}", "tools")
+                          f"supported; got {kind!r}", "tools", "unsupported_parameter")
+        extra = [k for k, v in t.items() if k not in TOOL_FIELDS and v is not None]
+        if extra:            # defer_loading, allowed_callers, output_schema: not done here
+            raise Refused(f"function tools' {', '.join(map(repr, extra))} is not supported by "
+                          f"this service (it takes {', '.join(TOOL_FIELDS)})", "tools", "unsupported_parameter")
         out.append({"type": "function", "function": {k: t[k] for k in (
             "name", "description", "parameters", "strict") if t.get(k) is not None}})
     return out
@@ -154,6 +168,11 @@ def to_chat(body) -> dict:
         chat["response_format"] = fmt
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise Refused("'metadata' must be an object", "metadata")
+    top = body.get("top_logprobs")
+    if LOGPROBS in (body.get("include") or []) or top:
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
+            raise Refused("'top_logprobs' must be an integer in [0, 20]", "top_logprobs")
+        chat.update(logprobs=True, top_logprobs=top or 0)
     if body.get("stream"):
         chat.update(stream=True, stream_options={"include_usage": True})
     return chat
@@ -163,7 +182,8 @@ def _usage(u: dict | None) -> dict | None:
     if not u:
         return None
     return {"input_tokens": u["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": u.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
+            "input_tokens_details": {"cached_tokens": u.get("prompt_tokens_details", {}).get("cached_tokens", 0),
+                                     "cache_write_tokens": 0},
             "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
@@ -182,9 +202,15 @@ def _id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def _message_item(text: str, status: str, item_id: str | None = None) -> dict:
+def _message_item(text: str, status: str, item_id: str | None = None, logprobs=None) -> dict:
     return {"type": "message", "id": item_id or _id("msg"), "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
+
+
+def _lps(choice: dict) -> list:
+    """A chat choice's token logprobs (entries of token, logprob, bytes, top_logprobs: the
+    Responses API's shape too)."""
+    return ((choice.get("logprobs") or {}).get("content")) or []
 
 
 def _call_item(call: dict, status: str = "completed", item_id: str | None = None) -> dict:
@@ -212,7 +238,7 @@ def reply(body: dict, model: str, chat: dict) -> dict:
     msg, finish = choice["message"], choice["finish_reason"]
     status = "incomplete" if finish == "length" else "completed"
     output = [_call_item(c) for c in msg.get("tool_calls") or []] or \
-        [_message_item(msg.get("content") or "", status)]
+        [_message_item(msg.get("content") or "", status, logprobs=_lps(choice))]
     return response(body, model, _id("resp"), status, output, chat.get("usage"), finish)
 
 
@@ -220,7 +246,7 @@ async def events(body: dict, model: str, chunks):
     """The chat route's server-sent chunks -> the Responses API's events: created, in_progress,
     then each output item added, its text's deltas (or a call's arguments) and done, then
     completed (incomplete: the token limit; failed: the generation failed)."""
-    rid, seq, output, said = _id("resp"), 0, [], []
+    rid, seq, output, said, lps = _id("resp"), 0, [], [], []
     msg_id, finish = None, None
 
     def event(kind: str, **fields) -> str:
@@ -238,10 +264,10 @@ async def events(body: dict, model: str, chunks):
 
     def close_message():
         text = "".join(said)
-        item = _message_item(text, "incomplete" if finish == "length" else "completed", msg_id)
+        item = _message_item(text, "incomplete" if finish == "length" else "completed", msg_id, lps)
         output.append(item)
         at = dict(item_id=msg_id, output_index=len(output) - 1, content_index=0)
-        return [event("response.output_text.done", **at, text=text, logprobs=[]),
+        return [event("response.output_text.done", **at, text=text, logprobs=lps),
                 event("response.content_part.done", **at, part=item["content"][0]),
                 event("response.output_item.done", output_index=len(output) - 1, item=item)]
 
@@ -279,5 +305,8 @@ async def events(body: dict, model: str, chunks):
                 for e in open_message() if msg_id is None else []:
                     yield e
                 said.append(delta["content"])
+                lps.extend(_lps(choice))
                 yield event("response.output_text.delta", item_id=msg_id, output_index=len(output),
-                            content_index=0, delta=delta["content"], logprobs=[])
+                            content_index=0, delta=delta["content"], logprobs=_lps(choice))
+    err = {"code": "server_error", "message": "the stream ended before the reply did"}
+    yield event("response.failed", response=response(body, model, rid, "failed", output, error=err))
