@@ -322,9 +322,10 @@ def test_the_responses_api_answers_as_chat_does_streamed_or_not(oa, door):
     lp = oa.responses.create(model="m", include=["message.output_text.logprobs"], top_logprobs=2, **ask)
     chat = oa.chat.completions.create(model="m", max_tokens=24, logprobs=True, top_logprobs=2, messages=[
         {"role": "system", "content": ask["instructions"]}, {"role": "user", "content": ask["input"]}])
-    got = lp.output[0].content[0].logprobs
-    assert [(g.token, g.logprob, len(g.top_logprobs)) for g in got] == [
-        (c.token, c.logprob, 2) for c in chat.choices[0].logprobs.content]
+    got, want = lp.output[0].content[0].logprobs, chat.choices[0].logprobs.content
+    assert [(g.token, len(g.top_logprobs)) for g in got] == [(c.token, 2) for c in want]
+    # the same tokens' logprobs: a prefix found cached or computed whole differs in f32's last bits
+    assert max(abs(g.logprob - c.logprob) for g, c in zip(got, want)) < 1e-4
 
 
 def test_the_responses_api_calls_tools_takes_their_output_and_a_schema(oa):

@@ -69,6 +69,7 @@ def test_an_agents_history_becomes_the_chat_routes_messages():
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
     ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text"),
     ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "Hi", "text": {"verbosity": "low"}}, "text"),
 ])
 def test_what_the_route_does_not_do_is_refused_naming_the_field(body, param):
     with pytest.raises(Refused) as e:

@@ -135,8 +135,11 @@ def _tool_choice(choice):
 
 def _format(text) -> dict | None:
     """text.format -> the chat route's response_format (None: plain text)."""
-    if not isinstance(text, dict) or set(text) - {"format", "verbosity"} or \
-            text.get("verbosity") not in (None, "medium"):
+    if isinstance(text, dict) and text.get("verbosity") not in (None, "medium"):
+        raise Refused(f"'text.verbosity' {text['verbosity']!r} is not supported by this service (a "
+                      "reasoning model's setting; the Agents SDK sends it for gpt-5 model names: "
+                      "give the Agent this service's model name)", "text", "unsupported_parameter")
+    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
         raise Refused("'text' takes only 'format' ({type: text | json_object | json_schema})", "text")
     fmt = text.get("format") or {"type": "text"}
     kind = fmt.get("type") if isinstance(fmt, dict) else None
