@@ -497,11 +497,11 @@ class Service:
                       "timings": timings(req)}
 
     async def tokenize(self, prompt: str | None = None, messages: list | None = None,
-                       add_special: bool = True) -> list:
-        """The ids a request with this prompt (or these chat messages, through the model's
-        template) would start from; add_special False: without the BOS the model adds. In a
-        thread without the GIL, as submit's; the context does not bound it (a client counts)."""
-        text, bos = self.intake.tokens(prompt, messages, add_special)
+                       add_special: bool = True, tools: list | None = None, tool_choice=None) -> list:
+        """The ids a request with this prompt (or these chat messages and tools, through the
+        model's template) would start from; add_special False: without the BOS the model adds. In
+        a thread without the GIL, as submit's; the context does not bound it (a client counts)."""
+        text, bos = self.intake.tokens(prompt, messages, add_special, tools, tool_choice)
         return await asyncio.to_thread(self.pool.tokenizer.encode, text, bos)
 
     def detokenize(self, ids: list) -> str:

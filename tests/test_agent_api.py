@@ -404,6 +404,8 @@ def test_the_messages_api_uses_tools_takes_their_results(door):
     m = ac.messages.create(model="m", max_tokens=120, messages=ask, tools=tools, tool_choice={"type": "any"})
     uses = [b for b in m.content if b.type == "tool_use"]
     assert uses and m.stop_reason == "tool_use"
+    counted = ac.messages.count_tokens(model="m", messages=ask, tools=tools, tool_choice={"type": "any"})
+    assert counted.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens   # the same prompt
     for u in uses:
         jsonschema.validate(u.input, schemas[u.name])
     turn = ask + [{"role": "assistant", "content": [u.model_dump(include={"type", "id", "name", "input"}) for u in uses]},

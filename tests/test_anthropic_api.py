@@ -13,6 +13,7 @@ import pytest
 from socllm.actors.front.anthropic_api import Refused, error_body, events, reply, to_chat
 from testlib import sse_events
 
+HI = [{"role": "user", "content": "Hi"}]
 TOOL = {"name": "get_time", "description": "The time in a zone",
         "input_schema": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}
 
@@ -45,12 +46,13 @@ def test_a_conversation_with_tool_use_becomes_the_chat_routes_messages():
                     "thinking": {"type": "disabled"}})
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
     assert chat["stream"] and chat["stream_options"] == {"include_usage": True}
+    counted = to_chat({"messages": HI, "system": "Be brief.", "tools": [TOOL]}, count=True)   # count_tokens'
+    assert "max_tokens" not in counted and counted["messages"][0] == {"role": "system", "content": "Be brief."}
+    with pytest.raises(Refused, match="max_tokens"):
+        to_chat({"messages": HI, "max_tokens": 5}, count=True)
     err = to_chat({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "x", "content": "boom", "is_error": True}]}]})["messages"]
     assert err == [{"role": "tool", "tool_call_id": "x", "content": "Error: boom"}]
-
-
-HI = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.mark.parametrize("body, param", [

@@ -106,15 +106,19 @@ def _tool_choice(choice: dict, chat: dict):
         chat["parallel_tool_calls"] = False
 
 
-def to_chat(body) -> dict:
-    """A Messages request -> the chat route's body (Refused if it asks for what is not done)."""
+def to_chat(body, count: bool = False) -> dict:
+    """A Messages request -> the chat route's body (Refused if it asks for what is not done);
+    count: count_tokens' request (no max_tokens)."""
     if not isinstance(body, dict):
         raise Refused("the request body must be a JSON object")
     for name, value in body.items():
         if name not in HONOURED and value is not None and value not in NEUTRAL.get(name, ()):
             raise Refused(f"'{name}' is not supported by this service (/v1/messages honours "
                           f"{', '.join(sorted(HONOURED - {'model'}))})", name)
-    if not isinstance(body.get("max_tokens"), int) or isinstance(body["max_tokens"], bool) or body["max_tokens"] < 1:
+    if count and body.get("max_tokens") is not None:
+        raise Refused("'max_tokens' is not a field of count_tokens", "max_tokens")
+    if not count and (not isinstance(body.get("max_tokens"), int) or isinstance(body["max_tokens"], bool)
+                      or body["max_tokens"] < 1):
         raise Refused("'max_tokens' is required: an integer >= 1", "max_tokens")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(
@@ -123,7 +127,9 @@ def to_chat(body) -> dict:
     chat = {"messages": ([{"role": "system", "content": _text(body["system"], "system")}]
                          if body.get("system") is not None else [])
             + [t for m in msgs for t in _turn(m["role"], m.get("content"))],
-            "max_tokens": body["max_tokens"], **{k: body[k] for k in PASSED if body.get(k) is not None}}
+            **{k: body[k] for k in PASSED if body.get(k) is not None}}
+    if not count:
+        chat["max_tokens"] = body["max_tokens"]
     if body.get("stop_sequences"):
         stop = body["stop_sequences"]
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):

@@ -487,13 +487,15 @@ class OpenAIServer:
         """llama.cpp's and vLLM's: {"content" or "prompt": text} or {"messages": [...]}, and
         add_special (default true) -> {"tokens", "count", "max_model_len"}."""
         async def run(body):
-            _only(body, {"content", "prompt", "messages", "add_special", "model", "with_pieces"})
+            _only(body, {"content", "prompt", "messages", "add_special", "model", "with_pieces",
+                         "tools", "tool_choice"})
             if body.get("with_pieces"):
                 raise BadRequest("'with_pieces' is not supported by this service", "with_pieces",
                                  code="unsupported_parameter")
             text = body.get("content", body.get("prompt"))
             add = _typed(body, "add_special", bool, None, "a boolean")
-            ids = await self.svc.tokenize.remote(text, body.get("messages"), add is not False)
+            ids = await self.svc.tokenize.remote(text, body.get("messages"), add is not False,
+                                                 body.get("tools"), body.get("tool_choice"))
             if self.context is None:
                 self.context = (await self.svc.describe.remote())["context"]
             return {"tokens": ids, "count": len(ids), "max_model_len": self.context}
@@ -587,6 +589,24 @@ class OpenAIServer:
             return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
                                 status_code=out.status_code, headers={
                                     k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
+        return out
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(self, request: Request):
+        """Anthropic's: the input tokens a Messages request would start from (its system prompt,
+        messages and tools through the model's template), as /tokenize counts them."""
+        async def run(body):
+            try:
+                chat = anthropic_api.to_chat(body, count=True)
+            except anthropic_api.Refused as e:
+                raise BadRequest(str(e), e.param) from None
+            ids = await self.svc.tokenize.remote(None, chat["messages"], True, chat.get("tools"),
+                                                 chat.get("tool_choice"))
+            return {"input_tokens": len(ids)}
+        out = await self._tool(request, run)
+        if isinstance(out, JSONResponse) and out.status_code >= 400:
+            return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
+                                status_code=out.status_code)
         return out
 
     async def _serve(self, request: Request, chat: bool, api: str = ""):

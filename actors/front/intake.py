@@ -205,16 +205,22 @@ class Intake:
         return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
                 for t, lp, top in seq.sampler.logprobs[start:] if t not in stops]
 
-    def tokens(self, prompt, messages, add_special: bool) -> tuple:
-        """(the text a request with this prompt or these chat messages starts from, whether the
-        model's BOS is added): /tokenize's."""
+    def tokens(self, prompt, messages, add_special: bool, tools=None, tool_choice=None) -> tuple:
+        """(the text a request with this prompt or these chat messages (and tools) starts from,
+        whether the model's BOS is added): /tokenize's and count_tokens'."""
         from socllm.models.chat import render_chat
-        from socllm.models.tools import chat_messages
+        from socllm.models.tools import chat_messages, check_tool_choice, check_tools
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt or messages")
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError("the prompt must be a string")
-        text = prompt if messages is None else render_chat(self.pool.template, chat_messages(messages, None, "none"))
+        listed, choice = None, "none"
+        if tools is not None or tool_choice not in (None, "none", "auto"):     # as _reply_rule
+            if messages is None:
+                raise BadParam("tools", "are for chat messages only")
+            listed = check_tools(tools)
+            choice = check_tool_choice(tool_choice, listed)
+        text = prompt if messages is None else render_chat(self.pool.template, chat_messages(messages, listed, choice))
         return text, bool(add_special) and self.pool.tokenizer.add_bos
 
     def detokenize(self, ids: list) -> str:
