@@ -68,6 +68,8 @@ def test_a_conversation_with_tool_use_becomes_the_chat_routes_messages():
     ({"max_tokens": 5, "messages": HI, "stop_sequences": ["a", "b", "c", "d", "e"]}, "stop_sequences"),
     ({"max_tokens": 5, "messages": HI, "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"max_tokens": 5, "messages": HI, "tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice"),
+    ({"max_tokens": 5, "messages": HI, "tool_choice": "auto"}, "tool_choice"),
+    ({"max_tokens": 5, "messages": HI, "tools": [TOOL], "tool_choice": 1}, "tool_choice"),
 ])
 def test_what_the_route_does_not_do_is_refused_naming_the_field(body, param):
     with pytest.raises(Refused) as e:

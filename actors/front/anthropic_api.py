@@ -139,8 +139,11 @@ def to_chat(body, count: bool = False) -> dict:
         chat["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
             _tool_choice(body["tool_choice"], chat)
-    elif body.get("tool_choice") is not None and (body["tool_choice"] or {}).get("type") not in ("auto", "none"):
-        raise Refused("'tool_choice' needs 'tools'", "tool_choice")
+    elif body.get("tool_choice") is not None:
+        tc = body["tool_choice"]
+        if not isinstance(tc, dict) or tc.get("type") not in ("auto", "none"):
+            raise Refused("'tool_choice' needs 'tools' (without them: {type: auto} or {type: none})",
+                          "tool_choice")
     if body.get("stream"):
         chat.update(stream=True, stream_options={"include_usage": True})
     return chat
