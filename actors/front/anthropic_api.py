@@ -14,15 +14,7 @@ import json
 import secrets
 from contextlib import aclosing
 
-from socllm.actors.front.responses import chat_chunks
-
-
-class Refused(ValueError):
-    """A request this route does not take: the message and the field it names."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
+from socllm.actors.front.responses import Refused, chat_chunks   # noqa: F401 (Refused: this route's too)
 
 
 PASSED = ("temperature", "top_p", "top_k", "seed", "priority", "min_p", "repetition_penalty", "speculate")

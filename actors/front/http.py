@@ -412,6 +412,15 @@ def _vllm_prompt(entries: list | None, k: int) -> list | None:
     return out
 
 
+def _anthropic_error(out):
+    """A route's answer, its error (if it is one) in Anthropic's shape."""
+    if not (isinstance(out, JSONResponse) and out.status_code >= 400):
+        return out
+    return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
+                        status_code=out.status_code, headers={
+                            k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
+
+
 @app.exception_handler(Exception)
 async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-style error object
     return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
@@ -584,12 +593,7 @@ class OpenAIServer:
     async def messages(self, request: Request):
         """Anthropic's Messages API, on the chat path (actors/front/anthropic_api.py); errors in
         its shape."""
-        out = await self._serve(request, chat=True, api="messages")
-        if isinstance(out, JSONResponse) and out.status_code >= 400:
-            return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
-                                status_code=out.status_code, headers={
-                                    k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
-        return out
+        return _anthropic_error(await self._serve(request, chat=True, api="messages"))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(self, request: Request):
@@ -603,11 +607,7 @@ class OpenAIServer:
             ids = await self.svc.tokenize.remote(None, chat["messages"], True, chat.get("tools"),
                                                  chat.get("tool_choice"))
             return {"input_tokens": len(ids)}
-        out = await self._tool(request, run)
-        if isinstance(out, JSONResponse) and out.status_code >= 400:
-            return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
-                                status_code=out.status_code)
-        return out
+        return _anthropic_error(await self._tool(request, run))
 
     async def _serve(self, request: Request, chat: bool, api: str = ""):
         if (locked := self._locked(request)) is not None:
@@ -625,8 +625,8 @@ class OpenAIServer:
             front = responses if api == "responses" else anthropic_api
             try:
                 body = front.to_chat(body)
-            except front.Refused as e:
-                return _error(str(e), e.param, code=getattr(e, "code", None))
+            except responses.Refused as e:          # (anthropic_api's too)
+                return _error(str(e), e.param, code=e.code)
         subs, rids = [], []
         try:
             args = parse(body, chat)

@@ -113,14 +113,9 @@ class Intake:
     def _reply_rule(self, shape: dict, chat: bool) -> tuple:
         """What constrains the reply (policies/grammar.py): (the compiled rule or None, the
         tools, the tool choice: "none" without tools)."""
-        from socllm.models.tools import call_schema, check_tool_choice, check_tools
+        from socllm.models.tools import call_schema
         schema = self._response_schema(shape["response_format"])
-        tools, choice = None, "none"
-        if shape["tools"] is not None or shape["tool_choice"] not in (None, "none", "auto"):
-            if not chat:
-                raise BadParam("tools", "are for chat messages only")
-            tools = check_tools(shape["tools"])
-            choice = check_tool_choice(shape["tool_choice"], tools)
+        tools, choice = _tools(shape["tools"], shape["tool_choice"], chat)
         if shape["grammar"] is not None and (schema is not None or choice != "none"):
             raise BadParam("grammar", "cannot be combined with response_format or tools")
         if choice != "none":
@@ -209,17 +204,12 @@ class Intake:
         """(the text a request with this prompt or these chat messages (and tools) starts from,
         whether the model's BOS is added): /tokenize's and count_tokens'."""
         from socllm.models.chat import render_chat
-        from socllm.models.tools import chat_messages, check_tool_choice, check_tools
+        from socllm.models.tools import chat_messages
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt or messages")
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError("the prompt must be a string")
-        listed, choice = None, "none"
-        if tools is not None or tool_choice not in (None, "none", "auto"):     # as _reply_rule
-            if messages is None:
-                raise BadParam("tools", "are for chat messages only")
-            listed = check_tools(tools)
-            choice = check_tool_choice(tool_choice, listed)
+        listed, choice = _tools(tools, tool_choice, chat=messages is not None)
         text = prompt if messages is None else render_chat(self.pool.template, chat_messages(messages, listed, choice))
         return text, bool(add_special) and self.pool.tokenizer.add_bos
 
@@ -228,6 +218,17 @@ class Intake:
                                                 and 0 <= t < self.pool.cfg.vocab for t in ids):
             raise ValueError(f"tokens must be a list of token ids below {self.pool.cfg.vocab}")
         return self.pool.tokenizer.decode(ids)
+
+
+def _tools(tools, tool_choice, chat: bool) -> tuple:
+    """A request's (checked tools or None, tool choice): "none" without tools."""
+    from socllm.models.tools import check_tool_choice, check_tools
+    if tools is None and tool_choice in (None, "none", "auto"):
+        return None, "none"
+    if not chat:
+        raise BadParam("tools", "are for chat messages only")
+    listed = check_tools(tools)
+    return listed, check_tool_choice(tool_choice, listed)
 
 
 def timings(seq: Sequence) -> dict:
