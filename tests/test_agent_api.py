@@ -157,16 +157,27 @@ def test_handles_are_unguessable_and_a_guessed_one_reads_nothing(door):
 
 
 def test_include_usage_sends_a_last_chunk_with_no_choices(door):
+    """stream_options.include_usage: a last chunk with the usage and no choices; with vLLM's
+    continuous_usage_stats too, every chunk after the role's carries the usage so far."""
     import requests
-    r = requests.post(door[1] + "/v1/chat/completions", stream=True, timeout=120,
-                      headers={"Authorization": f"Bearer {KEY}"},
-                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
-                            "stream": True, "stream_options": {"include_usage": True}})
-    events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
-    assert all("usage" not in c for c in chunks[:-1]) and chunks[-2]["choices"][0]["finish_reason"]
+
+    def chunks(**opts) -> list:
+        r = requests.post(door[1] + "/v1/chat/completions", stream=True, timeout=120,
+                          headers={"Authorization": f"Bearer {KEY}"},
+                          json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                "stream": True, "stream_options": opts})
+        events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        return [json.loads(e) for e in events[:-1]]
+    plain = chunks(include_usage=True)
+    assert plain[-1]["choices"] == [] and plain[-1]["usage"]["completion_tokens"] == 4
+    assert all("usage" not in c for c in plain[:-1]) and plain[-2]["choices"][0]["finish_reason"]
+    each = chunks(include_usage=True, continuous_usage_stats=True)
+    so_far = [c["usage"] for c in each[1:]]
+    assert "usage" not in each[0] and len(so_far) >= 2 and so_far[-1] == each[-1]["usage"]
+    made = [u["completion_tokens"] for u in so_far]
+    assert made == sorted(made) and made[0] >= 1 and made[-1] == 4
+    assert {u["prompt_tokens"] for u in so_far} == {plain[-1]["usage"]["prompt_tokens"]}
 
 
 def test_a_huge_prompt_being_tokenized_does_not_stop_another_stream(door):
@@ -378,9 +389,12 @@ def test_the_messages_api_answers_as_chat_does_streamed_or_not(oa, door):
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
     assert m.usage.cache_read_input_tokens > 0 and m.usage.output_tokens == chat.usage.completion_tokens
     with ac.messages.stream(model="m", max_tokens=24, system=system, messages=ask) as s:
-        streamed = "".join(s.text_stream)
+        evs = list(s)
         final = s.get_final_message()
+    streamed = "".join(e.delta.text for e in evs if e.type == "content_block_delta")
     assert streamed == want and final.content[0].text == want and final.stop_reason == m.stop_reason
+    start = evs[0].message.usage                       # the prompt's tokens told at the start
+    assert start.input_tokens + start.cache_read_input_tokens == chat.usage.prompt_tokens
     word = want.split()[2]                               # a stop sequence the reply holds
     m = ac.messages.create(model="m", max_tokens=24, system=system, messages=ask, stop_sequences=["@@", word])
     assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", word)

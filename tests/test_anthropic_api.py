@@ -45,7 +45,7 @@ def test_a_conversation_with_tool_use_becomes_the_chat_routes_messages():
                     "tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_time"},
                     "thinking": {"type": "disabled"}})
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
-    assert chat["stream"] and chat["stream_options"] == {"include_usage": True}
+    assert chat["stream"] and chat["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     counted = to_chat({"messages": HI, "system": "Be brief.", "tools": [TOOL]}, count=True)   # count_tokens'
     assert "max_tokens" not in counted and counted["messages"][0] == {"role": "system", "content": "Be brief."}
     with pytest.raises(Refused, match="max_tokens"):
@@ -100,12 +100,15 @@ def _choice(delta, finish=None, matched=None):
 
 
 def test_a_streamed_text_ended_by_a_stop_sequence_becomes_the_apis_events():
-    evs = _events([_choice({"role": "assistant", "content": ""}), _choice({"content": "Hel"}),
+    so_far = {"usage": USAGE | {"completion_tokens": 1}}
+    evs = _events([_choice({"role": "assistant", "content": ""}), _choice({"content": "Hel"}) | so_far,
                    _choice({"content": "lo"}), _choice({}, "stop", "END"), {"choices": [], "usage": USAGE}])
     assert [e["type"] for e in evs] == ["message_start", "content_block_start", "content_block_delta",
                                         "content_block_delta", "content_block_stop", "message_delta", "message_stop"]
     assert "".join(e["delta"]["text"] for e in evs if e["type"] == "content_block_delta") == "Hello"
     assert evs[0]["message"]["content"] == [] and evs[0]["message"]["id"].startswith("msg_")
+    assert evs[0]["message"]["usage"] == {"input_tokens": 3, "output_tokens": 1,   # the first chunk's
+                                          "cache_read_input_tokens": 6, "cache_creation_input_tokens": 0}
     assert evs[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
     assert evs[-2]["usage"] == {"input_tokens": 3, "output_tokens": 4, "cache_read_input_tokens": 6,
                                 "cache_creation_input_tokens": 0}

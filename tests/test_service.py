@@ -475,6 +475,9 @@ def test_openai_package_seed_temperature_and_top_p(served, client, oracle, token
     ('{"prompt": "hi", "stream": "yes"}', 400), ('{"prompt": "hi", "n": 99}', 400),
     ('{"prompt": "hi", "logprobs": 9}', 400), ('{"prompt": "hi", "frequency_penalty": 3}', 400),
     ('{"prompt": "hi", "logit_bias": {"x": 1}}', 400),
+    ('{"prompt": "hi", "stream_options": {"include_usage": true}}', 400),
+    ('{"prompt": "hi", "stream": true, "stream_options": {"include_usage": 1}}', 400),
+    ('{"prompt": "hi", "stream": true, "stream_options": {"include_obfuscation": true}}', 400),
 ])
 def test_bad_http_bodies_get_4xx_with_an_error_object(served, body, status):
     import requests

@@ -137,7 +137,8 @@ def to_chat(body, count: bool = False) -> dict:
             raise Refused("'tool_choice' needs 'tools' (without them: {type: auto} or {type: none})",
                           "tool_choice")
     if body.get("stream"):
-        chat.update(stream=True, stream_options={"include_usage": True})
+        chat.update(stream=True, stream_options={"include_usage": True,
+                                                 "continuous_usage_stats": True})
     return chat
 
 
@@ -181,18 +182,21 @@ def reply(model: str, chat: dict) -> dict:
 
 
 async def events(model: str, chunks):
-    """The chat route's server-sent chunks -> the Messages API's events: message_start, each
-    content block's start, deltas and stop, message_delta (the stop reason and usage),
-    message_stop; a failed generation: an error event."""
+    """The chat route's server-sent chunks -> the Messages API's events: message_start (held
+    back from the role's chunk to the next, which tells the usage so far), each content block's
+    start, deltas and stop, message_delta (the stop reason and usage), message_stop; a failed
+    generation: an error event."""
     mid, blocks, text_open = f"msg_{secrets.token_hex(12)}", 0, False
-    finish, matched = None, None
+    finish, matched, started = None, None, False
 
     def event(kind: str, **fields) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
-    yield event("message_start", message=message(model, mid, []))
     async with aclosing(chat_chunks(chunks)) as objs:
         async for obj in objs:
+            if not started and "role" not in ((obj.get("choices") or [{}])[0].get("delta") or {}):
+                yield event("message_start", message=message(model, mid, [], obj.get("usage")))
+                started = True
             if "error" in obj:
                 yield event("error", error={"type": "api_error", "message": obj["error"]["message"]})
                 return

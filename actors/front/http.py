@@ -301,14 +301,30 @@ def parse(body, chat: bool) -> dict:
     for name in ("response_format", "grammar"):          # checked (and compiled) by the service
         if body.get(name) is not None:
             req[name] = body[name]
-    _typed(body, "stream_options", dict, None, "an object")
     _typed(body, "stream", bool, None, "a boolean")
+    _stream_options(body)
     if _typed(body, "ignore_eos", bool, None, "a boolean"):     # llama.cpp's extension
         req["ignore_eos"] = True
     spec = _typed(body, "speculate", str, None, "a string")    # checked by the service
     if spec is not None:
         req["speculate"] = spec
     return req
+
+
+def _stream_options(body: dict):
+    """stream_options, as vLLM takes it: only on a stream; include_usage (a last chunk with the
+    usage) and continuous_usage_stats (each chunk with its choice's usage so far), booleans."""
+    opts = _typed(body, "stream_options", dict, None, "an object")
+    if opts is None:
+        return
+    if not body.get("stream"):
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    for k, v in opts.items():
+        if k not in ("include_usage", "continuous_usage_stats"):
+            raise BadRequest(f"'stream_options.{k}' is not supported by this service (it takes "
+                             "include_usage and continuous_usage_stats)", f"stream_options.{k}")
+        if not isinstance(v, bool):
+            raise BadRequest(f"'stream_options.{k}' must be a boolean", f"stream_options.{k}")
 
 
 def _reason(out: dict) -> str:
@@ -654,8 +670,8 @@ class OpenAIServer:
                  "hold": "tools" in args and args.get("tool_choice") != "none"}
         fans = [[r] for r in rids]         # each prompt's choices: its n requests, as they start
         if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            chunks = self._events(fans, meta, shape, request, usage, (subs, n))
+            chunks = self._events(fans, meta, shape, request, body.get("stream_options") or {},
+                                  (subs, n))
             if api == "responses":
                 chunks = responses.events(asked, self.model, chunks)
             elif api == "messages":
@@ -735,10 +751,12 @@ class OpenAIServer:
                 rids.append(await self.svc.submit.remote(**more, queue_bound=False))
 
     async def _events(self, fans: list, meta: dict, shape: dict, request: Request,
-                      include_usage: bool, fan: tuple):
+                      opts: dict, fan: tuple):
         """Server-sent events as OpenAI streams them: per choice, a chunk per piece (per poll's
         pieces, with their tokens' logprobs, where asked) and one with its finish reason; then
-        (stream_options.include_usage) one with no choices and the usage. A request with tools
+        (stream_options.include_usage) one with no choices and the usage; with
+        stream_options.continuous_usage_stats (vLLM's), each chunk after the first also carries its
+        choice's usage so far. A request with tools
         (shape["hold"]): its JSON is read at the end, then sent as the reply's text or as its
         tool calls, each call whole in one delta. fans: each prompt's requests (a batch of
         prompts: one each); fan: (each prompt's submit arguments, n): a prompt's other choices
@@ -762,22 +780,26 @@ class OpenAIServer:
 
         def said(i, out):
             """The chunks of one poll of choice i."""
+            so_far = {"usage": out["usage"]} if opts.get("continuous_usage_stats") and \
+                out.get("usage") else {}
             if shape["hold"]:
                 pass
             elif out["pieces"] or out.get("logprobs"):    # one chunk a poll: each costs CPU
-                yield event(i, "".join(out["pieces"]), lps=out.get("logprobs"))
+                yield event(i, "".join(out["pieces"]), lps=out.get("logprobs"), extra=so_far)
             if out["state"] in ENDED and out.get("message"):
                 msg = out["message"]
                 if msg["tool_calls"]:
-                    yield event(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]})
+                    yield event(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]},
+                                extra=so_far)
                 elif msg["content"]:
-                    yield event(i, msg["content"])
+                    yield event(i, msg["content"], extra=so_far)
             if out["state"] == "failed":
                 err = {"error": {"message": f"generation failed: {out['error']}",
                                  "type": "server_error", "param": None, "code": None}}
                 yield f"data: {json.dumps(err)}\n\n"
             elif out["state"] in ENDED:
-                yield event(i, None, _reason(out), extra=_timings(out), matched=out.get("stop_string"))
+                yield event(i, None, _reason(out), extra=_timings(out) | so_far,
+                            matched=out.get("stop_string"))
 
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -814,7 +836,7 @@ class OpenAIServer:
                     if out["state"] in ENDED:
                         ended += 1
                         usage[i] = out.get("usage")
-                if include_usage and usage[0] is not None:   # a failed choice's counts as none
+                if opts.get("include_usage") and usage[0] is not None:   # a failed choice's counts as none
                     usage = [u or {"prompt_tokens": 0, "completion_tokens": 0} for u in usage]
                     yield f"data: {json.dumps({**meta, 'choices': [], 'usage': _usage(usage, n)})}\n\n"
         finally:
