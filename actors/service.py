@@ -391,12 +391,13 @@ class Service:
                         ignore_eos: bool = False, response_format: dict | None = None,
                         grammar: str | None = None, tools: list | None = None, tool_choice=None,
                         parallel_tool_calls: bool | None = None, speculate: str | None = None,
-                        embed: str | None = None, **sampling) -> Sequence:
+                        embed: str | None = None, continue_final_message: bool = False,
+                        **sampling) -> Sequence:
         """A request checked and tokenized, not yet queued. Tokenized beside the loop in a
         thread without the GIL: a huge prompt stalls no one. response_format (OpenAI's), grammar
         (Lark or GBNF) and tools (with tool_choice, parallel_tool_calls; chat only) constrain the
-        reply (policies/grammar.py); speculate: policies/drafting.py MODES; embed "mean" |
-        "last": the prompt's embedding, no reply (Intake.check_embed)."""
+        reply (policies/grammar.py); speculate: policies/drafting.py MODES; embed "mean" | "last":
+        the prompt's embedding, no reply (Intake.check_embed); continue_final_message (vLLM's)."""
         self.loop = asyncio.get_running_loop()
         if self.pool is None:
             raise RuntimeError(self.error or "the service is still starting")
@@ -404,7 +405,8 @@ class Service:
         sampling = self.intake.check_embed(embed, messages, sampling, self.runner.hidden_rows() is not None,
                                            (response_format, grammar, tools))
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
-                 "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls)}
+                 "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls),
+                 "continue": bool(continue_final_message)}
         ids, constraint, tooled = await asyncio.to_thread(self.intake.prompt_ids, prompt, messages, ids, shape)
         params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)),  # OpenAI's
                                    **{k: v for k, v in sampling.items() if v is not None}})
@@ -497,11 +499,14 @@ class Service:
                       "timings": timings(req)}
 
     async def tokenize(self, prompt: str | None = None, messages: list | None = None,
-                       add_special: bool = True, tools: list | None = None, tool_choice=None) -> list:
+                       add_special: bool = True, tools: list | None = None, tool_choice=None,
+                       continue_final_message: bool = False) -> list:
         """The ids a request with this prompt (or these chat messages and tools, through the
-        model's template) would start from; add_special False: without the BOS the model adds. In
-        a thread without the GIL, as submit's; the context does not bound it (a client counts)."""
-        text, bos = self.intake.tokens(prompt, messages, add_special, tools, tool_choice)
+        model's template; its final message continued) would start from; add_special False:
+        without the BOS the model adds. In a thread without the GIL, as submit's; the context
+        does not bound it (a client counts)."""
+        text, bos = self.intake.tokens(prompt, messages, add_special, tools, tool_choice,
+                                       bool(continue_final_message))
         return await asyncio.to_thread(self.pool.tokenizer.encode, text, bos)
 
     def detokenize(self, ids: list) -> str:

@@ -30,8 +30,9 @@ class ChatTemplate:
 
 
 def render_chat(reader_or_template: GGUFReader | ChatTemplate | str, messages: list[Message],
-                add_generation_prompt: bool = True, **extra) -> str:
-    """Render `messages` to prompt text, ending with the assistant's header if asked."""
+                add_generation_prompt: bool = True, continue_final: bool = False, **extra) -> str:
+    """Render `messages` to prompt text, ending with the assistant's header if asked;
+    continue_final: ending instead inside the final message, right after its text (continued)."""
     if isinstance(reader_or_template, ChatTemplate):
         if reader_or_template.source is None:
             raise ModelError("the model file has no chat template (tokenizer.chat_template)")
@@ -41,11 +42,23 @@ def render_chat(reader_or_template: GGUFReader | ChatTemplate | str, messages: l
     else:
         template, special = _template_of(reader_or_template), _special_tokens(reader_or_template)
     try:
-        return _compile(template).render(messages=messages,
-                                         add_generation_prompt=add_generation_prompt,
+        text = _compile(template).render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt and not continue_final,
                                          **special, **extra)
     except TemplateError as e:
         raise ModelError(f"chat template failed: {str(e).splitlines()[0]}") from None
+    return continued(text, messages[-1]["content"]) if continue_final else text
+
+
+def continued(text: str, final: str) -> str:
+    """A rendered chat cut right after its final message's text, the end of that turn left out,
+    so that the reply continues it: Hugging Face's apply_chat_template(continue_final_message)
+    (and vLLM's), the text's trailing spaces kept where the template keeps them."""
+    at = text.rfind(final.strip()) if final.strip() else -1
+    if at < 0:
+        raise ValueError("the final message has no text the chat template kept, to continue")
+    kept = final.lstrip()
+    return text[:at + (len(kept) if text[at:at + len(kept)] == kept else len(final.strip()))]
 
 
 def chat_prompt(template: GGUFReader | ChatTemplate | str, user_text: str, system: str | None = None) -> str:

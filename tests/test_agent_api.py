@@ -373,6 +373,46 @@ def _anthropic_tool(tool: dict) -> dict:
     return {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
 
 
+def test_a_reply_continues_the_final_assistant_message_when_asked(oa, door, oracle, tokenizer):
+    """vLLM's continue_final_message, and the Messages API's prefill (a final assistant
+    message): the prompt ends inside the assistant's turn (the same ids /tokenize and
+    count_tokens give), and the reply is the oracle's greedy continuation of it; what cannot be
+    continued is a 400 naming the field."""
+    import anthropic
+    import openai
+    import requests
+    said = [{"role": "user", "content": "Which city is the capital of France? Say why."},
+            {"role": "assistant", "content": "The capital of France is"}]
+    head, cont = {"Authorization": f"Bearer {KEY}"}, {"continue_final_message": True}
+    ids = requests.post(door[1] + "/tokenize", headers=head, timeout=60,
+                        json={"messages": said} | cont).json()["tokens"]
+    plain = requests.post(door[1] + "/tokenize", headers=head, timeout=60, json={"messages": said}).json()["tokens"]
+    assert len(ids) < len(plain) and plain[:len(ids)] == ids
+    assert tokenizer.decode(ids).endswith("<|im_start|>assistant\nThe capital of France is")
+    stops, out = set(tokenizer.stop_ids()), oracle.greedy(ids, 12)
+    want = tokenizer.decode(out[:next((i for i, t in enumerate(out) if t in stops), 12)])
+    r = oa.chat.completions.create(model="m", messages=said, max_tokens=12,
+                                   extra_body=cont | {"add_generation_prompt": False})
+    assert r.choices[0].message.content == want and r.usage.prompt_tokens == len(ids)
+    ac = anthropic.Anthropic(base_url=door[1], api_key=KEY)
+    m = ac.messages.create(model="m", max_tokens=12, messages=said)
+    assert m.content[0].text == want and m.usage.input_tokens + m.usage.cache_read_input_tokens == len(ids)
+    assert ac.messages.count_tokens(model="m", messages=said).input_tokens == len(ids)
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        ac.messages.create(model="m", max_tokens=4, messages=[said[0], {"role": "assistant", "content": "It is "}])
+    for body, param in (({"messages": said[:1]} | cont, "continue_final_message"),
+                        ({"messages": said, "add_generation_prompt": True} | cont, "add_generation_prompt"),
+                        ({"messages": said, "add_generation_prompt": False}, "add_generation_prompt"),
+                        ({"messages": said, "response_format": {"type": "json_object"}} | cont,
+                         "continue_final_message")):
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(model="m", max_tokens=4, messages=body.pop("messages"), extra_body=body)
+        assert e.value.body["param"] == param, e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.completions.create(model="m", prompt="Hi", max_tokens=4, extra_body=cont)
+    assert e.value.body["param"] == "continue_final_message"
+
+
 def test_the_messages_api_answers_as_chat_does_streamed_or_not(oa, door):
     """POST /v1/messages through the `anthropic` client (its x-api-key header): the chat route's
     greedy text and token counts for the same turn (the cached part as cache_read_input_tokens);

@@ -53,6 +53,9 @@ def test_a_conversation_with_tool_use_becomes_the_chat_routes_messages():
     err = to_chat({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "x", "content": "boom", "is_error": True}]}]})["messages"]
     assert err == [{"role": "tool", "tool_call_id": "x", "content": "Error: boom"}]
+    prefilled = to_chat({"max_tokens": 5, "messages": HI + [{"role": "assistant", "content": "Hello"}]})
+    assert prefilled["continue_final_message"] and prefilled["messages"][-1] == {"role": "assistant", "content": "Hello"}
+    assert "continue_final_message" not in chat
 
 
 @pytest.mark.parametrize("body, param", [
@@ -70,6 +73,8 @@ def test_a_conversation_with_tool_use_becomes_the_chat_routes_messages():
     ({"max_tokens": 5, "messages": HI, "tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice"),
     ({"max_tokens": 5, "messages": HI, "tool_choice": "auto"}, "tool_choice"),
     ({"max_tokens": 5, "messages": HI, "tools": [TOOL], "tool_choice": 1}, "tool_choice"),
+    ({"max_tokens": 5, "messages": HI + [{"role": "assistant", "content": "It is "}]}, "messages"),
+    ({"max_tokens": 5, "messages": HI + [{"role": "assistant", "content": "It"}], "tools": [TOOL]}, "messages"),
 ])
 def test_what_the_route_does_not_do_is_refused_naming_the_field(body, param):
     with pytest.raises(Refused) as e:

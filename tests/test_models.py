@@ -84,6 +84,20 @@ def test_chat_template_keeps_a_given_system_prompt(gguf_reader):
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
 
 
+def test_a_continued_final_message_ends_right_after_its_text(gguf_reader):
+    """continue_final (Hugging Face's and vLLM's continue_final_message): the prompt ends inside
+    the assistant's turn, its trailing space kept where the template keeps it, and where a
+    template trims it (Gemma's) after the trimmed text; no text to continue is refused."""
+    from socllm.models.chat import BUILTIN
+    said = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "It is "}]
+    full = render_chat(gguf_reader, said, add_generation_prompt=False)
+    assert render_chat(gguf_reader, said, continue_final=True) == full[:full.rindex("It is ") + 6]
+    assert render_chat(BUILTIN["gemma3"], said, continue_final=True) == (
+        "<start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\nIt is")
+    with pytest.raises(ValueError, match="no text"):
+        render_chat(gguf_reader, said[:1] + [{"role": "assistant", "content": "  "}], continue_final=True)
+
+
 def test_chat_template_runs_sandboxed():
     with pytest.raises(ModelError):
         render_chat("{{ messages.__class__.__mro__ }}", [])

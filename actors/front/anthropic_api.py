@@ -72,6 +72,21 @@ def _turn(role: str, content) -> list:
     return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
 
 
+def _prefill(chat: dict):
+    """A final assistant message: the reply continues its text (the API's prefill; the chat
+    route's continue_final_message)."""
+    last = chat["messages"][-1]
+    if last.get("tool_calls") or not last["content"]:
+        raise Refused("'messages': a final assistant message (a prefill) must be text", "messages")
+    if last["content"] != last["content"].rstrip():
+        raise Refused("'messages': final assistant content cannot end with trailing whitespace",
+                      "messages")
+    if chat.get("tools"):
+        raise Refused("'messages': a final assistant message (a prefill) cannot be combined with "
+                      "tools here (their rule holds for a whole reply)", "messages")
+    chat["continue_final_message"] = True
+
+
 def _tools(tools) -> list:
     if not isinstance(tools, list):
         raise Refused("'tools' must be a list", "tools")
@@ -136,6 +151,8 @@ def to_chat(body, count: bool = False) -> dict:
         if not isinstance(tc, dict) or tc.get("type") not in ("auto", "none"):
             raise Refused("'tool_choice' needs 'tools' (without them: {type: auto} or {type: none})",
                           "tool_choice")
+    if msgs[-1]["role"] == "assistant":
+        _prefill(chat)
     if body.get("stream"):
         chat.update(stream=True, stream_options={"include_usage": True,
                                                  "continuous_usage_stats": True})

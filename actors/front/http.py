@@ -135,7 +135,8 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
             "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
-            "repeat_penalty", "min_tokens", "stop_token_ids", "prompt_logprobs"}
+            "repeat_penalty", "min_tokens", "stop_token_ids", "prompt_logprobs",
+            "continue_final_message", "add_generation_prompt"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",), "store": (False,)}   # store: nothing is kept
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
@@ -232,6 +233,8 @@ def parse(body, chat: bool) -> dict:
             req.update(batch[0])
         else:
             req["batch"] = batch                         # a choice (or n) each, in order
+    if _continuation(body, chat):
+        req["continue_final_message"] = True
     n = _typed(body, "n", int, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
     if n and n > 1:
         req["n"] = n
@@ -309,6 +312,25 @@ def parse(body, chat: bool) -> dict:
     if spec is not None:
         req["speculate"] = spec
     return req
+
+
+def _continuation(body: dict, chat: bool) -> bool:
+    """vLLM's continue_final_message (the reply continues the chat's final, assistant, message:
+    checked by the service) and add_generation_prompt (true; false only with it)."""
+    cont = _typed(body, "continue_final_message", bool, None, "a boolean")
+    gen = _typed(body, "add_generation_prompt", bool, None, "a boolean")
+    name = "continue_final_message" if cont else "add_generation_prompt"
+    if not chat and (cont or gen is False):
+        raise BadRequest(f"'{name}' is for /v1/chat/completions", name, code="unsupported_parameter")
+    if cont and gen:
+        raise BadRequest("'continue_final_message' and 'add_generation_prompt' cannot both be "
+                         "true: the reply continues the final message or starts a new one",
+                         "add_generation_prompt")
+    if gen is False and not cont:
+        raise BadRequest("'add_generation_prompt': false is taken only with "
+                         "'continue_final_message': true", "add_generation_prompt",
+                         code="unsupported_parameter")
+    return bool(cont)
 
 
 def _stream_options(body: dict):
@@ -513,14 +535,15 @@ class OpenAIServer:
         add_special (default true) -> {"tokens", "count", "max_model_len"}."""
         async def run(body):
             _only(body, {"content", "prompt", "messages", "add_special", "model", "with_pieces",
-                         "tools", "tool_choice"})
+                         "tools", "tool_choice", "continue_final_message", "add_generation_prompt"})
             if body.get("with_pieces"):
                 raise BadRequest("'with_pieces' is not supported by this service", "with_pieces",
                                  code="unsupported_parameter")
             text = body.get("content", body.get("prompt"))
             add = _typed(body, "add_special", bool, None, "a boolean")
+            cont = _continuation(body, body.get("messages") is not None)
             ids = await self.svc.tokenize.remote(text, body.get("messages"), add is not False,
-                                                 body.get("tools"), body.get("tool_choice"))
+                                                 body.get("tools"), body.get("tool_choice"), cont)
             if self.context is None:
                 self.context = (await self.svc.describe.remote())["context"]
             return {"tokens": ids, "count": len(ids), "max_model_len": self.context}
@@ -621,7 +644,8 @@ class OpenAIServer:
             except anthropic_api.Refused as e:
                 raise BadRequest(str(e), e.param) from None
             ids = await self.svc.tokenize.remote(None, chat["messages"], True, chat.get("tools"),
-                                                 chat.get("tool_choice"))
+                                                 chat.get("tool_choice"),
+                                                 chat.get("continue_final_message", False))
             return {"input_tokens": len(ids)}
         return _anthropic_error(await self._tool(request, run))
 

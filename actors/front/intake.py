@@ -91,7 +91,6 @@ class Intake:
 
     def _prompt_rule(self, prompt, messages, ids, shape: dict) -> tuple:
         """(prompt ids, the reply's grammar or None, whether the reply holds tool calls)."""
-        from socllm.models.tools import chat_messages
         e = self.pool
         if sum(x is not None for x in (prompt, messages, ids)) != 1:
             raise ValueError("give exactly one of prompt, messages or ids")
@@ -101,10 +100,11 @@ class Intake:
                 raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")
             return self._within(list(ids)), rule, False
         if messages is not None:
-            from socllm.models.chat import render_chat
-            text = render_chat(e.template, chat_messages(messages, tools, choice))
+            text = _rendered(e.template, messages, tools, choice, shape.get("continue"))
             self._fits(text)
             return self._within(e.tokenizer.encode(text, bos=e.tokenizer.add_bos)), rule, choice != "none"
+        if shape.get("continue"):
+            raise BadParam("continue_final_message", "is for chat messages only")
         if not isinstance(prompt, str):
             raise ValueError("the prompt must be a string")
         self._fits(prompt)
@@ -118,6 +118,9 @@ class Intake:
         tools, choice = _tools(shape["tools"], shape["tool_choice"], chat)
         if shape["grammar"] is not None and (schema is not None or choice != "none"):
             raise BadParam("grammar", "cannot be combined with response_format or tools")
+        if shape.get("continue") and (schema is not None or choice != "none" or shape["grammar"]):
+            raise BadParam("continue_final_message", "cannot be combined with response_format, "
+                           "grammar or tools (their rule holds for a whole reply)")
         if choice != "none":
             return self.grammars().compile("tools", "json_schema",
                                             call_schema(tools, choice, shape["parallel"], schema)), tools, choice
@@ -200,17 +203,18 @@ class Intake:
         return [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
                 for t, lp, top in seq.sampler.logprobs[start:] if t not in stops]
 
-    def tokens(self, prompt, messages, add_special: bool, tools=None, tool_choice=None) -> tuple:
-        """(the text a request with this prompt or these chat messages (and tools) starts from,
-        whether the model's BOS is added): /tokenize's and count_tokens'."""
-        from socllm.models.chat import render_chat
-        from socllm.models.tools import chat_messages
+    def tokens(self, prompt, messages, add_special: bool, tools=None, tool_choice=None,
+               continue_final: bool = False) -> tuple:
+        """(the text a request with this prompt or these chat messages (and tools; its final
+        message continued) starts from, whether the model's BOS is added): /tokenize's and
+        count_tokens'."""
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt or messages")
         if prompt is not None and not isinstance(prompt, str):
             raise ValueError("the prompt must be a string")
         listed, choice = _tools(tools, tool_choice, chat=messages is not None)
-        text = prompt if messages is None else render_chat(self.pool.template, chat_messages(messages, listed, choice))
+        text = prompt if messages is None else _rendered(self.pool.template, messages, listed, choice,
+                                                         continue_final)
         return text, bool(add_special) and self.pool.tokenizer.add_bos
 
     def detokenize(self, ids: list) -> str:
@@ -218,6 +222,28 @@ class Intake:
                                                 and 0 <= t < self.pool.cfg.vocab for t in ids):
             raise ValueError(f"tokens must be a list of token ids below {self.pool.cfg.vocab}")
         return self.pool.tokenizer.decode(ids)
+
+
+def _rendered(template, messages: list, tools, choice: str, continue_final: bool) -> str:
+    """Chat messages (and tools) as the model's template renders them, for its reply; with
+    continue_final (vLLM's continue_final_message), the reply continues the final message,
+    which must be the assistant's text."""
+    from socllm.models.chat import render_chat
+    from socllm.models.tools import chat_messages
+    said = chat_messages(messages, tools, choice)
+    if not continue_final:
+        return render_chat(template, said)
+    last = messages[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls") or not said[-1]["content"].strip():
+        raise BadParam("continue_final_message", "needs a final assistant message with text to "
+                       "continue (and no tool calls)")
+    from socllm.models.gguf_file import ModelError
+    try:
+        return render_chat(template, said, continue_final=True)
+    except ModelError:
+        raise
+    except ValueError as e:               # the template left the final text out
+        raise BadParam("continue_final_message", f"cannot be done: {e}") from None
 
 
 def _tools(tools, tool_choice, chat: bool) -> tuple:
