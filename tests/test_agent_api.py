@@ -366,6 +366,18 @@ def test_the_responses_api_calls_tools_takes_their_output_and_a_schema(oa):
                             temperature=0.8, text={"format": {"type": "json_schema", "name": "place",
                                                               "schema": SCHEMAS[0], "strict": True}})
     jsonschema.validate(json.loads(r.output_text), SCHEMAS[0])
+    # what Codex CLI sends: reasoning's summary and encrypted content (none: no reasoning),
+    # client metadata, and a namespace of tools, whose call comes back with its namespace
+    streamed = list(oa.responses.create(
+        model="m", input="Time in Oslo?", stream=True, store=False, reasoning={"summary": "auto"},
+        include=["reasoning.encrypted_content"], tool_choice="required", max_output_tokens=80,
+        tools=[tools[0], {"type": "namespace", "name": "clock", "description": "Clocks.", "tools": [tools[1]]}],
+        extra_body={"client_metadata": {"session_id": "s1"}}))
+    done = [e.item for e in streamed if e.type == "response.output_item.done"]
+    assert done and {d.type for d in done} == {"function_call"} and streamed[-1].type == "response.completed"
+    for d in done:
+        assert (d.name, getattr(d, "namespace", None)) in (("get_weather", None), ("get_time", "clock"))
+        jsonschema.validate(json.loads(d.arguments), params[d.name])
 
 
 def _anthropic_tool(tool: dict) -> dict:

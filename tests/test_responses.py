@@ -68,7 +68,11 @@ def test_an_agents_history_becomes_the_chat_routes_messages():
     ({"input": []}, "input"),
     ({"input": "Hi", "tool_choice": "required"}, "tool_choice"),
     ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text"),
-    ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "Hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "Hi", "reasoning": {"summary": "long"}}, "reasoning.summary"),
+    ({"input": "Hi", "tools": [dict(FN, name="a.b")]}, "tools"),
+    ({"input": "Hi", "tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
+        {"type": "custom", "name": "apply_patch"}]}]}, "tools"),
     ({"input": "Hi", "text": {"verbosity": "low"}}, "text"),
 ])
 def test_what_the_route_does_not_do_is_refused_naming_the_field(body, param):
@@ -141,6 +145,29 @@ def test_a_failed_generation_ends_the_stream_failed():
         yield f"data: {json.dumps({'error': {'message': 'generation failed: boom'}})}\n\n"
     evs = _events({"input": "Hi"}, gen())
     assert evs[-1]["type"] == "response.failed" and "boom" in evs[-1]["response"]["error"]["message"]
+
+
+def test_what_codex_sends_is_taken_and_its_namespace_tools_are_functions_named_for_it():
+    """Codex CLI's request (0.169): reasoning {summary: auto} and reasoning's encrypted content
+    (these models do not reason: there is none), client_metadata, a namespace of function
+    tools (called as namespace.name, answered as a function_call item with its namespace)."""
+    ns = {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+          "tools": [dict(FN, name="spawn", description="Start one.")]}
+    body = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                      {"type": "function_call", "call_id": "c1", "namespace": "agents", "name": "spawn",
+                       "arguments": "{}"},
+                      {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+            "tools": [FN, ns], "reasoning": {"summary": "auto"}, "store": False, "stream": True,
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+            "client_metadata": {"session_id": "s"}, "parallel_tool_calls": True, "tool_choice": "auto"}
+    chat = to_chat(body)
+    assert [t["function"]["name"] for t in chat["tools"]] == ["get_time", "agents.spawn"]
+    assert chat["tools"][1]["function"]["description"] == "Sub-agents. Start one."
+    assert chat["messages"][1]["tool_calls"][0]["function"]["name"] == "agents.spawn"
+    call = {"id": "call_2", "type": "function", "function": {"name": "agents.spawn", "arguments": "{}"}}
+    out = reply(body, "m", {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [call]}}], "usage": USAGE})["output"]
+    assert [(i["type"], i["namespace"], i["name"]) for i in out] == [("function_call", "agents", "spawn")]
 
 
 def test_a_chat_reply_becomes_a_response_object():

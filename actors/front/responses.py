@@ -27,13 +27,16 @@ class Refused(ValueError):
 # fields taken as the chat route takes them (socllm's extensions too), under the same name
 PASSED = ("temperature", "top_p", "seed", "priority", "top_k", "min_p", "repetition_penalty",
           "frequency_penalty", "presence_penalty", "speculate", "parallel_tool_calls", "user")
+# metadata, client_metadata (Codex's) and safety_identifier label a request: kept nowhere
 HONOURED = {"model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "stream",
-            "text", "metadata", "prompt_cache_key", "top_logprobs", *PASSED}
-LOGPROBS = "message.output_text.logprobs"       # the one `include` this service answers
+            "text", "metadata", "client_metadata", "safety_identifier", "prompt_cache_key",
+            "top_logprobs", "include", "reasoning", *PASSED}
+LOGPROBS = "message.output_text.logprobs"       # the `include` this service answers
+# ... and the one it answers with nothing: these models do not reason, so there is no reasoning
+ENCRYPTED = "reasoning.encrypted_content"
 # fields taken only at the value that asks for nothing this service does not do
 NEUTRAL = {"store": (False,), "background": (False,), "truncation": ("disabled",),
-           "include": ([], [LOGPROBS]), "previous_response_id": (None,), "conversation": (None,),
-           "reasoning": (None, {"effort": "none"}, {"effort": None}, {}),
+           "previous_response_id": (None,), "conversation": (None,),
            "service_tier": ("auto", "default")}
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -50,6 +53,28 @@ def _check_fields(body: dict):
                       + (f": {why[name]}" if name in why else
                          f" (/v1/responses honours {', '.join(sorted(HONOURED - {'model', 'user'}))})"),
                       name, "unsupported_parameter")
+
+
+def _reasoning(body: dict):
+    """reasoning and include, for models that do not reason: effort none or left to the model
+    (none here); a summary of the reasoning asked for (Codex asks for "auto"): there is none to
+    summarize, so no reasoning item; include: the logprobs, or reasoning's encrypted content
+    (none). Anything else is a 400 naming it."""
+    r = body.get("reasoning")
+    if r is not None:
+        if not isinstance(r, dict):
+            raise Refused("'reasoning' must be an object", "reasoning")
+        for k, v in r.items():
+            ok = {"effort": (None, "none"), "summary": (None, "auto", "concise", "detailed"),
+                  "generate_summary": (None, "auto", "concise", "detailed")}.get(k, ())
+            if v not in ok:
+                raise Refused(f"'reasoning.{k}' {v!r} is not supported by this service: its models "
+                              "do not reason (it takes effort none, and a summary, of nothing)",
+                              f"reasoning.{k}", "unsupported_parameter")
+    inc = body.get("include")
+    if inc is not None and (not isinstance(inc, list) or any(i not in (LOGPROBS, ENCRYPTED) for i in inc)):
+        raise Refused(f"'include' takes {LOGPROBS!r} and {ENCRYPTED!r} (nothing: these models do "
+                      "not reason) here", "include", "unsupported_parameter")
 
 
 def _text(content, field: str) -> str:
@@ -85,8 +110,11 @@ def _messages(body: dict) -> list:
                 raise Refused(f"an input message's 'role' must be one of {', '.join(ROLES)}", "input")
             msgs.append({"role": ROLES[item["role"]], "content": _text(item.get("content"), "input")})
         elif kind == "function_call":
+            name = item.get("name")
+            if item.get("namespace") is not None:        # a namespace tool's: as _tools names it
+                name = f"{item['namespace']}.{name}"
             call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+                    "function": {"name": name, "arguments": item.get("arguments")}}
             if msgs and msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls"):
                 msgs[-1]["tool_calls"].append(call)           # parallel calls: one turn
             else:
@@ -107,21 +135,37 @@ FIELD_OF = {"max_tokens": "max_output_tokens", "response_format": "text", "messa
 TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
 
 
-def _tools(tools) -> list:
+def _tools(tools, namespace: str | None = None) -> list:
+    """Function tools -> the chat route's; a namespace's function tools (Codex's) as functions
+    named namespace.name (a function's own name holds no dot, as OpenAI's rule has it), its
+    description before each's."""
     if not isinstance(tools, list):
         raise Refused("'tools' must be a list", "tools")
     out = []
     for t in tools:
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+        if isinstance(t, dict) and t.get("type") == "namespace" and namespace is None \
+                and isinstance(t.get("name"), str) and "." not in t["name"]:
+            inner = _tools(t.get("tools"), t["name"])
+            for f in inner:
+                if t.get("description"):
+                    f["function"]["description"] = t["description"] + " " + f["function"].get("description", "")
+            out += inner
+            continue
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str) \
+                or "." in t["name"]:
             kind = t.get("type") if isinstance(t, dict) else t
-            raise Refused(f"only function tools ({{type: function, name, parameters}}) are "
-                          f"supported; got {kind!r}", "tools", "unsupported_parameter")
+            raise Refused(f"only function tools ({{type: function, name, parameters}}; a name without "
+                          f"dots) and namespaces of them are supported; got {kind!r}"
+                          + (f" in namespace {namespace!r}" if namespace else ""), "tools",
+                          "unsupported_parameter")
         extra = [k for k, v in t.items() if k not in TOOL_FIELDS and v is not None]
         if extra:            # defer_loading, allowed_callers, output_schema: not done here
             raise Refused(f"function tools' {', '.join(map(repr, extra))} is not supported by "
                           f"this service (it takes {', '.join(TOOL_FIELDS)})", "tools", "unsupported_parameter")
         out.append({"type": "function", "function": {k: t[k] for k in (
             "name", "description", "parameters", "strict") if t.get(k) is not None}})
+        if namespace:
+            out[-1]["function"]["name"] = f"{namespace}.{t['name']}"
     return out
 
 
@@ -158,6 +202,7 @@ def to_chat(body) -> dict:
     if not isinstance(body, dict):
         raise Refused("the request body must be a JSON object")
     _check_fields(body)
+    _reasoning(body)
     chat = {"messages": _messages(body), **{k: body[k] for k in PASSED if body.get(k) is not None}}
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
@@ -217,9 +262,11 @@ def _lps(choice: dict) -> list:
 
 
 def _call_item(call: dict, status: str = "completed", item_id: str | None = None) -> dict:
+    """A chat tool call -> a function_call item (a namespace tool's with its namespace)."""
+    ns, _, name = call["function"]["name"].rpartition(".")
     return {"type": "function_call", "id": item_id or _id("fc"), "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-            "status": status}
+            "name": name, "arguments": call["function"]["arguments"], "status": status,
+            **({"namespace": ns} if ns else {})}
 
 
 def response(body: dict, model: str, rid: str, status: str, output: list, usage=None,
