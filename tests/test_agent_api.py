@@ -486,6 +486,15 @@ def test_the_messages_api_uses_tools_takes_their_results(door):
     [use] = final.content
     assert (use.type, use.name, final.stop_reason) == ("tool_use", "get_time", "tool_use")
     jsonschema.validate(use.input, schemas["get_time"])
+    # what Claude Code sends (adaptive thinking, effort high, context edits that clear thinking),
+    # with output_config's schema: the reply is JSON that validates, no thinking block
+    m = ac.messages.create(model="m", max_tokens=120, messages=[
+        {"role": "user", "content": "Describe a place you like, as JSON."}],
+        extra_body={"temperature": 0.8, "thinking": {"type": "adaptive"}, "context_management": {
+            "edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high", "format": {"type": "json_schema", "schema": SCHEMAS[0]}}})
+    assert [b.type for b in m.content] == ["text"]
+    jsonschema.validate(json.loads(m.content[0].text), SCHEMAS[0])
 
 
 def test_the_python_client_takes_a_schema(door):

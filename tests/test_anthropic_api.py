@@ -58,11 +58,34 @@ def test_a_conversation_with_tool_use_becomes_the_chat_routes_messages():
     assert "continue_final_message" not in chat
 
 
+def test_what_claude_code_sends_is_taken():
+    """Claude Code's request (2.1.197): adaptive thinking (the model decides: these do not
+    think), effort high (the API's default), context edits that clear thinking (there is none),
+    a system message amid the messages; output_config's JSON schema becomes the chat route's."""
+    body = {"max_tokens": 32000, "stream": True, "thinking": {"type": "adaptive"},
+            "output_config": {"effort": "high"}, "metadata": {"user_id": "{}"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]},
+                         {"role": "system", "content": "Agent types: none."}]}
+    chat = to_chat(body)
+    assert chat["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                {"role": "system", "content": "Agent types: none."}]
+    assert "response_format" not in chat
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    chat = to_chat({"max_tokens": 5, "messages": HI, "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": HI}, "max_tokens"),
     ({"max_tokens": 0, "messages": HI}, "max_tokens"),
     ({"max_tokens": 5, "messages": []}, "messages"),
-    ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages"),
+    ({"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}, "messages"),
+    ({"max_tokens": 5, "messages": HI, "output_config": {"effort": "low"}}, "output_config"),
+    ({"max_tokens": 5, "messages": HI, "output_config": {"format": {"type": "yaml"}}}, "output_config"),
+    ({"max_tokens": 5, "messages": HI, "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+     "context_management"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f"}]}]}, "messages"),
     ({"max_tokens": 5, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),

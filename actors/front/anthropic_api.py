@@ -19,8 +19,8 @@ from socllm.actors.front.responses import Refused, chat_chunks   # noqa: F401 (R
 
 PASSED = ("temperature", "top_p", "top_k", "seed", "priority", "min_p", "repetition_penalty", "speculate")
 HONOURED = {"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools",
-            "tool_choice", "metadata", *PASSED}
-NEUTRAL = {"thinking": ({"type": "disabled"},), "service_tier": ("auto", "standard_only")}
+            "tool_choice", "metadata", "thinking", "output_config", "context_management", *PASSED}
+NEUTRAL = {"service_tier": ("auto", "standard_only")}
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                413: "request_too_large", 429: "rate_limit_error"}
 
@@ -44,7 +44,8 @@ def _text(blocks, field: str) -> str:
 
 def _turn(role: str, content) -> list:
     """One message -> chat messages: a user turn's tool results as tool messages (first), its
-    text as a user message; an assistant turn's text and tool uses as one assistant message."""
+    text as a user message (a system turn's as a system message: the API's mid-conversation
+    system messages); an assistant turn's text and tool uses as one assistant message."""
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
@@ -69,7 +70,35 @@ def _turn(role: str, content) -> list:
     if role == "assistant":
         msg = {"role": "assistant", "content": "".join(text) or None}
         return [msg | {"tool_calls": calls}] if calls else [msg]
-    return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
+    return results + ([{"role": role, "content": "".join(text)}] if text or not results else [])
+
+
+def _settings(body: dict, chat: dict):
+    """thinking, output_config and context_management, for models that do not think: thinking
+    disabled, or adaptive (the model decides: no thinking); effort high (the API's default: the
+    model's usual reply); format: a JSON schema, as the chat route's strict response_format;
+    context edits that clear thinking (there is none). Anything else is a 400 naming it."""
+    think = body.get("thinking")
+    if think is not None and (not isinstance(think, dict) or think.get("type") not in ("disabled", "adaptive")):
+        raise Refused("'thinking' is not supported by this service: its models do not think (it "
+                      "takes {type: disabled} or {type: adaptive})", "thinking")
+    out = body.get("output_config")
+    if out is not None:
+        if not isinstance(out, dict) or set(out) - {"effort", "format"} or out.get("effort") not in (None, "high"):
+            raise Refused("'output_config' takes effort high (the model's usual reply) and a JSON "
+                          "schema format here", "output_config")
+        fmt = out.get("format")
+        if fmt is not None:
+            if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+                raise Refused("'output_config.format' must be {type: json_schema, schema}", "output_config")
+            chat["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": fmt["schema"], "strict": True}}
+    edits = (body.get("context_management") or {}).get("edits") \
+        if isinstance(body.get("context_management"), dict) else None
+    if body.get("context_management") is not None and (not isinstance(edits, list) or not all(
+            isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking_") for e in edits)):
+        raise Refused("'context_management' takes only edits that clear thinking (there is none) "
+                      "here", "context_management")
 
 
 def _prefill(chat: dict):
@@ -129,8 +158,9 @@ def to_chat(body, count: bool = False) -> dict:
         raise Refused("'max_tokens' is required: an integer >= 1", "max_tokens")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(
-            isinstance(m, dict) and m.get("role") in ("user", "assistant") for m in msgs):
-        raise Refused("'messages' must be a non-empty list of user and assistant messages", "messages")
+            isinstance(m, dict) and m.get("role") in ("user", "assistant", "system") for m in msgs):
+        raise Refused("'messages' must be a non-empty list of user and assistant (and system) "
+                      "messages", "messages")
     chat = {"messages": ([{"role": "system", "content": _text(body["system"], "system")}]
                          if body.get("system") is not None else [])
             + [t for m in msgs for t in _turn(m["role"], m.get("content"))],
@@ -153,6 +183,7 @@ def to_chat(body, count: bool = False) -> dict:
                           "tool_choice")
     if msgs[-1]["role"] == "assistant":
         _prefill(chat)
+    _settings(body, chat)
     if body.get("stream"):
         chat.update(stream=True, stream_options={"include_usage": True,
                                                  "continuous_usage_stats": True})
