@@ -332,7 +332,7 @@ class Service:
     def describe(self) -> dict:
         e = self.pool
         return {"model": os.path.basename(e.model_path), "model_path": e.model_path,
-                "context": e.context, "plan": self.plan, "precision": self.precision,
+                "arch": e.cfg.arch, "context": e.context, "plan": self.plan, "precision": self.precision,
                 "hcmp_share": self.config.hcmp_share,
                 "policy": self.scheduler.name, "max_seqs": self.scheduler.max_seqs,
                 "b_rf": getattr(self.scheduler, "b_rf", None),

@@ -497,6 +497,48 @@ def test_the_messages_api_uses_tools_takes_their_results(door):
     jsonschema.validate(json.loads(m.content[0].text), SCHEMAS[0])
 
 
+def test_ollamas_api_answers_as_chat_does_streamed_or_not(oa, door):
+    """/api/chat and /api/generate through the official `ollama` client (the key as a Bearer
+    header): the chat route's greedy text and counts, streamed or not; a tool call, then its
+    result named by tool_name; the model listed and shown; what it does not do is a 400."""
+    import ollama
+    import jsonschema
+    client = ollama.Client(host=door[1], headers={"Authorization": f"Bearer {KEY}"})
+    ask = [{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": "What is a lake?"}]
+    chat = oa.chat.completions.create(model="m", max_tokens=24, messages=ask)
+    want = chat.choices[0].message.content
+    r = client.chat(model="m", messages=ask, options={"num_predict": 24})
+    assert r.message.content == want and r.done and r.done_reason == {"length": "length", "stop": "stop"}[
+        chat.choices[0].finish_reason]
+    assert r.eval_count == chat.usage.completion_tokens and r.eval_duration > 0 and r.prompt_eval_count >= 0
+    assert "".join(p.message.content for p in client.chat(model="m", messages=ask, stream=True,
+                                                          options={"num_predict": 24})) == want
+    g = client.generate(model="m", system=ask[0]["content"], prompt=ask[1]["content"], options={"num_predict": 24})
+    assert g.response == want
+    raw = client.generate(model="m", prompt=COUNT, raw=True, options={"num_predict": 6})
+    assert raw.response == oa.completions.create(model="m", prompt=COUNT, max_tokens=6).choices[0].text
+    r = client.chat(model="m", messages=[{"role": "user", "content": "Call get_time for Europe/Oslo."}],
+                    tools=[CLOCK], options={"num_predict": 80})
+    [call] = r.message.tool_calls
+    assert call.function.name == "get_time"
+    jsonschema.validate(dict(call.function.arguments), CLOCK["function"]["parameters"])
+    after = client.chat(model="m", options={"num_predict": 30}, messages=[
+        {"role": "user", "content": "Call get_time for Europe/Oslo."}, r.message,
+        {"role": "tool", "content": "14:05", "tool_name": "get_time"}])
+    assert after.message.content and not after.message.tool_calls
+    [listed] = client.list().models
+    assert listed.model == door_model(door) and client.show(listed.model).capabilities == ["completion", "tools"]
+    for bad in ({"think": True}, {"options": {"num_ctx": 4096}}):
+        with pytest.raises(ollama.ResponseError) as e:
+            client.chat(model="m", messages=ask, **bad)
+        assert e.value.status_code == 400 and list(bad)[0] in e.value.error
+
+
+def door_model(door) -> str:
+    import requests
+    return requests.get(door[1] + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()["data"][0]["id"]
+
+
 def test_the_python_client_takes_a_schema(door):
     import jsonschema
     import socllm

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import hmac
 import json
+import os
 import struct
 import time
 from contextlib import aclosing, asynccontextmanager
@@ -37,7 +38,7 @@ from ray import serve
 
 from socllm.policies.request import ENDED, QueueFull
 
-from socllm.actors.front import anthropic_api, responses
+from socllm.actors.front import anthropic_api, ollama_api, responses
 from socllm.actors.front.cluster import NAME, NAMESPACE
 
 APP = "socllm"          # no `from __future__ import annotations` here: FastAPI reads the hints
@@ -459,6 +460,15 @@ def _anthropic_error(out):
                             k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
 
 
+def _ollama_error(out):
+    """A route's answer, its error (if it is one) in Ollama's shape: {"error": message}."""
+    if not (isinstance(out, JSONResponse) and out.status_code >= 400):
+        return out
+    return JSONResponse(ollama_api.error_body(json.loads(out.body)["error"]["message"]),
+                        status_code=out.status_code, headers={
+                            k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
+
+
 @app.exception_handler(Exception)
 async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-style error object
     return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
@@ -634,6 +644,50 @@ class OpenAIServer:
         its shape."""
         return _anthropic_error(await self._serve(request, chat=True, api="messages"))
 
+    @app.post("/api/chat")
+    async def ollama_chat(self, request: Request):
+        """Ollama's chat API, on the chat path (actors/front/ollama_api.py); errors in its shape."""
+        return _ollama_error(await self._serve(request, chat=True, api="ollama"))
+
+    @app.post("/api/generate")
+    async def ollama_generate(self, request: Request):
+        """Ollama's generate API: its prompt templated as a user turn (the chat path), or raw
+        (the completion path)."""
+        return _ollama_error(await self._serve(request, chat=True, api="ollama generate"))
+
+    @app.get("/api/tags")
+    async def ollama_tags(self, request: Request):
+        """Ollama's list of models: the one this service runs."""
+        return self._locked(request) or {"models": [await self._ollama_model()]}
+
+    @app.get("/api/ps")
+    async def ollama_ps(self, request: Request):
+        """Ollama's running models: the one this service runs, loaded for as long as it runs."""
+        return self._locked(request) or {"models": [await self._ollama_model() | {"expires_at": None}]}
+
+    @app.post("/api/show")
+    async def ollama_show(self, request: Request):
+        """Ollama's model details: its family, context length and what it can do."""
+        async def run(body):
+            _only(body, {"model", "name", "verbose"})
+            d = await self.svc.describe.remote()
+            return {"details": (await self._ollama_model())["details"],
+                    "model_info": {"general.architecture": d["arch"], f"{d['arch']}.context_length": d["context"]},
+                    "capabilities": ["completion", "tools"], "parameters": "", "modelfile": ""}
+        return _ollama_error(await self._tool(request, run))
+
+    @app.get("/api/version")
+    async def ollama_version(self, request: Request):
+        from importlib.metadata import version
+        return self._locked(request) or {"version": version("socllm")}
+
+    async def _ollama_model(self) -> dict:
+        d = await self.svc.describe.remote()
+        return {"name": self.model, "model": self.model, "size": os.path.getsize(d["model_path"]),
+                "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(d["model_path"]))),
+                "digest": "", "details": {"format": "gguf", "family": d["arch"], "families": [d["arch"]],
+                                          "parameter_size": "", "quantization_level": ""}}
+
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(self, request: Request):
         """Anthropic's: the input tokens a Messages request would start from (its system prompt,
@@ -662,11 +716,12 @@ class OpenAIServer:
             return _error(f"the body is not valid JSON: {e}")
         asked = body
         if api:
-            front = responses if api == "responses" else anthropic_api
+            front = {"responses": responses, "messages": anthropic_api}.get(api, ollama_api)
             try:
-                body = front.to_chat(body)
-            except responses.Refused as e:          # (anthropic_api's too)
+                body = front.to_chat(body, generate=True) if api == "ollama generate" else front.to_chat(body)
+            except responses.Refused as e:          # (anthropic_api's and ollama_api's too)
                 return _error(str(e), e.param, code=e.code)
+            chat = "messages" in body               # a raw /api/generate: the completion path
         subs, rids = [], []
         try:
             args = parse(body, chat)
@@ -700,9 +755,12 @@ class OpenAIServer:
                 chunks = responses.events(asked, self.model, chunks)
             elif api == "messages":
                 chunks = anthropic_api.events(self.model, chunks)
+            elif api:
+                chunks = ollama_api.events(self.model, chunks, chat, api == "ollama generate")
             return _ClosingStream(chunks,
                                   lambda: [self.svc.cancel.remote(r) for f in fans for r in f],
-                                  media_type="text/event-stream")
+                                  media_type="application/x-ndjson" if api.startswith("ollama")
+                                  else "text/event-stream")
         async def choices_of(f: list, sub: dict) -> list:
             """A prompt's n choices, each read from its start (a request nobody polls is
             abandoned after abandon_s)."""
@@ -743,7 +801,8 @@ class OpenAIServer:
                  "choices": choices, **more, "usage": _usage([r[1]["usage"] for r in results], n),
                  **_timings(results[0][1])}
         return responses.reply(asked, self.model, reply) if api == "responses" else \
-            anthropic_api.reply(self.model, reply) if api == "messages" else reply
+            anthropic_api.reply(self.model, reply) if api == "messages" else \
+            ollama_api.reply(self.model, reply, api == "ollama generate") if api else reply
 
     async def _echo(self, sub: dict) -> str:
         """A completion's prompt as its text (echo): as given, or its token ids detokenized."""
