@@ -657,3 +657,10 @@ def test_embeddings_through_the_openai_client_are_the_oracles(oa, door, oracle, 
                         ({"input": "Hi", "pooling": "max"}, "embed")):
         r = requests.post(url, json=body, headers=auth, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    import ollama                                  # Ollama's /api/embed: the same vectors
+    client = ollama.Client(host=door[1], headers=auth)
+    r = client.embed(model="m", input=texts)
+    np.testing.assert_allclose(r.embeddings, want, atol=2e-5)
+    assert r.prompt_eval_count == sum(len(tokenizer.encode(t)) for t in texts)
+    with pytest.raises(ollama.ResponseError, match="dimensions"):
+        client.embed(model="m", input="Hi", dimensions=8)

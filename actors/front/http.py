@@ -580,24 +580,46 @@ class OpenAIServer:
             fmt = body.get("encoding_format") or "float"
             if fmt not in ("float", "base64"):
                 raise BadRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-            pooling = body.get("pooling") or "mean"
-            rids = []
-            try:          # one request each, queued at once: their rows share prefill chunks
-                rids = await self.svc.submit_many.remote([{**x, "embed": pooling} for x in inputs])
-                outs = [r[1] for r in await asyncio.gather(*(self._gather(rid) for rid in rids))]
-            finally:
-                for rid in rids:                         # a no-op for those that ended
-                    self.svc.cancel.remote(rid)
-            for o in outs:
-                if o.get("embedding") is None:          # failed or cancelled inside the service
-                    raise BadRequest(f"an input was not embedded ({o['state']}: {o.get('error')})",
-                                     status=500)
+            outs = await self._embed(inputs, body.get("pooling") or "mean")
             n = sum(o["usage"]["prompt_tokens"] for o in outs)
             return {"object": "list", "model": self.model,
                     "data": [{"object": "embedding", "index": i, "embedding": _encoded(o["embedding"], fmt)}
                              for i, o in enumerate(outs)],
                     "usage": {"prompt_tokens": n, "total_tokens": n}}
         return await self._tool(request, run)
+
+    @app.post("/api/embed")
+    async def ollama_embed(self, request: Request):
+        """Ollama's: {"input": text | a list of texts} -> {"model", "embeddings", counts}, as
+        /v1/embeddings computes them (mean pooling, L2-normalized)."""
+        async def run(body):
+            _only(body, {"model", "input", "truncate", "keep_alive", "options", "dimensions"})
+            try:
+                ollama_api.embed_check(body)
+            except responses.Refused as e:
+                raise BadRequest(str(e), e.param) from None
+            t0 = time.perf_counter()
+            outs = await self._embed(_embed_inputs(body.get("input")), "mean")
+            return {"model": self.model, "embeddings": [o["embedding"] for o in outs],
+                    "total_duration": int(1e9 * (time.perf_counter() - t0)), "load_duration": 0,
+                    "prompt_eval_count": sum(o["usage"]["prompt_tokens"] for o in outs)}
+        return _ollama_error(await self._tool(request, run))
+
+    async def _embed(self, inputs: list, pooling: str) -> list:
+        """Each input's embedding (the service's answers): one request each, queued at once, so
+        their rows share prefill chunks."""
+        rids = []
+        try:
+            rids = await self.svc.submit_many.remote([{**x, "embed": pooling} for x in inputs])
+            outs = [r[1] for r in await asyncio.gather(*(self._gather(rid) for rid in rids))]
+        finally:
+            for rid in rids:                         # a no-op for those that ended
+                self.svc.cancel.remote(rid)
+        for o in outs:
+            if o.get("embedding") is None:          # failed or cancelled inside the service
+                raise BadRequest(f"an input was not embedded ({o['state']}: {o.get('error')})",
+                                 status=500)
+        return outs
 
     async def _tool(self, request: Request, run):
         """A small JSON route: the key, the body's size and JSON, bad input as a 400."""

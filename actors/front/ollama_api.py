@@ -234,5 +234,17 @@ async def events(model: str, chunks, chat: bool = True, generate: bool = False):
     yield json.dumps({"error": "the stream ended before the reply did"}) + "\n"
 
 
+def embed_check(body: dict):
+    """/api/embed's fields this service does not do: dimensions (an embedding has the model's),
+    options, keep_alive 0; truncate is taken (an input too long for the context is a 400, not
+    cut)."""
+    if body.get("dimensions") is not None:
+        raise Refused("'dimensions' is not supported by this service (an embedding has the model's "
+                      "width)", "dimensions")
+    if body.get("options"):
+        raise Refused("'options' is not supported by /api/embed here", "options")
+    _keep_alive(body.get("keep_alive"))
+
+
 def error_body(message: str) -> dict:
     return {"error": message}
