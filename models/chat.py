@@ -41,24 +41,35 @@ def render_chat(reader_or_template: GGUFReader | ChatTemplate | str, messages: l
         template, special = reader_or_template, {}
     else:
         template, special = _template_of(reader_or_template), _special_tokens(reader_or_template)
-    try:
-        text = _compile(template).render(messages=messages,
-                                         add_generation_prompt=add_generation_prompt and not continue_final,
-                                         **special, **extra)
-    except TemplateError as e:
-        raise ModelError(f"chat template failed: {str(e).splitlines()[0]}") from None
-    return continued(text, messages[-1]["content"]) if continue_final else text
+    def render(msgs: list) -> str:
+        try:
+            return _compile(template).render(messages=msgs, add_generation_prompt=add_generation_prompt
+                                             and not continue_final, **special, **extra)
+        except TemplateError as e:
+            raise ModelError(f"chat template failed: {str(e).splitlines()[0]}") from None
+    text = render(messages)
+    if not continue_final:
+        return text
+    marked = render(messages[:-1] + [{**messages[-1], "content": MARK}])
+    return continued(text, marked, messages[-1]["content"])
 
 
-def continued(text: str, final: str) -> str:
+MARK = "SOCLLMFINALMESSAGE0x5f3759df"    # stands for the final message's text, to find where it goes
+
+
+def continued(text: str, marked: str, final: str) -> str:
     """A rendered chat cut right after its final message's text, the end of that turn left out,
-    so that the reply continues it: Hugging Face's apply_chat_template(continue_final_message)
-    (and vLLM's), the text's trailing spaces kept where the template keeps them."""
-    at = text.rfind(final.strip()) if final.strip() else -1
-    if at < 0:
+    so that the reply continues it (Hugging Face's apply_chat_template(continue_final_message),
+    and vLLM's): marked, the same chat rendered with MARK for that text, says where the text
+    starts (never inside the template's own markers, as a search for a short text could be),
+    and the text's trailing spaces are kept where the template keeps them."""
+    at = marked.find(MARK)
+    if at < 0 or not final.strip() or marked[:at] != text[:at]:
         raise ValueError("the final message has no text the chat template kept, to continue")
-    kept = final.lstrip()
-    return text[:at + (len(kept) if text[at:at + len(kept)] == kept else len(final.strip()))]
+    for kept in (final, final.rstrip(), final.lstrip(), final.strip()):
+        if text.startswith(kept, at):
+            return text[:at + len(kept)]
+    raise ValueError("the chat template changes the final message's text: it cannot be continued")
 
 
 def chat_prompt(template: GGUFReader | ChatTemplate | str, user_text: str, system: str | None = None) -> str:

@@ -169,7 +169,7 @@ def test_include_usage_sends_a_last_chunk_with_no_choices(door):
         events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         return [json.loads(e) for e in events[:-1]]
-    plain = chunks(include_usage=True)
+    plain = chunks(include_usage=True, include_obfuscation=False)
     assert plain[-1]["choices"] == [] and plain[-1]["usage"]["completion_tokens"] == 4
     assert all("usage" not in c for c in plain[:-1]) and plain[-2]["choices"][0]["finish_reason"]
     each = chunks(include_usage=True, continuous_usage_stats=True)
@@ -406,6 +406,8 @@ def test_a_reply_continues_the_final_assistant_message_when_asked(oa, door, orac
     r = oa.chat.completions.create(model="m", messages=said, max_tokens=12,
                                    extra_body=cont | {"add_generation_prompt": False})
     assert r.choices[0].message.content == want and r.usage.prompt_tokens == len(ids)
+    echoed = oa.chat.completions.create(model="m", messages=said, max_tokens=12, extra_body=cont | {"echo": True})
+    assert echoed.choices[0].message.content == said[-1]["content"] + want     # vLLM's echo
     ac = anthropic.Anthropic(base_url=door[1], api_key=KEY)
     m = ac.messages.create(model="m", max_tokens=12, messages=said)
     assert m.content[0].text == want and m.usage.input_tokens + m.usage.cache_read_input_tokens == len(ids)
@@ -480,9 +482,15 @@ def test_the_messages_api_uses_tools_takes_their_results(door):
     m = ac.messages.create(model="m", max_tokens=40, messages=turn, tools=tools, tool_choice={"type": "none"})
     assert [b.type for b in m.content] == ["text"] and m.content[0].text
     assert m.usage.cache_read_input_tokens > 0                   # the first turn's prompt
+    oslo = [{"role": "user", "content": "Time in Oslo?"}]
     with ac.messages.stream(model="m", max_tokens=80, tools=tools, tool_choice={"type": "tool", "name": "get_time"},
-                            messages=[{"role": "user", "content": "Time in Oslo?"}]) as s:
+                            messages=oslo) as s:
+        evs = list(s)
         final = s.get_final_message()
+    # message_start counts the input although the calls are held to the end
+    start, count = evs[0].message.usage, ac.messages.count_tokens(
+        model="m", messages=oslo, tools=tools, tool_choice={"type": "tool", "name": "get_time"})
+    assert start.input_tokens + start.cache_read_input_tokens == count.input_tokens
     [use] = final.content
     assert (use.type, use.name, final.stop_reason) == ("tool_use", "get_time", "tool_use")
     jsonschema.validate(use.input, schemas["get_time"])

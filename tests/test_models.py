@@ -94,6 +94,8 @@ def test_a_continued_final_message_ends_right_after_its_text(gguf_reader):
     assert render_chat(gguf_reader, said, continue_final=True) == full[:full.rindex("It is ") + 6]
     assert render_chat(BUILTIN["gemma3"], said, continue_final=True) == (
         "<start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\nIt is")
+    short = [said[0], {"role": "assistant", "content": "<"}]     # not found in the template's markers
+    assert render_chat(gguf_reader, short, continue_final=True).endswith("<|im_start|>assistant\n<")
     with pytest.raises(ValueError, match="no text"):
         render_chat(gguf_reader, said[:1] + [{"role": "assistant", "content": "  "}], continue_final=True)
 

@@ -43,6 +43,17 @@ def test_a_chat_with_options_format_and_a_tool_history_becomes_the_chat_routes_b
     assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "format", "schema": {"type": "object"}}}
     streamed = to_chat({"messages": HI, "format": "json", "options": {"num_predict": -1}})   # streams by default
     assert streamed["stream"] and streamed["response_format"] == {"type": "json_object"} and "max_tokens" not in streamed
+    assert "response_format" not in to_chat({"messages": HI, "format": ""})      # "": none, as Ollama's
+    # a result without a name or an id answers the latest turn's call, not an older one left open
+    turns = [{"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": {}}}]},
+             {"role": "user", "content": "Never mind."},
+             {"role": "assistant", "tool_calls": [{"function": {"name": "b", "arguments": {}}}]},
+             {"role": "tool", "content": "done"}]
+    assert to_chat({"messages": HI + turns})["messages"][-1]["tool_call_id"] == "call_3_0"
+    # Ollama's "load a model" and its durations
+    assert to_chat({"model": "m"}, generate=True) == {"load": True} == to_chat({"model": "m", "messages": []})
+    for ok in ("5m", "1h30m", -1, 300, "24h"):
+        to_chat({"messages": HI, "keep_alive": ok})
 
 
 def test_generate_templates_its_prompt_unless_raw():
@@ -56,6 +67,10 @@ def test_generate_templates_its_prompt_unless_raw():
     ({"messages": HI, "think": True}, "think", False),
     ({"messages": HI, "keep_alive": 0}, "keep_alive", False),
     ({"messages": HI, "keep_alive": "0s"}, "keep_alive", False),
+    ({"messages": HI, "keep_alive": "0m0s"}, "keep_alive", False),
+    ({"messages": HI, "keep_alive": "soon"}, "keep_alive", False),
+    ({"messages": HI, "stream": "false"}, "stream", False),
+    ({"prompt": "Hi", "truncate": True}, "truncate", True),
     ({"messages": HI, "options": {"num_ctx": 8192}}, "options.num_ctx", False),
     ({"messages": HI, "options": {"num_gpu": 1}}, "options.num_gpu", False),
     ({"messages": HI, "format": "yaml"}, "format", False),

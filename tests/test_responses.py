@@ -168,6 +168,8 @@ def test_what_codex_sends_is_taken_and_its_namespace_tools_are_functions_named_f
     out = reply(body, "m", {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "content": None, "tool_calls": [call]}}], "usage": USAGE})["output"]
     assert [(i["type"], i["namespace"], i["name"]) for i in out] == [("function_call", "agents", "spawn")]
+    forced = to_chat(body | {"tool_choice": {"type": "function", "name": "spawn"}})   # no namespace field
+    assert forced["tool_choice"] == {"type": "function", "function": {"name": "agents.spawn"}}
 
 
 def test_a_chat_reply_becomes_a_response_object():

@@ -258,6 +258,10 @@ def parse(body, chat: bool) -> dict:
             raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         if lp:
             req["logprobs"] = top or 0
+        if _typed(body, "echo", bool, None, "a boolean"):      # vLLM's: the final assistant
+            if lp or body.get("tools"):                        # message's text, then the reply
+                raise BadRequest("'echo' on chat is taken without logprobs and tools", "echo")
+            req["echo"] = True
     else:
         lp = _typed(body, "logprobs", int, lambda v: 0 <= v <= 5, "an integer in [0, 5]")
         if lp is not None:
@@ -343,11 +347,14 @@ def _stream_options(body: dict):
     if not body.get("stream"):
         raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
     for k, v in opts.items():
-        if k not in ("include_usage", "continuous_usage_stats"):
+        if k not in ("include_usage", "continuous_usage_stats", "include_obfuscation"):
             raise BadRequest(f"'stream_options.{k}' is not supported by this service (it takes "
                              "include_usage and continuous_usage_stats)", f"stream_options.{k}")
         if not isinstance(v, bool):
             raise BadRequest(f"'stream_options.{k}' must be a boolean", f"stream_options.{k}")
+        if k == "include_obfuscation" and v:        # OpenAI's padding: never added here
+            raise BadRequest("'stream_options.include_obfuscation' true is not supported by this "
+                             "service (it pads no chunk)", f"stream_options.{k}")
 
 
 def _reason(out: dict) -> str:
@@ -680,12 +687,13 @@ class OpenAIServer:
     @app.get("/api/tags")
     async def ollama_tags(self, request: Request):
         """Ollama's list of models: the one this service runs."""
-        return self._locked(request) or {"models": [await self._ollama_model()]}
+        return _ollama_error(self._locked(request)) or {"models": [await self._ollama_model()]}
 
     @app.get("/api/ps")
     async def ollama_ps(self, request: Request):
         """Ollama's running models: the one this service runs, loaded for as long as it runs."""
-        return self._locked(request) or {"models": [await self._ollama_model() | {"expires_at": None}]}
+        return _ollama_error(self._locked(request)) or {
+            "models": [await self._ollama_model() | {"expires_at": None}]}
 
     @app.post("/api/show")
     async def ollama_show(self, request: Request):
@@ -701,7 +709,7 @@ class OpenAIServer:
     @app.get("/api/version")
     async def ollama_version(self, request: Request):
         from importlib.metadata import version
-        return self._locked(request) or {"version": version("socllm")}
+        return _ollama_error(self._locked(request)) or {"version": version("socllm")}
 
     async def _ollama_model(self) -> dict:
         d = await self.svc.describe.remote()
@@ -743,6 +751,8 @@ class OpenAIServer:
                 body = front.to_chat(body, generate=True) if api == "ollama generate" else front.to_chat(body)
             except responses.Refused as e:          # (anthropic_api's and ollama_api's too)
                 return _error(str(e), e.param, code=e.code)
+            if body.get("load"):                    # Ollama's "load a model"
+                return JSONResponse(ollama_api.loaded(self.model, api == "ollama generate"))
             chat = "messages" in body               # a raw /api/generate: the completion path
         subs, rids = [], []
         try:
@@ -813,7 +823,7 @@ class OpenAIServer:
                       "logprobs": _logprobs(lps, chat, len(echoed), echoed and prompt_lps,
                                             args.get("logprobs"))
                       if shape["logprobs"] else None}
-            choice.update({"message": _message(text, out)} if chat else {"text": echoed + text})
+            choice.update({"message": _message(echoed + text, out)} if chat else {"text": echoed + text})
             if vllm_k is not None and not chat:
                 choice["prompt_logprobs"] = _vllm_prompt(prompt_lps, vllm_k)
             choices.append(choice)
@@ -827,7 +837,12 @@ class OpenAIServer:
             ollama_api.reply(self.model, reply, api == "ollama generate") if api else reply
 
     async def _echo(self, sub: dict) -> str:
-        """A completion's prompt as its text (echo): as given, or its token ids detokenized."""
+        """A completion's prompt as its text (echo): as given, or its token ids detokenized; a
+        chat's final message where it is the assistant's (vLLM's: what the reply continues)."""
+        if "messages" in sub:
+            last = sub["messages"][-1]
+            return last.get("content") if isinstance(last, dict) and last.get("role") == "assistant" \
+                and isinstance(last.get("content"), str) else ""
         return sub["prompt"] if "prompt" in sub else await self.svc.detokenize.remote(sub["ids"])
 
     async def _gather(self, rid: str) -> tuple:
@@ -886,9 +901,10 @@ class OpenAIServer:
         def said(i, out):
             """The chunks of one poll of choice i."""
             so_far = {"usage": out["usage"]} if opts.get("continuous_usage_stats") and \
-                out.get("usage") else {}
+                opts.get("include_usage") and out.get("usage") else {}
             if shape["hold"]:
-                pass
+                if so_far and not out["state"] in ENDED:   # the usage so far, the text held
+                    yield event(i, {}, extra=so_far)
             elif out["pieces"] or out.get("logprobs"):    # one chunk a poll: each costs CPU
                 yield event(i, "".join(out["pieces"]), lps=out.get("logprobs"), extra=so_far)
             if out["state"] in ENDED and out.get("message"):

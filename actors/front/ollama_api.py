@@ -13,6 +13,7 @@ context is the service's `--context`)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from contextlib import aclosing
 
@@ -26,7 +27,8 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "mi
 CHAT = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think",
         "logprobs", "top_logprobs", "truncate", "shift"}
 GENERATE = {"model", "prompt", "system", "raw", "format", "options", "stream", "keep_alive",
-            "think", "logprobs", "top_logprobs", "suffix", "images", "template", "context"}
+            "think", "logprobs", "top_logprobs", "suffix", "images", "template", "context",
+            "truncate", "shift"}
 # taken only at the value that asks for nothing this service does not do
 NEUTRAL = {"think": (False,), "truncate": (False,), "shift": (False,), "suffix": ("",),
            "images": ([],), "template": ("",), "context": ([],)}
@@ -43,11 +45,15 @@ def to_chat(body, generate: bool = False) -> dict:
             raise Refused(f"'{name}' is not supported by this service"
                           + (": its models do not think" if name == "think" else ""), name)
     _keep_alive(body.get("keep_alive"))
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise Refused("'stream' must be a boolean", "stream")
+    if (body.get("prompt") in (None, "") and not body.get("images")) if generate else body.get("messages") == []:
+        return {"load": True}                     # Ollama's "load a model": it is loaded
     out = _generate(body) if generate else {"messages": _messages(body.get("messages"))}
     if body.get("tools"):
         out["tools"] = body["tools"]              # OpenAI's shape: {type: function, function}
     out.update(_options(body.get("options")))
-    if body.get("format") is not None:
+    if body.get("format") not in (None, ""):    # "": none, as Ollama takes it
         out["response_format"] = _format(body["format"])
     if body.get("logprobs"):
         if "messages" not in out:
@@ -58,10 +64,19 @@ def to_chat(body, generate: bool = False) -> dict:
     return out
 
 
+DURATION = re.compile(r"-?(\d+(\.\d*)?(ns|us|µs|ms|s|m|h))+|-?\d+(\.\d*)?")
+
+
 def _keep_alive(v):
-    """keep_alive: how long the model stays loaded after the request; here it always is, so any
-    duration holds, except 0 (unload now)."""
-    if v is not None and (v == 0 or (isinstance(v, str) and v.strip() in ("0", "0s", "0m", "0h"))):
+    """keep_alive (seconds, or a duration as Go writes it, "5m", "1h30m"; negative: forever):
+    how long the model stays loaded after the request; here it always is, so any duration holds
+    but zero (unload now)."""
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)) or \
+            isinstance(v, str) and not DURATION.fullmatch(v.strip()):
+        raise Refused("'keep_alive' must be a number of seconds or a duration such as \"5m\"", "keep_alive")
+    if not any(float(x) for x in re.findall(r"\d+(?:\.\d*)?", str(v))):
         raise Refused("'keep_alive' 0 asks to unload the model: this service keeps it loaded "
                       "(`socllm stop` removes the service)", "keep_alive")
 
@@ -87,7 +102,7 @@ def _messages(msgs) -> list:
     that tool), arguments as JSON text."""
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise Refused("'messages' must be a non-empty list of messages", "messages")
-    out, pending = [], []                       # [(call id, tool name)] not answered yet
+    out, pending = [], []          # [(call id, tool name)] of the latest calls, not answered yet
     for i, m in enumerate(msgs):
         role = str(m.get("role", "")).lower()
         if m.get("images") or m.get("thinking"):
@@ -99,7 +114,7 @@ def _messages(msgs) -> list:
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = [_call(c, i, k) for k, c in enumerate(m["tool_calls"])]
             msg["content"] = msg["content"] or None
-            pending += [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]]
+            pending = [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]]
         elif role == "tool":
             msg["tool_call_id"] = _answered(m, pending, i)
         out.append(msg)
@@ -153,7 +168,8 @@ def _format(fmt) -> dict:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z"
+    ns = time.time_ns()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}Z"
 
 
 def _metrics(usage: dict | None, timings: dict | None) -> dict:
@@ -236,14 +252,21 @@ async def events(model: str, chunks, chat: bool = True, generate: bool = False):
 
 def embed_check(body: dict):
     """/api/embed's fields this service does not do: dimensions (an embedding has the model's),
-    options, keep_alive 0; truncate is taken (an input too long for the context is a 400, not
-    cut)."""
+    options, keep_alive 0. truncate (Ollama's default: cut an input too long for the context)
+    is not done either way: such an input is a 400."""
     if body.get("dimensions") is not None:
         raise Refused("'dimensions' is not supported by this service (an embedding has the model's "
                       "width)", "dimensions")
     if body.get("options"):
         raise Refused("'options' is not supported by /api/embed here", "options")
     _keep_alive(body.get("keep_alive"))
+
+
+def loaded(model: str, generate: bool) -> dict:
+    """The answer to Ollama's "load a model" (a generate without a prompt, a chat without
+    messages): the model is loaded."""
+    return {"model": model, "created_at": _now(), **_said(generate, ""), "done": True,
+            "done_reason": "load"}
 
 
 def error_body(message: str) -> dict:

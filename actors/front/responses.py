@@ -145,10 +145,13 @@ def _tools(tools, namespace: str | None = None) -> list:
     for t in tools:
         if isinstance(t, dict) and t.get("type") == "namespace" and namespace is None \
                 and isinstance(t.get("name"), str) and "." not in t["name"]:
+            if set(t) - {"type", "name", "description", "tools"} or not isinstance(t.get("description") or "", str):
+                raise Refused("a namespace tool takes name, description (a string) and tools",
+                              "tools", "unsupported_parameter")
             inner = _tools(t.get("tools"), t["name"])
             for f in inner:
-                if t.get("description"):
-                    f["function"]["description"] = t["description"] + " " + f["function"].get("description", "")
+                said = (t.get("description") or "", f["function"].get("description") or "")
+                f["function"]["description"] = " ".join(d for d in said if d)
             out += inner
             continue
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str) \
@@ -158,6 +161,8 @@ def _tools(tools, namespace: str | None = None) -> list:
                           f"dots) and namespaces of them are supported; got {kind!r}"
                           + (f" in namespace {namespace!r}" if namespace else ""), "tools",
                           "unsupported_parameter")
+        if not isinstance(t.get("description") or "", str):
+            raise Refused(f"function {t['name']!r}: description must be a string", "tools")
         extra = [k for k, v in t.items() if k not in TOOL_FIELDS and v is not None]
         if extra:            # defer_loading, allowed_callers, output_schema: not done here
             raise Refused(f"function tools' {', '.join(map(repr, extra))} is not supported by "
@@ -169,11 +174,17 @@ def _tools(tools, namespace: str | None = None) -> list:
     return out
 
 
-def _tool_choice(choice):
+def _tool_choice(choice, names: list = ()):
+    """tool_choice -> the chat route's; a function's bare name picks the one namespace's
+    function of that name where no plain function has it."""
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
+        name = choice["name"]
+        inside = [n for n in names if n.endswith("." + name)]
+        if name not in names and len(inside) == 1:
+            name = inside[0]
+        return {"type": "function", "function": {"name": name}}
     raise Refused("'tool_choice' must be auto, none, required or {type: function, name}", "tool_choice")
 
 
@@ -207,7 +218,7 @@ def to_chat(body) -> dict:
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
-            chat["tool_choice"] = _tool_choice(body["tool_choice"])
+            chat["tool_choice"] = _tool_choice(body["tool_choice"], [t["function"]["name"] for t in chat["tools"]])
     elif body.get("tool_choice") not in (None, "auto", "none"):
         raise Refused("'tool_choice' needs 'tools'", "tool_choice")
     if body.get("max_output_tokens") is not None:
