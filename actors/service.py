@@ -392,21 +392,21 @@ class Service:
                         grammar: str | None = None, tools: list | None = None, tool_choice=None,
                         parallel_tool_calls: bool | None = None, speculate: str | None = None,
                         embed: str | None = None, continue_final_message: bool = False,
-                        **sampling) -> Sequence:
+                        prediction: str | None = None, **sampling) -> Sequence:
         """A request checked and tokenized, not yet queued. Tokenized beside the loop in a
         thread without the GIL: a huge prompt stalls no one. response_format (OpenAI's), grammar
         (Lark or GBNF) and tools (with tool_choice, parallel_tool_calls; chat only) constrain the
         reply (policies/grammar.py); speculate: policies/drafting.py MODES; embed "mean" | "last":
-        the prompt's embedding, no reply (Intake.check_embed); continue_final_message (vLLM's)."""
+        the prompt's embedding, no reply; continue_final_message (vLLM's); prediction (OpenAI's)."""
         self.loop = asyncio.get_running_loop()
         if self.pool is None:
             raise RuntimeError(self.error or "the service is still starting")
-        self.intake.check_params(priority, speculate, sampling)
+        self.intake.check_params(priority, speculate, sampling, prediction)
         sampling = self.intake.check_embed(embed, messages, sampling, self.runner.hidden_rows() is not None,
                                            (response_format, grammar, tools))
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls),
-                 "continue": bool(continue_final_message)}
+                 "continue": bool(continue_final_message), "prediction": prediction}
         ids, constraint, tooled = await asyncio.to_thread(self.intake.prompt_ids, prompt, messages, ids, shape)
         params = SamplingParams(**{"max_tokens": max(1, self.pool.context - len(ids)),  # OpenAI's
                                    **{k: v for k, v in sampling.items() if v is not None}})
@@ -414,7 +414,7 @@ class Service:
                        sampler=Sampler(params, ids, () if ignore_eos else self.pool.stop_ids),
                        decoder=self.pool.tokenizer.stream(), event=asyncio.Event(),
                        constraint=constraint, tools=tooled,
-                       speculate=speculate, embed=embed)
+                       speculate=speculate, embed=embed, prediction=shape.get("prediction_ids"))
         return seq
 
     async def poll(self, rid: str, seen: int = 0, timeout_s: float = 10.0,

@@ -31,6 +31,7 @@ MODES = ("auto", "off", "lookup", "heads")     # --speculate / a request's specu
 MAX_DRAFT = 15                        # drafted tokens one sequence verifies in a step
 FORCED = -1                           # a draft's "n-gram length" when a grammar forced it
 HEADS = -2                            # ... when draft heads made it
+PREDICTED = -3                        # ... when it follows the request's prediction, in step with it
 # a draft row must promise this share more tokens a second than the step without it: a batch of
 # short requests (acceptance still the prior) on a step that is already compute-bound lost 12 %
 # of its throughput to drafts at 0 (8-16 streams, scripts/results/serve-2core-zen5-q16tiles*.json)
@@ -65,17 +66,32 @@ class PromptLookup:
             for n in range(self.min_n, min(self.max_n, t) + 1):
                 self.seen[tuple(ids[t - n:t])] = t
 
-    def propose(self, k: int) -> tuple:
+    def propose(self, k: int, ids: list | None = None) -> tuple:
         """(up to k tokens that followed the latest earlier occurrence of the longest suffix of
-        the ids that occurred before, that suffix's length n; 0: none found)."""
-        ids = self.ids
+        the ids (this index's own, or `ids`: another sequence's, looked up here) that occurred
+        before, that suffix's length n; 0: none found)."""
+        own = self.ids
+        ids = own if ids is None else ids
         if k <= 0 or not ids:
             return [], 0
         for n in range(min(self.max_n, len(ids)), self.min_n - 1, -1):
             start = self.seen.get(tuple(ids[len(ids) - n:]))
-            if start is not None:
-                return ids[start:start + k], n
+            if start is not None and start < len(own):
+                return own[start:start + k], n
         return [], 0
+
+
+def predicted(sp: "Speculation", prediction: list, tokens: list, ids: list, k: int) -> tuple:
+    """A draft from the request's prediction (OpenAI's Predicted Outputs: the text the reply is
+    expected to be, an edited file's old text, say): while the reply has followed it token for
+    token, its next k tokens (source PREDICTED); once they differ, what followed the longest
+    suffix of the sequence's ids in the prediction (an n-gram source, as the lookup's)."""
+    if tokens == prediction[:len(tokens)]:
+        return prediction[len(tokens):len(tokens) + k], PREDICTED
+    if sp.predicted is None:
+        sp.predicted = PromptLookup()
+        sp.predicted.extend(list(prediction))
+    return sp.predicted.propose(k, ids)
 
 
 @dataclass
@@ -518,6 +534,11 @@ class Speculator:
             if not forced and mode != "heads":
                 sp.lookup.extend(s.ids)
                 draft, sp.n = sp.lookup.propose(room)
+                pred = getattr(s, "prediction", None)
+                if pred and room > 0:            # the prediction's, unless the lookup's is longer
+                    more, n = predicted(sp, pred, s.tokens, s.ids, room)
+                    if more and (n == PREDICTED or n >= sp.n):
+                        draft, sp.n = more, n
             # the heads where the lookup found nothing, or where they have been accepted more
             # often than drafts from an n-gram this long
             if mode != "lookup" and not forced and self.heads is not None and sp.hidden is not None \
@@ -628,6 +649,7 @@ class Speculation:
     service: dict = field(default_factory=dict)
     n: int = 0                                    # this step's
     hidden: object = None                         # the last row's final hidden state (heads)
+    predicted: PromptLookup | None = None         # the request's prediction, indexed (predicted)
     drafted: int = 0
     accepted: int = 0
 

@@ -158,6 +158,7 @@ class Sequence(Request):
     constraint: object = None             # policies/grammar.Constraint: the allowed next tokens
     tools: bool = False                   # its reply is models/tools.py's JSON (tool calls)
     speculate: str | None = None          # policies/drafting.py MODES; None: the service's
+    prediction: list | None = None        # the ids of the reply it predicts (OpenAI's prediction)
     spec: object = None                   # policies/drafting.Speculation, once it drafts
     embedding: object = None              # embed: the pooled hidden states so far, then the vector
     embedded: int = 0                     # embed: prompt rows pooled so far

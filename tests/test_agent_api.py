@@ -427,6 +427,22 @@ def test_a_reply_continues_the_final_assistant_message_when_asked(oa, door, orac
     assert e.value.body["param"] == "continue_final_message"
 
 
+def test_a_prediction_through_the_openai_client_keeps_the_text(oa):
+    """OpenAI's Predicted Outputs (`prediction`): the same greedy text, the drafts it gave
+    counted in completion_tokens_details; a prediction that is not {type: content} is a 400."""
+    import openai
+    ask = [{"role": "user", "content": "Write one sentence about rivers."}]
+    plain = oa.chat.completions.create(model="m", messages=ask, max_tokens=30)
+    text = plain.choices[0].message.content
+    r = oa.chat.completions.create(model="m", messages=ask, max_tokens=30,
+                                   prediction={"type": "content", "content": text}, extra_body={"speculate": "lookup"})
+    assert r.choices[0].message.content == text
+    assert r.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(model="m", messages=ask, max_tokens=4, extra_body={"prediction": {"type": "file"}})
+    assert e.value.body["param"] == "prediction"
+
+
 def test_the_messages_api_answers_as_chat_does_streamed_or_not(oa, door):
     """POST /v1/messages through the `anthropic` client (its x-api-key header): the chat route's
     greedy text and token counts for the same turn (the cached part as cache_read_input_tokens);

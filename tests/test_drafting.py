@@ -390,3 +390,18 @@ def test_tree_verification_samples_plain_decodings_distribution():
         got = np.array([counts[(a, b, c)] for a in range(V) for b in range(V) for c in range(V)])
         chi2 = float(((got - want) ** 2 / want).sum())
         assert (chi2 < 54.05) == ok, (wrong, chi2)       # df 26: p = 0.001 at 54.05
+
+
+def test_a_prediction_drafts_in_step_then_by_its_ngrams():
+    """policies/drafting.predicted: while the reply has followed the prediction token for token,
+    its next tokens (source PREDICTED); once they differ, what followed the sequence's longest
+    suffix inside the prediction (an n-gram source); nothing where the suffix is not in it."""
+    from socllm.policies.drafting import PREDICTED, Speculation, predicted
+    pred = [5, 6, 7, 8, 9, 10, 11]
+    sp = Speculation("auto")
+    assert predicted(sp, pred, [], [1, 2], 3) == ([5, 6, 7], PREDICTED)
+    assert predicted(sp, pred, [5, 6], [1, 2, 5, 6], 3) == ([7, 8, 9], PREDICTED)
+    # the reply wrote 99 where 7 was predicted, then 8 again: it goes on from the prediction's 8
+    assert predicted(sp, pred, [5, 6, 99, 8], [1, 2, 5, 6, 99, 8], 2) == ([9, 10], 1)
+    assert predicted(sp, pred, [5, 6, 99, 9, 10], [1, 5, 6, 99, 9, 10], 4) == ([11], 2)
+    assert predicted(sp, pred, [42], [1, 42], 3) == ([], 0)

@@ -46,6 +46,24 @@ def test_greedy_tokens_equal_plain_decoding_with_several_sequences_drafting(llm)
     assert all(o.usage["completion_tokens"] == p.usage["completion_tokens"] for o, p in zip(drafted, plain))
 
 
+def test_a_prediction_drafts_the_reply_and_keeps_plain_decodings_tokens(llm):
+    """OpenAI's Predicted Outputs: the predicted text drafts the reply (in step with it, then by
+    n-grams once they differ); the tokens stay plain decoding's, with the prediction exact, edited,
+    or wrong, and its accepted tokens counted; a request that drafts nothing refuses one."""
+    prompt = PROMPTS[1]
+    [plain] = llm.generate(prompt, max_tokens=40, speculate="off")
+    words = plain.text.split(" ")
+    edited = " ".join(words[:4] + ["purple"] + words[5:])            # one word changed
+    for pred, least in ((plain.text, 30), (edited, 15), ("Nothing like it at all.", 0)):
+        [got] = llm.generate(prompt, max_tokens=40, prediction=pred)
+        assert got.text == plain.text and got.usage["completion_tokens"] == plain.usage["completion_tokens"]
+        assert _spec(got)["accepted_prediction_tokens"] >= least, (pred, _spec(got))
+    assert len(set(words)) > 5                                        # a reference that varies
+    for mode in ("off", "heads"):                                     # drafts none from text
+        with pytest.raises(ValueError, match="prediction"):
+            llm.generate(prompt, max_tokens=4, prediction="x", speculate=mode)
+
+
 def test_verified_rows_give_the_oracles_greedy_tokens(llm, oracle, tokenizer):
     ids = tokenizer.encode(COPY)
     want = oracle.greedy(ids, 24)

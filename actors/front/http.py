@@ -137,7 +137,7 @@ HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_to
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
             "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
             "repeat_penalty", "min_tokens", "stop_token_ids", "prompt_logprobs",
-            "continue_final_message", "add_generation_prompt"}
+            "continue_final_message", "add_generation_prompt", "prediction"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",), "store": (False,)}   # store: nothing is kept
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
@@ -236,6 +236,8 @@ def parse(body, chat: bool) -> dict:
             req["batch"] = batch                         # a choice (or n) each, in order
     if _continuation(body, chat):
         req["continue_final_message"] = True
+    if body.get("prediction") is not None:
+        req["prediction"] = _prediction(body["prediction"])
     n = _typed(body, "n", int, lambda v: 1 <= v <= MAX_N, f"an integer in [1, {MAX_N}]")
     if n and n > 1:
         req["n"] = n
@@ -317,6 +319,17 @@ def parse(body, chat: bool) -> dict:
     if spec is not None:
         req["speculate"] = spec
     return req
+
+
+def _prediction(p) -> str:
+    """OpenAI's Predicted Outputs, {type: content, content: text or text parts} -> the text."""
+    c = p.get("content") if isinstance(p, dict) and p.get("type") == "content" else None
+    if isinstance(c, list) and all(isinstance(x, dict) and x.get("type") == "text"
+                                   and isinstance(x.get("text"), str) for x in c):
+        c = "".join(x["text"] for x in c)
+    if not isinstance(c, str):
+        raise BadRequest("'prediction' must be {type: content, content: text or text parts}", "prediction")
+    return c
 
 
 def _continuation(body: dict, chat: bool) -> bool:

@@ -23,9 +23,10 @@ class Intake:
         self.pool, self.speculate, self.heads = pool, speculate, heads
         self._grammars, self.grammar_lock = None, threading.Lock()   # policies/grammar.py, lazily
 
-    def check_params(self, priority, speculate, sampling: dict):
+    def check_params(self, priority, speculate, sampling: dict, prediction=None):
         """Raise BadParam (ValueError) for a parameter this service does not take or a value it
-        refuses, before anything is tokenized."""
+        refuses, before anything is tokenized. prediction (OpenAI's Predicted Outputs, its text):
+        drafts for speculative decoding, so a request that drafts none cannot take it."""
         for name in set(sampling) - set(SAMPLING_FIELDS):
             raise BadParam(name, f"is not supported by this service (it takes "
                                  f"{', '.join(SAMPLING_FIELDS)}, priority, stop, ignore_eos, "
@@ -39,6 +40,14 @@ class Intake:
                 raise BadParam("speculate", "is off on this service (socllm serve --speculate off)")
             if speculate == "heads" and not self.heads:
                 raise BadParam("speculate", "heads: this service has no draft heads for its model")
+        if prediction is not None:
+            if not isinstance(prediction, str):
+                raise BadParam("prediction", "must be the predicted text")
+            if len(prediction) > self.pool.context * self.pool.tokenizer.max_token_chars:
+                raise BadParam("prediction", "is longer than any reply the context could hold")
+            if self.speculate == "off" or speculate in ("off", "heads"):
+                raise BadParam("prediction", "drafts for speculative decoding, which this request does "
+                               "not do (speculate off or heads, or socllm serve --speculate off)")
         SamplingParams(**{"max_tokens": self.pool.context,                   # a bad value
                           **{k: v for k, v in sampling.items() if v is not None}})
 
@@ -95,6 +104,8 @@ class Intake:
         if sum(x is not None for x in (prompt, messages, ids)) != 1:
             raise ValueError("give exactly one of prompt, messages or ids")
         rule, tools, choice = self._reply_rule(shape, chat=messages is not None)
+        if shape.get("prediction"):                  # its ids, for the drafter (policies/drafting.py)
+            shape["prediction_ids"] = e.tokenizer.encode(shape["prediction"], bos=False)
         if ids is not None:
             if not ids or not all(isinstance(t, int) and 0 <= t < e.cfg.vocab for t in ids):
                 raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")

@@ -1,0 +1,54 @@
+"""OpenAI's Predicted Outputs in the one engine: one stream regenerating a reply it has made
+before (an edited file's "apply" step, say), plain, with speculation on its own (`auto`), and
+with the reply as the `prediction`, exact or with one word changed. Greedy; every run's text is
+checked to be plain decoding's. Interleaved, 3 repetitions; tokens a second, min/median/max.
+
+    python -m socllm.scripts.prediction_bench [--tokens 200] [--reps 3] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    import socllm
+    with socllm.LLM() as llm:
+        [ref] = llm.generate(PROMPT, max_tokens=args.tokens, ignore_eos=True, speculate="off")
+        words = ref.text.split(" ")
+        edited = " ".join(words[:len(words) // 3] + ["storm"] + words[len(words) // 3 + 1:])
+        runs = {"off": {"speculate": "off"}, "auto": {}, "auto + prediction": {"prediction": ref.text},
+                "auto + prediction, one word changed": {"prediction": edited}}
+        out = {k: [] for k in runs}
+        for _ in range(args.reps):
+            for name, kw in runs.items():
+                t = time.perf_counter()
+                [o] = llm.generate(PROMPT, max_tokens=args.tokens, ignore_eos=True, **kw)
+                dt = time.perf_counter() - t
+                if o.text != ref.text:
+                    raise SystemExit(f"{name}: the text differs from plain decoding's")
+                out[name].append(round(args.tokens / dt, 1))
+    res = {"command": "python -m socllm.scripts.prediction_bench", "machine": platform.node(),
+           "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d"),
+           "tokens": args.tokens, "prompt": PROMPT,
+           "tok_s": {k: {"runs": v, "min": min(v), "median": statistics.median(v), "max": max(v)}
+                     for k, v in out.items()}}
+    for k, v in res["tok_s"].items():
+        print(f"{k:38s} {v['min']:7.1f} {v['median']:7.1f} {v['max']:7.1f} tok/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
