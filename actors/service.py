@@ -403,7 +403,7 @@ class Service:
             raise RuntimeError(self.error or "the service is still starting")
         self.intake.check_params(priority, speculate, sampling, prediction)
         sampling = self.intake.check_embed(embed, messages, sampling, self.runner.hidden_rows() is not None,
-                                           (response_format, grammar, tools))
+                                           (response_format, grammar, tools, prediction))
         shape = {"response_format": response_format, "grammar": grammar, "tools": tools,
                  "tool_choice": tool_choice, "parallel": bool(parallel_tool_calls),
                  "continue": bool(continue_final_message), "prediction": prediction}

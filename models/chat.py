@@ -64,7 +64,7 @@ def continued(text: str, marked: str, final: str) -> str:
     starts (never inside the template's own markers, as a search for a short text could be),
     and the text's trailing spaces are kept where the template keeps them."""
     at = marked.find(MARK)
-    if at < 0 or not final.strip() or marked[:at] != text[:at]:
+    if marked.count(MARK) != 1 or not final.strip() or marked[:at] != text[:at]:
         raise ValueError("the final message has no text the chat template kept, to continue")
     for kept in (final, final.rstrip(), final.lstrip(), final.strip()):
         if text.startswith(kept, at):

@@ -32,6 +32,7 @@ MAX_DRAFT = 15                        # drafted tokens one sequence verifies in 
 FORCED = -1                           # a draft's "n-gram length" when a grammar forced it
 HEADS = -2                            # ... when draft heads made it
 PREDICTED = -3                        # ... when it follows the request's prediction, in step with it
+                                      # (PREDICTED - n: after an n-gram found in it)
 # a draft row must promise this share more tokens a second than the step without it: a batch of
 # short requests (acceptance still the prior) on a step that is already compute-bound lost 12 %
 # of its throughput to drafts at 0 (8-16 streams, scripts/results/serve-2core-zen5-q16tiles*.json)
@@ -85,13 +86,15 @@ def predicted(sp: "Speculation", prediction: list, tokens: list, ids: list, k: i
     """A draft from the request's prediction (OpenAI's Predicted Outputs: the text the reply is
     expected to be, an edited file's old text, say): while the reply has followed it token for
     token, its next k tokens (source PREDICTED); once they differ, what followed the longest
-    suffix of the sequence's ids in the prediction (an n-gram source, as the lookup's)."""
+    suffix of the sequence's ids in the prediction (source PREDICTED - n for a suffix of n: its
+    acceptance is kept apart from the prompt lookup's)."""
     if tokens == prediction[:len(tokens)]:
         return prediction[len(tokens):len(tokens) + k], PREDICTED
     if sp.predicted is None:
         sp.predicted = PromptLookup()
         sp.predicted.extend(list(prediction))
-    return sp.predicted.propose(k, ids)
+    draft, n = sp.predicted.propose(k, ids)
+    return draft, PREDICTED - n if n else 0
 
 
 @dataclass
@@ -537,12 +540,12 @@ class Speculator:
                 pred = getattr(s, "prediction", None)
                 if pred and room > 0:            # the prediction's, unless the lookup's is longer
                     more, n = predicted(sp, pred, s.tokens, s.ids, room)
-                    if more and (n == PREDICTED or n >= sp.n):
+                    if more and (n == PREDICTED or PREDICTED - n >= sp.n):
                         draft, sp.n = more, n
             # the heads where the lookup found nothing, or where they have been accepted more
             # often than drafts from an n-gram this long
             if mode != "lookup" and not forced and self.heads is not None and sp.hidden is not None \
-                    and room > 0 and (not draft or sp.rate(HEADS) > sp.rate()) \
+                    and room > 0 and (not draft or sp.n != PREDICTED and sp.rate(HEADS) > sp.rate()) \
                     and (mode == "heads" or self._heads_pay(cost, sp.rate(HEADS), room, len(batch))):
                 ask.append((len(found), room))
             found.append(draft)

@@ -402,6 +402,6 @@ def test_a_prediction_drafts_in_step_then_by_its_ngrams():
     assert predicted(sp, pred, [], [1, 2], 3) == ([5, 6, 7], PREDICTED)
     assert predicted(sp, pred, [5, 6], [1, 2, 5, 6], 3) == ([7, 8, 9], PREDICTED)
     # the reply wrote 99 where 7 was predicted, then 8 again: it goes on from the prediction's 8
-    assert predicted(sp, pred, [5, 6, 99, 8], [1, 2, 5, 6, 99, 8], 2) == ([9, 10], 1)
-    assert predicted(sp, pred, [5, 6, 99, 9, 10], [1, 5, 6, 99, 9, 10], 4) == ([11], 2)
+    assert predicted(sp, pred, [5, 6, 99, 8], [1, 2, 5, 6, 99, 8], 2) == ([9, 10], PREDICTED - 1)
+    assert predicted(sp, pred, [5, 6, 99, 9, 10], [1, 5, 6, 99, 9, 10], 4) == ([11], PREDICTED - 2)
     assert predicted(sp, pred, [42], [1, 42], 3) == ([], 0)

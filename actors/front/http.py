@@ -854,8 +854,10 @@ class OpenAIServer:
         chat's final message where it is the assistant's (vLLM's: what the reply continues)."""
         if "messages" in sub:
             last = sub["messages"][-1]
-            return last.get("content") if isinstance(last, dict) and last.get("role") == "assistant" \
-                and isinstance(last.get("content"), str) else ""
+            c = last.get("content") if isinstance(last, dict) and last.get("role") == "assistant" else ""
+            if isinstance(c, list):                  # text parts, as vLLM joins them
+                c = "".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+            return c if isinstance(c, str) else ""
         return sub["prompt"] if "prompt" in sub else await self.svc.detokenize.remote(sub["ids"])
 
     async def _gather(self, rid: str) -> tuple:

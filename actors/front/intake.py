@@ -45,7 +45,7 @@ class Intake:
                 raise BadParam("prediction", "must be the predicted text")
             if len(prediction) > self.pool.context * self.pool.tokenizer.max_token_chars:
                 raise BadParam("prediction", "is longer than any reply the context could hold")
-            if self.speculate == "off" or speculate in ("off", "heads"):
+            if (speculate or self.speculate) in ("off", "heads"):      # the request's, else the service's
                 raise BadParam("prediction", "drafts for speculative decoding, which this request does "
                                "not do (speculate off or heads, or socllm serve --speculate off)")
         SamplingParams(**{"max_tokens": self.pool.context,                   # a bad value
@@ -53,16 +53,17 @@ class Intake:
 
     def check_embed(self, embed, messages, sampling: dict, hidden: bool, shape: tuple) -> dict:
         """An embedding request (embed not None): a pooling this service has, a prompt (text or
-        ids: no chat messages, and none of shape's response_format, grammar, tools), no reply's
-        sampling; hidden: whether this plan's decode steps write the rows' hidden states
-        (runner.hidden_rows). -> the sampling fields to take (one token's: it never decodes)."""
+        ids: no chat messages, and none of shape's response_format, grammar, tools, prediction),
+        no reply's sampling; hidden: whether this plan's decode steps write the rows' hidden
+        states (runner.hidden_rows). -> the sampling fields to take (one token's: it never
+        decodes)."""
         if embed is None:
             return sampling
         if embed not in EMBED:
             raise BadParam("embed", f"must be one of {', '.join(EMBED)}, got {embed!r}")
         if messages is not None or any(x is not None for x in shape):
             raise BadParam("embed", "takes a prompt (text or token ids): no chat messages, "
-                                    "response_format, grammar or tools")
+                                    "response_format, grammar, tools or prediction")
         for name, v in sampling.items():
             if v is not None and name != "max_tokens":
                 raise BadParam(name, "is not taken by an embedding request")
