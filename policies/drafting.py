@@ -77,7 +77,7 @@ class PromptLookup:
             return [], 0
         for n in range(min(self.max_n, len(ids)), self.min_n - 1, -1):
             start = self.seen.get(tuple(ids[len(ids) - n:]))
-            if start is not None and start < len(own):
+            if start is not None:
                 return own[start:start + k], n
         return [], 0
 
@@ -87,9 +87,14 @@ def predicted(sp: "Speculation", prediction: list, tokens: list, ids: list, k: i
     expected to be, an edited file's old text, say): while the reply has followed it token for
     token, its next k tokens (source PREDICTED); once they differ, what followed the longest
     suffix of the sequence's ids in the prediction (source PREDICTED - n for a suffix of n: its
-    acceptance is kept apart from the prompt lookup's)."""
-    if tokens == prediction[:len(tokens)]:
-        return prediction[len(tokens):len(tokens) + k], PREDICTED
+    acceptance is kept apart from the prompt lookup's). sp.aligned: how many of the reply's
+    leading tokens equal the prediction's (the reply only grows: each token compared once)."""
+    a = sp.aligned
+    while a < len(tokens) and a < len(prediction) and tokens[a] == prediction[a]:
+        a += 1
+    sp.aligned = a
+    if a == len(tokens):
+        return prediction[a:a + k], PREDICTED
     if sp.predicted is None:
         sp.predicted = PromptLookup()
         sp.predicted.extend(list(prediction))
@@ -540,7 +545,7 @@ class Speculator:
                 pred = getattr(s, "prediction", None)
                 if pred and room > 0:            # the prediction's, unless the lookup's is longer
                     more, n = predicted(sp, pred, s.tokens, s.ids, room)
-                    if more and (n == PREDICTED or PREDICTED - n >= sp.n):
+                    if more and (n == PREDICTED or PREDICTED - n >= sp.n):   # (its n-gram's length)
                         draft, sp.n = more, n
             # the heads where the lookup found nothing, or where they have been accepted more
             # often than drafts from an n-gram this long
@@ -653,6 +658,7 @@ class Speculation:
     n: int = 0                                    # this step's
     hidden: object = None                         # the last row's final hidden state (heads)
     predicted: PromptLookup | None = None         # the request's prediction, indexed (predicted)
+    aligned: int = 0                              # the reply's leading tokens the prediction has
     drafted: int = 0
     accepted: int = 0
 

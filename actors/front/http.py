@@ -471,22 +471,24 @@ def _vllm_prompt(entries: list | None, k: int) -> list | None:
     return out
 
 
-def _anthropic_error(out):
-    """A route's answer, its error (if it is one) in Anthropic's shape."""
+def _reshaped(out, body):
+    """A route's answer; an error (an OpenAI error object) as body(that object, status) makes
+    it, with its Retry-After and WWW-Authenticate headers."""
     if not (isinstance(out, JSONResponse) and out.status_code >= 400):
         return out
-    return JSONResponse(anthropic_api.error_body(json.loads(out.body), out.status_code),
-                        status_code=out.status_code, headers={
-                            k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
+    return JSONResponse(body(json.loads(out.body), out.status_code), status_code=out.status_code,
+                        headers={k: v for k, v in out.headers.items()
+                                 if k.lower() in ("retry-after", "www-authenticate")})
+
+
+def _anthropic_error(out):
+    """A route's answer, its error (if it is one) in Anthropic's shape."""
+    return _reshaped(out, anthropic_api.error_body)
 
 
 def _ollama_error(out):
     """A route's answer, its error (if it is one) in Ollama's shape: {"error": message}."""
-    if not (isinstance(out, JSONResponse) and out.status_code >= 400):
-        return out
-    return JSONResponse(ollama_api.error_body(json.loads(out.body)["error"]["message"]),
-                        status_code=out.status_code, headers={
-                            k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")})
+    return _reshaped(out, lambda err, status: ollama_api.error_body(err["error"]["message"]))
 
 
 @app.exception_handler(Exception)
