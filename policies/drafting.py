@@ -22,6 +22,7 @@ sampled output are those of plain decoding.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -82,23 +83,51 @@ class PromptLookup:
         return [], 0
 
 
-def predicted(sp: "Speculation", prediction: list, tokens: list, ids: list, k: int) -> tuple:
-    """A draft from the request's prediction (OpenAI's Predicted Outputs: the text the reply is
-    expected to be, an edited file's old text, say): while the reply has followed it token for
-    token, its next k tokens (source PREDICTED); once they differ, what followed the longest
-    suffix of the sequence's ids in the prediction (source PREDICTED - n for a suffix of n: its
-    acceptance is kept apart from the prompt lookup's). sp.aligned: how many of the reply's
+class Prediction:
+    """A request's prediction (OpenAI's Predicted Outputs) as ids, with every place each of its
+    1..max_n-grams occurs (built once, with the request, off the engine's thread)."""
+
+    def __init__(self, ids: list, max_n: int = 3):
+        self.ids = list(ids)
+        self.max_n = max_n
+        self.at: dict = {}            # n-gram -> where what followed it starts, ascending
+        for t in range(1, len(self.ids)):
+            for n in range(1, min(max_n, t) + 1):
+                self.at.setdefault(tuple(self.ids[t - n:t]), []).append(t)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def after(self, ids: list, cursor: int, k: int) -> tuple:
+        """(up to k tokens that followed the longest suffix of `ids` found in the prediction, at
+        its first occurrence from `cursor` on (the place the reply has reached), else its last
+        before; that suffix's length n, 0 if none; where the tokens start)."""
+        for n in range(min(self.max_n, len(ids)), 0, -1):
+            where = self.at.get(tuple(ids[len(ids) - n:]))
+            if where:
+                i = bisect.bisect_left(where, cursor)
+                start = where[min(i, len(where) - 1)]
+                return self.ids[start:start + k], n, start
+        return [], 0, cursor
+
+
+def predicted(sp: "Speculation", prediction: Prediction, tokens: list, ids: list, k: int) -> tuple:
+    """A draft from the request's prediction (the text the reply is expected to be, an edited
+    file's old text, say): while the reply has followed it token for token, its next k tokens
+    (source PREDICTED); once they differ, what followed the sequence's longest suffix inside the
+    prediction, nearest after the place the reply had reached (sp.cursor: a repeated line of the
+    prediction is taken in order, not its last copy), as source PREDICTED - n for a suffix of n
+    (its acceptance kept apart from the prompt lookup's). sp.aligned: how many of the reply's
     leading tokens equal the prediction's (the reply only grows: each token compared once)."""
-    a = sp.aligned
-    while a < len(tokens) and a < len(prediction) and tokens[a] == prediction[a]:
+    a, pred = sp.aligned, prediction.ids
+    sp.predicting = True
+    while a < len(tokens) and a < len(pred) and tokens[a] == pred[a]:
         a += 1
     sp.aligned = a
     if a == len(tokens):
-        return prediction[a:a + k], PREDICTED
-    if sp.predicted is None:
-        sp.predicted = PromptLookup()
-        sp.predicted.extend(list(prediction))
-    draft, n = sp.predicted.propose(k, ids)
+        sp.cursor = a
+        return pred[a:a + k], PREDICTED
+    draft, n, sp.cursor = prediction.after(ids, sp.cursor, k)
     return draft, PREDICTED - n if n else 0
 
 
@@ -657,10 +686,13 @@ class Speculation:
     service: dict = field(default_factory=dict)
     n: int = 0                                    # this step's
     hidden: object = None                         # the last row's final hidden state (heads)
-    predicted: PromptLookup | None = None         # the request's prediction, indexed (predicted)
     aligned: int = 0                              # the reply's leading tokens the prediction has
+    cursor: int = 0                               # where in the prediction the reply is (predicted)
     drafted: int = 0
     accepted: int = 0
+    predicting: bool = False                      # the request has a prediction; its drafts':
+    drafted_predicted: int = 0
+    accepted_predicted: int = 0
 
     def rate(self, n: int | None = None) -> float:
         """The acceptance rate of drafts from this step's source (or `n`'s)."""
@@ -690,6 +722,9 @@ class Speculation:
     def update(self, drafted: int, accepted: int):
         self.drafted += drafted
         self.accepted += accepted
+        if self.n <= PREDICTED:
+            self.drafted_predicted += drafted
+            self.accepted_predicted += accepted
         self._drift(self.n if drafted else None)
         if drafted:
             self._mine(self.n).update(drafted, accepted)
@@ -704,6 +739,7 @@ class Speculation:
 
     def usage(self) -> dict:
         """OpenAI's names (its Predicted Outputs): drafted tokens the model accepted, and those
-        it did not."""
-        return {"accepted_prediction_tokens": self.accepted,
-                "rejected_prediction_tokens": self.drafted - self.accepted}
+        it did not; with a prediction, only the prediction's drafts (as OpenAI counts them)."""
+        d, a = (self.drafted_predicted, self.accepted_predicted) if self.predicting else \
+            (self.drafted, self.accepted)
+        return {"accepted_prediction_tokens": a, "rejected_prediction_tokens": d - a}

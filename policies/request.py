@@ -158,7 +158,7 @@ class Sequence(Request):
     constraint: object = None             # policies/grammar.Constraint: the allowed next tokens
     tools: bool = False                   # its reply is models/tools.py's JSON (tool calls)
     speculate: str | None = None          # policies/drafting.py MODES; None: the service's
-    prediction: list | None = None        # the ids of the reply it predicts (OpenAI's prediction)
+    prediction: object = None             # policies/drafting.Prediction: the reply it predicts (OpenAI)
     spec: object = None                   # policies/drafting.Speculation, once it drafts
     embedding: object = None              # embed: the pooled hidden states so far, then the vector
     embedded: int = 0                     # embed: prompt rows pooled so far
@@ -172,9 +172,10 @@ class Sequence(Request):
 
     def end(self, state: str, reason: str | None = None, error: str | None = None):
         """As Request's; what only its steps used goes with them: its grammar's parser (an
-        LLMatcher, up to MBs: the table keeps ended requests for their polls) and text decoder."""
+        LLMatcher, up to MBs: the table keeps ended requests for their polls), text decoder and
+        prediction."""
         super().end(state, reason, error)
-        self.constraint = self.decoder = None
+        self.constraint = self.decoder = self.prediction = None   # (a prediction's index: MBs)
 
     def usage(self) -> dict:
         out = super().usage()

@@ -1,7 +1,8 @@
 """OpenAI's Predicted Outputs in the one engine: one stream regenerating a reply it has made
 before (an edited file's "apply" step, say), plain, with speculation on its own (`auto`), and
-with the reply as the `prediction`, exact or with one word changed. Greedy; every run's text is
-checked to be plain decoding's. Interleaved, 3 repetitions; tokens a second, min/median/max.
+with the reply as the `prediction`: exact, with one word changed, or with every 20th word changed.
+Greedy; every run's text is checked to be plain decoding's. Interleaved, 3 repetitions; tokens a
+second, min/median/max.
 
     python -m socllm.scripts.prediction_bench [--tokens 200] [--reps 3] [--json F]
 """
@@ -27,8 +28,10 @@ def main(argv=None):
         [ref] = llm.generate(PROMPT, max_tokens=args.tokens, ignore_eos=True, speculate="off")
         words = ref.text.split(" ")
         edited = " ".join(words[:len(words) // 3] + ["storm"] + words[len(words) // 3 + 1:])
+        many = " ".join("storm" if i % 20 == 10 else w for i, w in enumerate(words))
         runs = {"off": {"speculate": "off"}, "auto": {}, "auto + prediction": {"prediction": ref.text},
-                "auto + prediction, one word changed": {"prediction": edited}}
+                "auto + prediction, one word changed": {"prediction": edited},
+                "auto + prediction, every 20th word changed": {"prediction": many}}
         out = {k: [] for k in runs}
         for _ in range(args.reps):
             for name, kw in runs.items():
@@ -44,7 +47,7 @@ def main(argv=None):
            "tok_s": {k: {"runs": v, "min": min(v), "median": statistics.median(v), "max": max(v)}
                      for k, v in out.items()}}
     for k, v in res["tok_s"].items():
-        print(f"{k:38s} {v['min']:7.1f} {v['median']:7.1f} {v['max']:7.1f} tok/s")
+        print(f"{k:45s} {v['min']:7.1f} {v['median']:7.1f} {v['max']:7.1f} tok/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -688,3 +688,13 @@ def test_embeddings_through_the_openai_client_are_the_oracles(oa, door, oracle, 
     assert r.prompt_eval_count == sum(len(tokenizer.encode(t)) for t in texts)
     with pytest.raises(ollama.ResponseError, match="dimensions"):
         client.embed(model="m", input="Hi", dimensions=8)
+    long = " ".join(f"w{i}" for i in range(400))           # over the 512-token context
+    ids = tokenizer.encode(long)
+    assert len(ids) > 512
+    cut = oa.embeddings.create(model="m", input=ids[:511], encoding_format="float")
+    r = client.embed(model="m", input=long)                # Ollama's truncate (its default): the end cut
+    assert r.prompt_eval_count == 511
+    np.testing.assert_allclose(r.embeddings[0], cut.data[0].embedding, atol=1e-6)
+    with pytest.raises(ollama.ResponseError, match="context") as e:
+        client.embed(model="m", input=long, truncate=False)
+    assert e.value.status_code == 400

@@ -396,8 +396,8 @@ def test_a_prediction_drafts_in_step_then_by_its_ngrams():
     """policies/drafting.predicted: while the reply has followed the prediction token for token,
     its next tokens (source PREDICTED); once they differ, what followed the sequence's longest
     suffix inside the prediction (an n-gram source); nothing where the suffix is not in it."""
-    from socllm.policies.drafting import PREDICTED, Speculation, predicted
-    pred = [5, 6, 7, 8, 9, 10, 11]
+    from socllm.policies.drafting import PREDICTED, Prediction, Speculation, predicted
+    pred = Prediction([5, 6, 7, 8, 9, 10, 11])
     sp = Speculation("auto")
     assert predicted(sp, pred, [], [1, 2], 3) == ([5, 6, 7], PREDICTED)
     assert predicted(sp, pred, [5, 6], [1, 2, 5, 6], 3) == ([7, 8, 9], PREDICTED)
@@ -405,3 +405,35 @@ def test_a_prediction_drafts_in_step_then_by_its_ngrams():
     assert predicted(sp, pred, [5, 6, 99, 8], [1, 2, 5, 6, 99, 8], 2) == ([9, 10], PREDICTED - 1)
     assert predicted(sp, pred, [5, 6, 99, 9, 10], [1, 5, 6, 99, 9, 10], 4) == ([11], PREDICTED - 2)
     assert predicted(sp, pred, [42], [1, 42], 3) == ([], 0)
+
+
+def test_a_prediction_left_is_rejoined_where_the_reply_is_not_at_its_last_copy():
+    """A prediction whose lines repeat (code, a table): once the reply has left it, its n-gram is
+    looked up from the place the reply had reached on, so the next line drafted is the one after
+    the edited line, not the prediction's last copy of it."""
+    from socllm.policies.drafting import PREDICTED, Prediction, Speculation, predicted
+    pred = Prediction([1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 3, 7])
+    sp = Speculation("auto")
+    assert predicted(sp, pred, [1, 2, 3], [0, 1, 2, 3], 1) == ([9], PREDICTED)
+    # the first line's 9 became 55; the reply goes on with the second line
+    assert predicted(sp, pred, [1, 2, 3, 55, 1], [0, 1, 2, 3, 55, 1], 3) == ([2, 3, 8], PREDICTED - 1)
+    assert predicted(sp, pred, [1, 2, 3, 55, 1, 2, 3, 8], [0, 1, 2, 3, 55, 1, 2, 3, 8], 4) == (
+        [1, 2, 3, 7], PREDICTED - 3)
+    # a reply that goes back to a line it passed gets the nearest copy before
+    assert predicted(sp, pred, [1, 2, 3, 55, 1, 2, 3, 8, 3, 9], [3, 9], 2) == ([1, 2], PREDICTED - 2)
+
+
+def test_with_a_prediction_its_usage_counts_only_the_predictions_drafts():
+    """OpenAI's accepted/rejected_prediction_tokens: with a prediction, the tokens it drafted;
+    without one, every drafter's (what the fields mean here for a request with none)."""
+    from socllm.policies.drafting import PREDICTED, Prediction, Speculation, predicted
+    sp = Speculation("auto")
+    sp.n = 2
+    sp.update(4, 3)                                   # a prompt lookup's draft
+    assert sp.usage() == {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 1}
+    predicted(sp, Prediction([5, 6, 7]), [], [1], 2)
+    sp.n = PREDICTED
+    sp.update(2, 2)
+    sp.n = PREDICTED - 1
+    sp.update(3, 1)
+    assert sp.usage() == {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 2}

@@ -129,3 +129,20 @@ def test_a_stream_becomes_lines_of_json_ending_done_and_a_failure_an_error_line(
     assert _lines([_choice({"content": "a"}), {"error": {"message": "generation failed: boom"}}])[-1] == {
         "error": "generation failed: boom"}
     assert "ended before" in _lines([_choice({"content": "a"})])[-1]["error"]
+
+
+@pytest.mark.parametrize("path, shape", [("/api/chat", {"error"}), ("/v1/messages", {"type", "error"}),
+                                         ("/v1/chat/completions", {"error"})])
+def test_an_unexpected_error_takes_the_shape_of_the_routes_api(path, shape):
+    """A route's unexpected exception is a 500 in its API's error shape (Ollama's {"error": text},
+    Anthropic's typed error, else OpenAI's object), never a bare page."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from socllm.actors.front.http import _unexpected
+    out = asyncio.run(_unexpected(SimpleNamespace(url=SimpleNamespace(path=path)), KeyError("x")))
+    body = json.loads(out.body)
+    assert out.status_code == 500 and set(body) == shape
+    text = body["error"] if path.startswith("/api/") else body["error"]["message"]
+    assert "KeyError" in text

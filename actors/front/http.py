@@ -222,7 +222,8 @@ def parse(body, chat: bool) -> dict:
     else:
         for name in CHAT_ONLY:
             if body.get(name) not in (None, []):
-                raise BadRequest(f"'{name}' is for /v1/chat/completions", name, code="unsupported_parameter")
+                raise BadRequest(f"'{name}' is for chat messages only, not a prompt", name,
+                         code="unsupported_parameter")
         prompt = body.get("prompt")
         batch = prompt if isinstance(prompt, list) and prompt and all(
             isinstance(p, str) or _token_ids(p) for p in prompt) and not _token_ids(prompt) else [prompt]
@@ -339,7 +340,8 @@ def _continuation(body: dict, chat: bool) -> bool:
     gen = _typed(body, "add_generation_prompt", bool, None, "a boolean")
     name = "continue_final_message" if cont else "add_generation_prompt"
     if not chat and (cont or gen is False):
-        raise BadRequest(f"'{name}' is for /v1/chat/completions", name, code="unsupported_parameter")
+        raise BadRequest(f"'{name}' is for chat messages only, not a prompt", name,
+                         code="unsupported_parameter")
     if cont and gen:
         raise BadRequest("'continue_final_message' and 'add_generation_prompt' cannot both be "
                          "true: the reply continues the final message or starts a new one",
@@ -492,8 +494,12 @@ def _ollama_error(out):
 
 
 @app.exception_handler(Exception)
-async def _unexpected(request, exc):      # never a bare 500 page: an OpenAI-style error object
-    return _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+async def _unexpected(request, exc):      # never a bare 500 page: an error object in the shape
+    out = _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
+    path = request.url.path                 # of the API the route belongs to
+    if path.startswith("/api/"):
+        return _ollama_error(out)
+    return _anthropic_error(out) if path.startswith("/v1/messages") else out
 
 
 # (everything the routes use is defined above: serve.ingress freezes a copy of the app, and
@@ -621,11 +627,21 @@ class OpenAIServer:
             except responses.Refused as e:
                 raise BadRequest(str(e), e.param) from None
             t0 = time.perf_counter()
-            outs = await self._embed(_embed_inputs(body.get("input")), "mean")
+            inputs = _embed_inputs(body.get("input"))
+            if _typed(body, "truncate", bool, None, "a boolean") is not False:
+                inputs = await self._cut(inputs)          # Ollama's default: cut to fit
+            outs = await self._embed(inputs, "mean")
             return {"model": self.model, "embeddings": [o["embedding"] for o in outs],
                     "total_duration": int(1e9 * (time.perf_counter() - t0)), "load_duration": 0,
                     "prompt_eval_count": sum(o["usage"]["prompt_tokens"] for o in outs)}
         return _ollama_error(await self._tool(request, run))
+
+    async def _cut(self, inputs: list) -> list:
+        """Ollama's truncate: each input as ids, its end cut to fit the context."""
+        if self.context is None:
+            self.context = (await self.svc.describe.remote())["context"]
+        ids = [x.get("ids") or await self.svc.tokenize.remote(x["prompt"]) for x in inputs]
+        return [{"ids": i[:self.context - 1]} for i in ids]
 
     async def _embed(self, inputs: list, pooling: str) -> list:
         """Each input's embedding (the service's answers): one request each, queued at once, so

@@ -9,7 +9,7 @@ import threading
 import time
 
 from socllm.policies.request import Sequence, check_priority
-from socllm.policies.drafting import MODES as SPECULATE
+from socllm.policies.drafting import MODES as SPECULATE, Prediction
 from socllm.policies.sampling import BadParam, SamplingParams
 
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
@@ -106,7 +106,7 @@ class Intake:
             raise ValueError("give exactly one of prompt, messages or ids")
         rule, tools, choice = self._reply_rule(shape, chat=messages is not None)
         if shape.get("prediction"):                  # its ids, for the drafter (policies/drafting.py)
-            shape["prediction_ids"] = e.tokenizer.encode(shape["prediction"], bos=False)
+            shape["prediction_ids"] = Prediction(e.tokenizer.encode(shape["prediction"], bos=False))
         if ids is not None:
             if not ids or not all(isinstance(t, int) and 0 <= t < e.cfg.vocab for t in ids):
                 raise ValueError(f"ids must be a non-empty list of token ids below {e.cfg.vocab}")

@@ -252,8 +252,8 @@ async def events(model: str, chunks, chat: bool = True, generate: bool = False):
 
 def embed_check(body: dict):
     """/api/embed's fields this service does not do: dimensions (an embedding has the model's),
-    options, keep_alive 0. truncate (Ollama's default: cut an input too long for the context)
-    is not done either way: such an input is a 400."""
+    options, keep_alive 0. (truncate, Ollama's default, is done by the route: an input too long
+    for the context is cut; truncate false: such an input is a 400.)"""
     if body.get("dimensions") is not None:
         raise Refused("'dimensions' is not supported by this service (an embedding has the model's "
                       "width)", "dimensions")
