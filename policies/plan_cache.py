@@ -45,7 +45,12 @@ def plan_key(c, model_file: str, model_digest: str) -> str:
            f"{c.budget}|{c.precision}|{c.prefill_chunk}|{c.context}|{c.max_seqs}|margin {NPU_MARGIN}|" \
            f"npu prefill {NPU_PREFILL_ACT.get(c.precision, 'f32')}|" \
            f"whole graphs from {WHOLE_GRAPH_FROM if c.whole_graph else 0}|" \
-           f"kernels {code_version(KERNELS, ('.py', '.cl'))[:16]}"
+           f"{kernels()}"
+
+
+def kernels() -> str:
+    """The processors' kernels as plan_key's last field names them (a hash of their code)."""
+    return f"kernels {code_version(KERNELS, ('.py', '.cl'))[:16]}"
 
 
 def plan_cache(cache_dir: str | None, key: str | None = None,

@@ -45,12 +45,14 @@ class SamplingParams:
     #                                       logprob and the top k's there, teacher-forced (vLLM's)
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise BadParam("max_tokens", f"must be >= 1, got {self.max_tokens}")
-        if not (self.temperature >= 0.0) or self.temperature > 100:
-            raise BadParam("temperature", f"must be in [0, 100], got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise BadParam("top_p", f"must be in (0, 1], got {self.top_p}")
+        if _not_whole(self.max_tokens) or self.max_tokens < 1:
+            raise BadParam("max_tokens", f"must be a whole number >= 1, got {self.max_tokens!r}")
+        if _not_number(self.temperature) or not 0.0 <= self.temperature <= 100:
+            raise BadParam("temperature", f"must be a number in [0, 100], got {self.temperature!r}")
+        if _not_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise BadParam("top_p", f"must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (_not_whole(self.seed) or self.seed < 0):
+            raise BadParam("seed", f"must be a whole number >= 0, got {self.seed!r}")
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
@@ -94,6 +96,10 @@ def _entry(logits: np.ndarray, tok: int, k: int) -> tuple:
 
 def _not_number(v) -> bool:
     return isinstance(v, bool) or not isinstance(v, (int, float)) or v != v
+
+
+def _not_whole(v) -> bool:
+    return isinstance(v, bool) or not isinstance(v, (int, np.integer))
 
 
 def _token_id(k) -> int | None:

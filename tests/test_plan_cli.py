@@ -39,10 +39,23 @@ def test_plan_from_an_empty_cache_profiles_this_machine_first(short_tmp):
     assert out["profile"]["measured_now_s"] > 0 and "measured now" in out["source"]
     assert f"no op profile at {path}" in r.stderr and "profiled in" in r.stderr
     assert not out["simulated"] and out["strategy"] and out["predicted_total_s"] > 0
-    # the second run reads the profile the first one measured
+    # the second run reads the profile the first one measured, and shows the auto plans that
+    # `serve` chose with today's kernels, not the table's other timings (a step profile, hcmp's
+    # bands) nor a choice made with older kernels
+    from socllm.policies.plan_cache import kernels
+    key = "m.gguf:ab|host cpu [] []|2|q16|128|2048|16|margin 1.25|npu prefill bf16|whole graphs from 256|"
+    table = {key + kernels(): {"plan": "hetero", "chunk_ms": {"gpu": 120.0, "npu": 90.0}},
+             key + "kernels 0123456789abcdef": {"plan": "gpu", "chunk_ms": {"gpu": 1.0, "npu": 9.0}},
+             key + kernels() + "|steps gpu npu [] hcmp 0": {"profile": {"1": 7.0}},
+             key + kernels() + "|hcmp 16": {"rows": [1], "bands": [2], "ms": [3.0]}}
+    with open(os.path.join(short_tmp, ".cache", "socllm", "plans.json"), "w") as f:
+        json.dump(table, f)
     r = subprocess.run(cmd[:-1], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "profiled" not in r.stderr, r.stderr
     assert f"this machine's op profile {path}, prediction mode" in r.stdout.splitlines()[0]
+    chose = [line for line in r.stdout.splitlines() if "serve --plan auto chose" in line]
+    assert chose == ["serve --plan auto chose hetero for m.gguf on host cpu at q16, --context 2048 "
+                     "--max-seqs 16 (a whole chunk of 128 rows: gpu 120 ms, npu 90 ms)"], r.stdout
 
 
 def _readme_use() -> list[str]:

@@ -176,7 +176,10 @@ def test_min_tokens_holds_the_end_tokens_back():
                                         ({"stop_token_ids": [1, -1]}, "stop_token_ids"),
                                         ({"stop_token_ids": 5}, "stop_token_ids"),
                                         ({"prompt_logprobs": 21}, "prompt_logprobs"),
-                                        ({"prompt_logprobs": True}, "prompt_logprobs")])
+                                        ({"prompt_logprobs": True}, "prompt_logprobs"),
+                                        ({"temperature": "0.5"}, "temperature"),
+                                        ({"top_p": "1"}, "top_p"), ({"max_tokens": 8.0}, "max_tokens"),
+                                        ({"seed": -1}, "seed"), ({"seed": "1"}, "seed")])
 def test_out_of_range_parameters_are_refused(kw, needle):
     """Named as the caller names them: a field here (Python, HTTP), a flag on the command line."""
     with pytest.raises(ValueError, match=needle) as e:

@@ -366,11 +366,15 @@ def test_seed_temperature_and_top_p_reach_the_sampler(client, oracle, tokenizer)
 @pytest.mark.parametrize("kw, needle", [
     ({"priority": "urgent"}, "priority"), ({"max_tokens": 600}, "context holds 512"),
     ({"temperature": -1}, "temperature"), ({"stop": [""]}, "stop"), ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": "x"}, "temperature"), ({"max_tokens": "5"}, "max_tokens"), ({"seed": "a"}, "seed"),
+    ({"top_p": "1"}, "top_p"),
 ])
 def test_bad_requests_raise_value_error_at_once(client, kw, needle):
+    """A wrong value or a wrong type: a one-line ValueError naming it, not a remote traceback."""
     with pytest.raises(ValueError, match=needle) as e:
         client.generate(FRANCE, **kw)
     assert "--" not in str(e.value)            # a Python caller's names, not the CLI's flags
+    assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
 
 
 def test_a_ray_job_gets_tokens(served, ray_session, oracle, tokenizer):
@@ -505,6 +509,19 @@ def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, 
     assert ok.status_code == 200, ok.text
     with pytest.raises(ValueError, match=field):
         client.generate(FRANCE, max_tokens=2, **{field: value})
+
+
+def test_the_other_routes_input_is_refused_not_ignored(served):
+    """A chat request's `prompt` and a completion's `messages` were silently dropped: each is a
+    400 naming it, whose message lists what that route honours."""
+    import requests
+    hi = [{"role": "user", "content": "hi"}]
+    for path, body, field in (("/v1/chat/completions", {"messages": hi, "prompt": "zzz"}, "prompt"),
+                              ("/v1/completions", {"prompt": "hi", "messages": hi}, "messages")):
+        r = requests.post(served[1] + path, json={**body, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+        honoured = set(r.json()["error"]["message"].split("honour ")[1].rstrip(")").split(", "))
+        assert field not in honoured and "max_tokens" in honoured
 
 
 def _penalised_greedy(oracle, tokenizer, prompt: str, n: int, penalty: float) -> str:

@@ -145,13 +145,16 @@ MAX_CHOICES = 128         # prompts x n of one request (the service keeps 256 en
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
-def _unhonoured(body: dict):
+def _unhonoured(body: dict, chat: bool):
+    """A 400 naming the first field the route does not honour (a chat's prompt, a completion's
+    messages included)."""
+    honoured = HONOURED - ({"prompt"} if chat else {"messages"})
     for name, value in body.items():
-        if name in HONOURED or value is None or value in NEUTRAL.get(name, ()):
+        if name in honoured or value is None or value in NEUTRAL.get(name, ()):
             continue
-        raise BadRequest(f"'{name}' is not supported by this service (it honours "
-                         f"{', '.join(sorted(HONOURED - {'user', 'model'}))})", name,
-                         code="unsupported_parameter")
+        raise BadRequest(f"'{name}' is not supported by {'chat' if chat else 'completion'} requests "
+                         f"here (they honour {', '.join(sorted(honoured - {'user', 'model'}))})",
+                         name, code="unsupported_parameter")
 
 
 def _token_ids(v) -> bool:
@@ -207,7 +210,7 @@ def parse(body, chat: bool) -> dict:
     it asks for what this service does not do)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    _unhonoured(body)
+    _unhonoured(body, chat)
     req = {}
     if chat:
         msgs = body.get("messages")

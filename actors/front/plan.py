@@ -214,10 +214,11 @@ def run(a) -> int:
         print(f"  ({m['npu_groups']} groups resident on the NPU, {m['cpu_groups']} on the CPU over "
               f"{len(m['layers'])} layers; --json lists every layer)")
     for key, v in out["auto_plans"].items():
-        model, machine = key.split("|")[:2]
+        model, machine, _, precision, chunk, context, seqs = key.split("|")[:7]
         timed = ", ".join(f"{k} {ms:.0f} ms" for k, ms in v["chunk_ms"].items())
         print(f"serve --plan auto chose {v['plan']} for {os.path.basename(model.split(':')[0])} on "
-              f"{machine} (a whole chunk: {timed})")
+              f"{machine.replace(' []', '')} at {precision}, --context {context} --max-seqs {seqs} "
+              f"(a whole chunk of {chunk} rows: {timed})")
     return 0
 
 
@@ -238,8 +239,11 @@ def _moe(tasks: list, chunk: int, model: str | None) -> dict:
 
 
 def _auto_plans() -> dict:
-    """What `socllm serve --plan auto` timed and chose at earlier starts on this machine
-    (policies/plan_cache.py): model and processors -> plan and chunk times."""
+    """What `socllm serve --plan auto` timed and chose at earlier starts on this machine, with
+    today's kernels (policies/plan_cache.py): model and processors -> plan and chunk times. (The
+    table keeps other timings too: step profiles, hcmp's bands.)"""
     from socllm.policies.config import EngineConfig
-    from socllm.policies.plan_cache import plan_cache
-    return plan_cache(EngineConfig.from_env().cache_dir)
+    from socllm.policies.plan_cache import kernels, plan_cache
+    now = kernels()
+    return {k: v for k, v in plan_cache(EngineConfig.from_env().cache_dir).items()
+            if "chunk_ms" in v and k.count("|") >= 7 and k.endswith(now)}
