@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .request import Request
+from .sampling import BadParam
 
 
 @dataclass
@@ -54,9 +55,8 @@ class FCFS:
         need = len(req.prompt) + req.params.max_tokens
         limit = min(self.context, self.kv.n_blocks * self.kv.block_rows)
         if need > limit:
-            raise ValueError(f"the prompt ({len(req.prompt)} tokens) plus max_tokens "
-                             f"({req.params.max_tokens}) needs {need} KV rows; the context holds "
-                             f"{limit}")
+            raise BadParam("max_tokens", f"({req.params.max_tokens}) plus the prompt ({len(req.prompt)} "
+                                         f"tokens) needs {need} KV rows; the context holds {limit}")
 
     def add(self, req: Request):
         self.check(req)

@@ -189,16 +189,23 @@ def plot(report, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="socllm bench")
     ap.add_argument("--model", help="a GGUF (default: the default model)")
-    ap.add_argument("--prompts", default="32,128,512,1024")
-    ap.add_argument("--decode", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prompts", default="32,128,512,1024",
+                    help="prompt lengths in tokens, comma-separated (default: %(default)s)")
+    ap.add_argument("--decode", type=int, default=128,
+                    help="tokens decoded after each prompt (default: %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions, engines interleaved in each; min/median/max reported "
+                         "(default: %(default)s)")
     ap.add_argument("--plans", default="gpu,gpu/f32,gpu/q8",
                     help="plan[/precision],... of cpu, gpu, npu, hetero, tensor, seqcut, hybrid and "
                          "f32, q16, q8 (no precision: the default, q16)")
-    ap.add_argument("--peers", default="llama.cpp,openvino-genai")
-    ap.add_argument("--json", dest="json_path")
-    ap.add_argument("--plot")
-    ap.add_argument("--no-oracle", action="store_true")
+    ap.add_argument("--peers", default="llama.cpp,openvino-genai",
+                    help="peers run on the same prompts, comma-separated, or '' for none "
+                         "(default: %(default)s; a missing one is reported with its install hint)")
+    ap.add_argument("--json", dest="json_path", help="write the report as JSON to this file")
+    ap.add_argument("--plot", help="write a PNG plot of the report to this file (matplotlib)")
+    ap.add_argument("--no-oracle", action="store_true",
+                    help="skip the check of each engine's first greedy tokens against the oracle")
     ap.add_argument("--sync", action="store_true", help="the synchronization microbenchmark instead")
     ap.add_argument("--profile", metavar="PRECISION", nargs="?", const="q16",
                     help="where a GPU decode step's time goes (scripts/profile_decode.py) instead")

@@ -69,7 +69,8 @@ def test_without_the_key_nothing_is_served_and_health_stays_open(door):
 
 def test_cli_generate_sends_the_key_from_its_environment_and_without_one_takes_ray(door):
     """`socllm generate` to a service with a key: over HTTP with SOCLLM_API_KEY (the record
-    `serve` wrote says a key is needed, never which), through Ray without it; one text."""
+    `serve` wrote says a key is needed, never which), through Ray without it, and with a wrong
+    one through Ray after a warning; one text."""
     from socllm.actors.front.direct import record_path
     rec = open(record_path(door[0]["RAY_ADDRESS"])).read()
     assert json.loads(rec)["api_key"] is True and KEY not in rec
@@ -79,6 +80,10 @@ def test_cli_generate_sends_the_key_from_its_environment_and_without_one_takes_r
     bare = {k: v for k, v in door[0].items() if k != "SOCLLM_API_KEY"}
     r = subprocess.run(SOCLLM + args, env=bare, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "[service: gpu" in r.stderr and r.stdout == keyed.stdout
+    wrong = subprocess.run(SOCLLM + args, env={**bare, "SOCLLM_API_KEY": "not-the-key"},
+                           capture_output=True, text=True, timeout=120)    # said, then Ray's path
+    assert wrong.returncode == 0 and wrong.stdout == keyed.stdout and "[service: gpu" in wrong.stderr
+    assert "refused SOCLLM_API_KEY (401)" in wrong.stderr
 
 
 def test_models_by_id_and_openai_error_codes(door):
@@ -325,9 +330,11 @@ def test_the_responses_api_answers_as_chat_does_streamed_or_not(oa, door):
         with pytest.raises(openai.BadRequestError) as e:
             oa.responses.create(model="m", input="Hi", **bad)
         assert e.value.body["param"] == param
-    with pytest.raises(openai.BadRequestError) as e:               # found by the chat path
-        oa.responses.create(model="m", input="Hi", max_output_tokens=0)
-    assert e.value.body["param"] == "max_output_tokens" and "max_output_tokens" in e.value.body["message"]
+    for many in (0, 5000):                                           # found by the chat path
+        with pytest.raises(openai.BadRequestError) as e:           # and the service's scheduler
+            oa.responses.create(model="m", input="Hi", max_output_tokens=many)
+        assert e.value.body["param"] == "max_output_tokens" and "max_output_tokens" in e.value.body["message"]
+        assert "max_tokens" not in e.value.body["message"]
     r = requests.post(door[1] + "/v1/responses", json={"input": "Hi"}, timeout=30)
     assert r.status_code == 401                                     # the door holds here too
     lp = oa.responses.create(model="m", include=["message.output_text.logprobs"], top_logprobs=2, **ask)
@@ -556,6 +563,10 @@ def test_ollamas_api_answers_as_chat_does_streamed_or_not(oa, door):
         with pytest.raises(ollama.ResponseError) as e:
             client.chat(model="m", messages=ask, **bad)
         assert e.value.status_code == 400 and list(bad)[0] in e.value.error
+    for bad in ({"num_predict": 5000}, {"temperature": -1}):      # found by the service: its name
+        with pytest.raises(ollama.ResponseError) as e:
+            client.chat(model="m", messages=ask, options=bad)
+        assert e.value.status_code == 400 and f"options.{list(bad)[0]}" in e.value.error, e.value.error
 
 
 def door_model(door) -> str:

@@ -134,15 +134,21 @@ def test_a_stream_becomes_lines_of_json_ending_done_and_a_failure_an_error_line(
 @pytest.mark.parametrize("path, shape", [("/api/chat", {"error"}), ("/v1/messages", {"type", "error"}),
                                          ("/v1/chat/completions", {"error"})])
 def test_an_unexpected_error_takes_the_shape_of_the_routes_api(path, shape):
-    """A route's unexpected exception is a 500 in its API's error shape (Ollama's {"error": text},
-    Anthropic's typed error, else OpenAI's object), never a bare page."""
+    """A route's unexpected exception is a 500, and a path no route takes a 404, in its API's
+    error shape (Ollama's {"error": text}, Anthropic's typed error, else OpenAI's object), never a
+    bare page or FastAPI's {"detail"}."""
     import asyncio
     import json
     from types import SimpleNamespace
 
-    from socllm.actors.front.http import _unexpected
-    out = asyncio.run(_unexpected(SimpleNamespace(url=SimpleNamespace(path=path)), KeyError("x")))
-    body = json.loads(out.body)
-    assert out.status_code == 500 and set(body) == shape
-    text = body["error"] if path.startswith("/api/") else body["error"]["message"]
-    assert "KeyError" in text
+    from starlette.exceptions import HTTPException
+
+    from socllm.actors.front.http import _no_route, _unexpected
+    request = SimpleNamespace(url=SimpleNamespace(path=path), method="POST")
+    for answer, status, said in ((_unexpected(request, KeyError("x")), 500, "KeyError"),
+                                 (_no_route(request, HTTPException(404)), 404, f"no route: POST {path}")):
+        out = asyncio.run(answer)
+        body = json.loads(out.body)
+        assert out.status_code == status and set(body) == shape
+        text = body["error"] if path.startswith("/api/") else body["error"]["message"]
+        assert said in text

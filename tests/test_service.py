@@ -505,8 +505,11 @@ def test_a_parameter_the_service_does_not_honour_is_a_400_that_names_it(served, 
     ok = requests.post(served[1] + "/v1/completions", timeout=120, json={
         "prompt": "hi", "max_tokens": 2, "logprobs": None, "frequency_penalty": 0, "tools": [],
         "response_format": {"type": "text"}, "stream_options": None, "user": "me", "best_of": 1,
-        "suffix": "", "store": False})
+        "suffix": "", "store": False, "metadata": {"run": "a"}})
     assert ok.status_code == 200, ok.text
+    bad = requests.post(served[1] + "/v1/completions", timeout=60, json={
+        "prompt": "hi", "max_tokens": 2, "metadata": {"run": 1}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "metadata", bad.text
     with pytest.raises(ValueError, match=field):
         client.generate(FRANCE, max_tokens=2, **{field: value})
 
@@ -741,6 +744,25 @@ def test_echo_with_logprobs_gives_every_prompt_token_its_logprob(served, oracle,
     r = requests.post(url, json={"prompt": text, "max_tokens": 3, "echo": True, "logprobs": 1,
                                  "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream", r.text
+
+
+def test_streamed_logprobs_keep_counting_their_text_offsets(served):
+    """A streamed completion's logprobs: each chunk's text_offset goes on from the text the
+    chunks before it sent, so the stream's offsets are the whole reply's."""
+    import requests
+    body = {"prompt": STORY, "max_tokens": 12, "logprobs": 1, "ignore_eos": True}
+    whole = requests.post(served[1] + "/v1/completions", json=body, timeout=120).json()
+    offsets, tokens = [], []
+    with requests.post(served[1] + "/v1/completions", json={**body, "stream": True}, stream=True,
+                       timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                lp = json.loads(line[6:])["choices"][0]["logprobs"]
+                if lp:
+                    offsets += lp["text_offset"]
+                    tokens += lp["tokens"]
+    want = whole["choices"][0]["logprobs"]
+    assert tokens == want["tokens"] and offsets == want["text_offset"] and offsets[-1] > 0
 
 
 def test_vllms_prompt_logprobs_field_gives_each_prompt_tokens_id_logprob_and_rank(served, oracle, tokenizer):

@@ -137,8 +137,10 @@ def generate_direct(a) -> int | None:
             resp = conn.getresponse()
         except OSError:
             return None                  # the endpoint went away: Ray's path finds out what runs
-        if resp.status == 401:
-            return None                  # not this key: Ray's path, which needs none
+        if resp.status == 401:           # not this key: Ray's path, which needs none
+            print(f"socllm: warning: the service's HTTP refused SOCLLM_API_KEY (401); asking it "
+                  f"through Ray instead", file=sys.stderr)
+            return None
         if resp.status != 200:
             raise ValueError(_error_of(resp))
         return _stream(resp, rec, a.chat)

@@ -27,6 +27,7 @@ import base64
 import hmac
 import json
 import os
+import re
 import struct
 import time
 from contextlib import aclosing, asynccontextmanager
@@ -35,6 +36,7 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from socllm.policies.request import ENDED, QueueFull
 
@@ -128,16 +130,17 @@ def _typed(body: dict, name: str, types, check=None, what: str = ""):
     return v
 
 
-# the fields of an OpenAI body this service honours (parse), and those it takes only at the value
-# that asks for nothing (what OpenAI's own clients send by default); any other field, or one of
-# these at another value, is a 400 that names it: never a silent 200 for what was not done
+# the fields of an OpenAI body this service honours (parse; metadata labels a request and is
+# kept nowhere, as OpenAI keeps it only with store), and those it takes only at the value that
+# asks for nothing (what OpenAI's own clients send by default); any other field, or one of these
+# at another value, is a 400 that names it: never a silent 200 for what was not done
 HONOURED = {"model", "messages", "prompt", "n", "max_tokens", "max_completion_tokens",
             "temperature", "top_p", "seed", "priority", "stop", "stream", "ignore_eos", "user",
             "response_format", "grammar", "tools", "tool_choice", "parallel_tool_calls",
             "stream_options", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
             "top_logprobs", "echo", "speculate", "top_k", "min_p", "repetition_penalty",
             "repeat_penalty", "min_tokens", "stop_token_ids", "prompt_logprobs",
-            "continue_final_message", "add_generation_prompt", "prediction"}
+            "continue_final_message", "add_generation_prompt", "prediction", "metadata"}
 NEUTRAL = {"best_of": (1,), "suffix": ("",), "store": (False,)}   # store: nothing is kept
 MAX_N = 8                 # choices of one request (they share the prompt's blocks: prefix cache)
 MAX_BATCH = 64            # prompts of one completion request (vLLM's and OpenAI's batch)
@@ -211,6 +214,8 @@ def parse(body, chat: bool) -> dict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _unhonoured(body, chat)
+    _typed(body, "metadata", dict, lambda v: len(v) <= 16 and all(
+        isinstance(k, str) and isinstance(x, str) for k, x in v.items()), "an object of at most 16 string pairs")
     req = {}
     if chat:
         msgs = body.get("messages")
@@ -482,8 +487,27 @@ def _reshaped(out, body):
     if not (isinstance(out, JSONResponse) and out.status_code >= 400):
         return out
     return JSONResponse(body(json.loads(out.body), out.status_code), status_code=out.status_code,
-                        headers={k: v for k, v in out.headers.items()
-                                 if k.lower() in ("retry-after", "www-authenticate")})
+                        headers=_kept(out))
+
+
+def _renamed(out, names: dict):
+    """A route's answer; its error (an OpenAI error object) naming the chat route's field in
+    the caller's API's terms (names: the chat route's field -> that API's), in param and text."""
+    if not (isinstance(out, JSONResponse) and out.status_code >= 400):
+        return out
+    err = json.loads(out.body)
+    old = err["error"].get("param")
+    if old not in names:
+        return out
+    new = names[old]                          # where the text names it: quoted, or first
+    err["error"].update(param=new, message=re.sub(rf"^{re.escape(old)}\b|'{re.escape(old)}'",
+                                                  lambda m: m[0].replace(old, new), err["error"]["message"]))
+    return JSONResponse(err, status_code=out.status_code, headers=_kept(out))
+
+
+def _kept(out) -> dict:
+    """An error answer's headers that a reshaped one keeps: Retry-After, WWW-Authenticate."""
+    return {k: v for k, v in out.headers.items() if k.lower() in ("retry-after", "www-authenticate")}
 
 
 def _anthropic_error(out):
@@ -496,13 +520,25 @@ def _ollama_error(out):
     return _reshaped(out, lambda err, status: ollama_api.error_body(err["error"]["message"]))
 
 
-@app.exception_handler(Exception)
-async def _unexpected(request, exc):      # never a bare 500 page: an error object in the shape
-    out = _error(f"internal error: {type(exc).__name__}", status=500, kind="server_error")
-    path = request.url.path                 # of the API the route belongs to
+def _shaped(request, out):
+    """An error answer in the shape of the API the request's path belongs to."""
+    path = request.url.path
     if path.startswith("/api/"):
         return _ollama_error(out)
     return _anthropic_error(out) if path.startswith("/v1/messages") else out
+
+
+@app.exception_handler(Exception)
+async def _unexpected(request, exc):      # never a bare 500 page: an error object
+    return _shaped(request, _error(f"internal error: {type(exc).__name__}", status=500,
+                                   kind="server_error"))
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _no_route(request, exc):        # a path or method no route takes: not FastAPI's shape
+    what = "no route" if exc.status_code == 404 else exc.detail
+    return _shaped(request, _error(f"{what}: {request.method} {request.url.path}",
+                                   status=exc.status_code, code="not_found" if exc.status_code == 404 else None))
 
 
 # (everything the routes use is defined above: serve.ingress freezes a copy of the app, and
@@ -692,14 +728,7 @@ class OpenAIServer:
     async def responses(self, request: Request):
         """OpenAI's Responses API, on the chat path (actors/front/responses.py); an error the
         chat path finds names the Responses field (max_output_tokens, not max_tokens)."""
-        out = await self._serve(request, chat=True, api="responses")
-        if isinstance(out, JSONResponse) and out.status_code >= 400:
-            err = json.loads(out.body)
-            if (name := responses.FIELD_OF.get(err["error"].get("param"))) is not None:
-                old = err["error"]["param"]
-                err["error"].update(param=name, message=err["error"]["message"].replace(f"'{old}'", f"'{name}'"))
-                return JSONResponse(err, status_code=out.status_code)
-        return out
+        return _renamed(await self._serve(request, chat=True, api="responses"), responses.FIELD_OF)
 
     @app.post("/v1/messages")
     async def messages(self, request: Request):
@@ -710,13 +739,15 @@ class OpenAIServer:
     @app.post("/api/chat")
     async def ollama_chat(self, request: Request):
         """Ollama's chat API, on the chat path (actors/front/ollama_api.py); errors in its shape."""
-        return _ollama_error(await self._serve(request, chat=True, api="ollama"))
+        return _ollama_error(_renamed(await self._serve(request, chat=True, api="ollama"),
+                                      ollama_api.FIELD_OF))
 
     @app.post("/api/generate")
     async def ollama_generate(self, request: Request):
         """Ollama's generate API: its prompt templated as a user turn (the chat path), or raw
         (the completion path)."""
-        return _ollama_error(await self._serve(request, chat=True, api="ollama generate"))
+        return _ollama_error(_renamed(await self._serve(request, chat=True, api="ollama generate"),
+                                      ollama_api.FIELD_OF))
 
     @app.get("/api/tags")
     async def ollama_tags(self, request: Request):
@@ -919,6 +950,7 @@ class OpenAIServer:
         start after its first's first token (_more). Choice p n + j is prompt p's j-th; their
         chunks interleave, told apart by index."""
         chat = shape["chat"]
+        at = {}                                    # choice -> its logprobs' text sent so far
 
         def event(i, delta, reason=None, first=False, lps=None, extra=None, matched=None):
             if chat:
@@ -929,7 +961,8 @@ class OpenAIServer:
                           "logprobs": _logprobs(lps, True, 0) if lps else None}
             else:
                 choice = {"index": i, "text": delta or "", "finish_reason": reason,
-                          "logprobs": _logprobs(lps, False, 0) if lps else None}
+                          "logprobs": _logprobs(lps, False, at.get(i, 0)) if lps else None}
+                at[i] = at.get(i, 0) + sum(len(e["token"]) for e in lps or ())
             if reason is not None:
                 choice["stop_reason"] = matched     # vLLM's: the stop string that ended it, or null
             return f"data: {json.dumps({**meta, 'choices': [choice], **(extra or {})})}\n\n"

@@ -24,6 +24,8 @@ OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "mi
            "seed": "seed", "num_predict": "max_tokens", "stop": "stop",
            "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
+# the chat route's fields -> Ollama's, for the errors the chat route finds
+FIELD_OF = {v: f"options.{k}" for k, v in OPTIONS.items()} | {"response_format": "format"}
 CHAT = {"model", "messages", "tools", "format", "options", "stream", "keep_alive", "think",
         "logprobs", "top_logprobs", "truncate", "shift"}
 GENERATE = {"model", "prompt", "system", "raw", "format", "options", "stream", "keep_alive",

@@ -57,6 +57,7 @@ def serve(a) -> int:
     a.model = a.model and os.path.abspath(a.model)
     config = config_of(a, ServeConfig)           # validated, with the environment's knobs
     config = dataclasses.replace(config, threads=config.budget)
+    _check_context(config)
     address = _join(a.address)
     svc = _service()
     if svc is not None:
@@ -131,6 +132,16 @@ def _same_host(serving: str | None, asked: str) -> bool:
     loopback, or Serve on every address."""
     return serving is not None and (serving == asked or serving in ("0.0.0.0", "::")
                                     or serving in _LOCAL and asked in _LOCAL)
+
+
+def _check_context(config):
+    """The context against the model's, before any process starts (the service refuses it too,
+    but only once Serve has started beside it)."""
+    from socllm.models.gguf_file import model_path, open_gguf
+    from socllm.models.llama import load_config
+    most = load_config(open_gguf(model_path(config.model))).context_length
+    if config.context is not None and config.context > most:
+        raise ValueError(f"--context must be in [16, {most}] for this model, got {config.context}")
 
 
 def _check_http(config):
