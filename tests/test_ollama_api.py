@@ -40,7 +40,9 @@ def test_a_chat_with_options_format_and_a_tool_history_becomes_the_chat_routes_b
     assert (chat["temperature"], chat["max_tokens"], chat["top_k"], chat["repetition_penalty"],
             chat["stop"], chat["seed"]) == (0.2, 30, 5, 1.1, ["END"], 3)
     assert chat["tools"] == [TOOL] and "stream" not in chat
-    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "format", "schema": {"type": "object"}}}
+    # a schema as llama.cpp's converter (Ollama's grammar) reads it: no keys it does not name
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "format", "schema": {"type": "object"}, "strict": True}}
     streamed = to_chat({"messages": HI, "format": "json", "options": {"num_predict": -1}})   # streams by default
     assert streamed["stream"] and streamed["response_format"] == {"type": "json_object"} and "max_tokens" not in streamed
     assert "response_format" not in to_chat({"messages": HI, "format": ""})      # "": none, as Ollama's

@@ -162,10 +162,13 @@ def _options(opts) -> dict:
 
 
 def _format(fmt) -> dict:
+    """Ollama's format: "json", or a schema read as llama.cpp's converter reads it (Ollama's
+    grammar): an object takes no keys beyond those it names unless additionalProperties says so,
+    the chat route's strict schema."""
     if fmt == "json":
         return {"type": "json_object"}
     if isinstance(fmt, dict):
-        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt, "strict": True}}
     raise Refused("'format' must be \"json\" or a JSON schema", "format")
 
 
