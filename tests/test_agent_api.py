@@ -567,6 +567,11 @@ def test_ollamas_api_answers_as_chat_does_streamed_or_not(oa, door):
         with pytest.raises(ollama.ResponseError) as e:
             client.chat(model="m", messages=ask, options=bad)
         assert e.value.status_code == 400 and f"options.{list(bad)[0]}" in e.value.error, e.value.error
+    # format: a schema as Ollama's grammar (llama.cpp's converter) reads it, objects closed
+    name = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24}}, "required": ["name"]}
+    r = client.chat(model="m", messages=[{"role": "user", "content": "Name a shelter, as JSON."}],
+                    format=name, options={"num_predict": 60})
+    assert set(json.loads(r.message.content)) == {"name"} and r.done_reason == "stop", r.message.content
 
 
 def door_model(door) -> str:

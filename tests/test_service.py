@@ -1024,3 +1024,18 @@ def test_a_service_that_fails_to_start_leaves_no_http_front_end(served, tmp_path
     with pytest.raises(ValueError):
         ray.get_actor(NAME, namespace=NAMESPACE)
     assert _segments() <= before
+
+
+def test_a_replys_usage_sums_details_that_only_some_choices_have():
+    """n choices: a choice that drafted nothing has no completion_tokens_details; the reply's
+    usage still sums the others' (it had taken the first choice's keys only)."""
+    from socllm.actors.front.http import _usage
+    plain = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+             "prompt_tokens_details": {"cached_tokens": 2}}
+    drafted = {**plain, "completion_tokens": 5, "total_tokens": 8,
+               "completion_tokens_details": {"accepted_prediction_tokens": 2, "rejected_prediction_tokens": 1}}
+    u = _usage([plain, drafted], 2)
+    assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (3, 6, 9)
+    assert u["prompt_tokens_details"] == {"cached_tokens": 2}
+    assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 2, "rejected_prediction_tokens": 1}
+    assert "completion_tokens_details" not in _usage([plain, plain], 2)

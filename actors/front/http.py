@@ -414,8 +414,9 @@ def _usage(each: list, n: int) -> dict:
     usage["completion_tokens"] = sum(u["completion_tokens"] for u in each)
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     for name, of in (("prompt_tokens_details", each[::n]), ("completion_tokens_details", each)):
-        if name in usage:
-            usage[name] = {k: sum(u.get(name, {}).get(k, 0) for u in of) for k in usage[name]}
+        keys = {k: None for u in of for k in u.get(name) or {}}    # any choice's (the first's may
+        if keys:                                                   # have none: it drafted none)
+            usage[name] = {k: sum(u.get(name, {}).get(k, 0) for u in of) for k in keys}
     return usage
 
 
