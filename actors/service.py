@@ -371,7 +371,7 @@ class Service:
         """A new request (_sequence's arguments): bad input raises ValueError before it queues,
         one too many waiting QueueFull. -> an unguessable handle (a client reads and cancels only
         its own). queue_bound False: the 2nd .. nth choice of one request (HTTP's n)."""
-        seq = await self._sequence(**request)
+        seq = await self._sequence(**_given(request))
         self.core.add(seq, bound=queue_bound)     # raises for a request that could never fit
         return seq.id
 
@@ -382,7 +382,7 @@ class Service:
         handles, in order."""
         if not isinstance(requests, list) or not requests or not all(isinstance(r, dict) for r in requests):
             raise ValueError("submit_many takes a non-empty list of requests (dicts)")
-        seqs = [await self._sequence(**r) for r in requests]
+        seqs = [await self._sequence(**_given(r)) for r in requests]
         self.core.add(*seqs, bound=queue_bound)
         return [s.id for s in seqs]
 
@@ -613,3 +613,8 @@ def _watched(seqs: list, wake, on: bool):
             s.polls -= 1
             s.last_poll = now
             s.watchers.discard(wake)
+
+
+def _given(request: dict) -> dict:
+    """A request's arguments; priority None is the default, as a JSON null is over HTTP."""
+    return {k: v for k, v in request.items() if k != "priority" or v is not None}

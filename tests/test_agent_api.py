@@ -694,7 +694,7 @@ def test_embeddings_through_the_openai_client_are_the_oracles(oa, door, oracle, 
     assert requests.post(url, json={"input": "Hi"}, timeout=60).status_code == 401
     for body, param in (({"input": "Hi", "dimensions": 8}, "dimensions"), ({"input": ""}, "input"),
                         ({"input": []}, "input"), ({"input": "Hi", "encoding_format": "hex"}, "encoding_format"),
-                        ({"input": "Hi", "pooling": "max"}, "embed")):
+                        ({"input": "Hi", "pooling": "max"}, "pooling")):
         r = requests.post(url, json=body, headers=auth, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
     import ollama                                  # Ollama's /api/embed: the same vectors

@@ -123,6 +123,27 @@ def test_bad_input_is_refused_in_one_line(llm):
         llm.generate(["fine", 3])
     with pytest.raises(ValueError):
         llm.generate(PROMPTS[0], max_tokens=0)
+    with pytest.raises(ValueError, match="no setting bogus"):        # not ServeConfig's TypeError
+        socllm.LLM(bogus=1)
+    for bad in ("hi", []):
+        with pytest.raises(ValueError, match="conversation"):
+            llm.chat(bad)
+    [same] = llm.generate(PROMPTS[0], max_tokens=4, priority=None)     # the default, as null over HTTP
+    assert same.text == llm.generate(PROMPTS[0], max_tokens=4)[0].text
+
+
+def test_an_llm_left_open_is_closed_when_the_program_ends(ray_session):
+    """A script that never closes its socllm.LLM: at its exit the engine stops as close() stops
+    it, and its pool's shared memory goes with it (Ray killed the service before it could)."""
+    import glob
+    import subprocess
+    import sys
+    code = ("import socllm; llm = socllm.LLM(context=256, max_seqs=2, kv_mb=8); "
+            "print(llm.generate('Hi', max_tokens=2)[0].text)")
+    before = set(glob.glob("/dev/shm/socllm-*"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert set(glob.glob("/dev/shm/socllm-*")) <= before, "the pool's segment was left behind"
 
 
 def _thread_env(pid: int) -> dict:
@@ -204,7 +225,7 @@ def test_embeddings_are_the_oracles_pooled_hidden_states(llm, oracle, tokenizer)
     [one] = llm.embed(tokenizer.encode(PROMPTS[1]))          # token ids
     np.testing.assert_allclose(one, _oracle_embedding(oracle, tokenizer.encode(PROMPTS[1]), "mean"), atol=2e-5)
     counts = llm.status()["requests"]
-    for bad, name in ((dict(pooling="max"), "embed"), (dict(inputs=""), "empty"),
+    for bad, name in ((dict(pooling="max"), "pooling"), (dict(inputs=""), "empty"),
                       (dict(inputs=[PROMPTS[0], ""]), "empty")):
         with pytest.raises(ValueError, match=name):
             llm.embed(**{"inputs": PROMPTS[0], **bad})

@@ -60,7 +60,7 @@ class Intake:
         if embed is None:
             return sampling
         if embed not in EMBED:
-            raise BadParam("embed", f"must be one of {', '.join(EMBED)}, got {embed!r}")
+            raise BadParam("pooling", f"must be one of {', '.join(EMBED)}, got {embed!r}")
         if messages is not None or any(x is not None for x in shape):
             raise BadParam("embed", "takes a prompt (text or token ids): no chat messages, "
                                     "response_format, grammar, tools or prediction")

@@ -17,6 +17,7 @@ one is started, and close() stops it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 from contextlib import aclosing
 
@@ -51,17 +52,29 @@ class LLM:
         bad = {"http_host", "http_port"} & set(knobs)
         if bad:
             raise ValueError(f"socllm.LLM serves no HTTP: {', '.join(sorted(bad))} do not apply")
+        names = {f.name for f in dataclasses.fields(ServeConfig)} - {"http_host", "http_port", "model"}
+        if set(knobs) - names:
+            raise ValueError(f"socllm.LLM has no setting {', '.join(sorted(set(knobs) - names))} "
+                             f"(it takes {', '.join(sorted(names))})")
         path = model_path(model) if model is not None else None
         config = ServeConfig.from_env(model=path, http_port=0, **knobs)
         config = dataclasses.replace(config, threads=config.budget)
-        self._service, self._started_ray = None, ensure_ray(config.threads)
+        # what close() stops; at the program's exit too, if nobody closed it (a pool's shared
+        # memory outlives a process Ray kills): registered after Ray's own exit hook, so it runs
+        # first, and holding no reference to this object, which may be dropped before
+        self._own = _Owned(ensure_ray(config.threads))
+        atexit.register(self._own.stop)
         try:
-            self._service = Service.options(**ray_env_options(config.threads)).remote(config)
+            self._own.service = Service.options(**ray_env_options(config.threads)).remote(config)
             self.describe = ray.get(self._service.ready.remote())
         except BaseException:
             self.close()
             raise
         self._client = Client(self._service)
+
+    @property
+    def _service(self):
+        return self._own.service
 
     # -- the API -------------------------------------------------------------------------------
     def generate(self, prompts, **params) -> list[Completion]:
@@ -90,18 +103,8 @@ class LLM:
 
     def close(self):
         """Stop the engine (its actors and pool) and the private Ray, if this started it."""
-        import ray
-        if self._service is not None:
-            try:
-                ray.get(self._service.shutdown.remote(), timeout=120)
-            except Exception:
-                pass
-            ray.kill(self._service)
-            self._service = None
-        if self._started_ray:
-            from socllm.actors.front.cluster import stop_ray
-            stop_ray()
-            self._started_ray = False
+        self._own.stop()
+        atexit.unregister(self._own.stop)
 
     def __enter__(self):
         return self
@@ -133,11 +136,33 @@ class LLM:
                           out.get("prompt_logprobs"))
 
 
+class _Owned:
+    """An LLM's engine (its Service actor) and whether it started the private Ray."""
+
+    def __init__(self, started_ray: bool):
+        self.service, self.started_ray = None, started_ray
+
+    def stop(self):
+        import ray
+        if self.service is not None:
+            try:
+                ray.get(self.service.shutdown.remote(), timeout=120)
+            except Exception:
+                pass
+            ray.kill(self.service)
+            self.service = None
+        if self.started_ray:
+            from socllm.actors.front.cluster import stop_ray
+            stop_ray()
+            self.started_ray = False
+
+
 def _listed(items, kind) -> list:
     """One item or a list of them -> a list, each checked to be `kind`."""
     items = [items] if isinstance(items, kind) and kind is str else items
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError("give one prompt or a non-empty list of them")
+        raise ValueError("give one prompt or a non-empty list of them" if kind is str else
+                         "give one conversation (a list of messages) or a non-empty list of them")
     for x in items:
         if not isinstance(x, kind):
             raise ValueError(f"each item must be a {kind.__name__}, got {type(x).__name__}")
