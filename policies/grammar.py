@@ -84,12 +84,17 @@ class Constraint:
             return
         m = self.matcher
         llnp.fill_next_token_bitmask(m, self.masks, 0)
+        consumed = 0
         for j, tok in enumerate(self.draft, 1):
+            # once the text is complete (stopped) an end token is taken but not kept: rolling
+            # it back too took back the token before the draft (a 500 where an agent's history
+            # held the reply's own JSON: the lookup drafted it to its end, EOS and all)
+            consumed += not m.is_stopped()
             if not m.consume_token(tok):
                 raise RuntimeError(f"the grammar refused drafted token {tok}: {m.get_error()}")
             llnp.fill_next_token_bitmask(m, self.masks, j)
-        if self.draft:
-            m.rollback(len(self.draft))
+        if consumed:
+            m.rollback(consumed)
         self.ready, self.row = True, 0
 
     def apply(self, logits: np.ndarray) -> np.ndarray:

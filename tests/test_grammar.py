@@ -12,6 +12,7 @@ import pytest
 
 from socllm.models.tools import (BadMessage, call_schema, chat_messages, check_tool_choice,
                                  check_tools, parse_reply)
+from socllm.policies.drafting import MAX_DRAFT
 from socllm.policies.grammar import Grammars
 from socllm.policies.sampling import BadParam, Sampler, SamplingParams
 
@@ -55,6 +56,29 @@ def test_sampled_text_under_a_schema_always_parses_and_validates(grammars, token
         jsonschema.validate(json.loads(text), SMALL)
         texts.add(text)
     assert len(texts) > 5                         # sampling varies inside the language
+
+
+def test_a_draft_that_runs_past_the_texts_end_leaves_the_grammar_where_it_was(grammars, tokenizer):
+    """A lookup draft copied from a prompt that holds the reply's own JSON runs to its end and
+    on, through an end token the complete text takes without keeping. The masks filled for it
+    must leave the grammar at the reply's place: the first drafted token then samples and is
+    taken (it was refused: the end token's roll-back took back the token before the draft)."""
+    rule = grammars.compile("tools", "json_schema", call_schema(
+        check_tools([TIME]), check_tool_choice("required", check_tools([TIME])), False, None))
+    whole = tokenizer.encode('{"tool_call":{"name":"get_time","arguments":{"zone":"UTC"}}}', bos=False)
+    end = tokenizer.stop_ids()[0]
+    for cut in range(1, len(whole)):
+        c = grammars.constraint(rule)
+        for t in whole[:cut]:
+            c.take(t)
+        want = (whole[cut:] + [end, end])[:MAX_DRAFT]     # the rest, an end token, one more
+        draft = c.set_draft(want)
+        assert draft == want[:len(whole) - cut + 1], cut  # to the first end token
+        logits = np.full(grammars.vocab, -10.0, np.float32)
+        logits[whole[cut]] = 10.0
+        tok = int(np.argmax(c.apply(logits)))
+        assert tok == whole[cut], cut
+        c.take(tok)                                       # refused before the fix, where cut ends it
 
 
 def test_a_gbnf_and_a_lark_grammar_constrain_the_text(grammars, tokenizer):

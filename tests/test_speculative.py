@@ -128,6 +128,23 @@ def test_constrained_replies_draft_what_the_grammar_forces_and_match_plain_decod
     assert _spec(drafted)["accepted_prediction_tokens"] >= 2        # {" name, at least
 
 
+def test_an_agents_second_turn_drafts_its_own_call_to_the_end_and_matches_plain_decoding(llm):
+    """The history holds the call the reply makes again: the lookup drafts it from there to its
+    end and on through the end token. The reply is plain decoding's; it was a failed request
+    (the grammar's roll-back after the end token took back one token too many)."""
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city":"Vienna"}'}}
+    msgs = [{"role": "user", "content": "Weather in Vienna?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    [plain] = llm.chat(msgs, tools=[weather], max_tokens=32, speculate="off")
+    [drafted] = llm.chat(msgs, tools=[weather], max_tokens=32)
+    assert drafted.text == plain.text and "Vienna" in plain.text
+    assert _spec(drafted)["accepted_prediction_tokens"] >= 4
+
+
 def test_draft_heads_give_plain_decodings_tokens_on_open_prompts(llm):
     """The default model's trained draft heads (models/heads/) draft from the last row's hidden
     state on prompts whose text the lookup cannot find, as trees; their accepted drafts keep the
