@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from socllm.policies.request import STATES
+from socllm.policies.request import ENDED, STATES
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
@@ -31,6 +31,7 @@ class ServiceMetrics:
         self.kv = Gauge("socllm_kv_blocks_used", "KV cache blocks held by requests", registry=r)
         self.kv_total = Gauge("socllm_kv_blocks", "KV cache blocks in the pool", registry=r)
         self._last: dict = {}             # request id -> time of its last token
+        self.ended_total = dict.fromkeys(ENDED, 0)   # since start (the table keeps the last 256)
         self._cache_and_spec(r)
 
     def _cache_and_spec(self, r):
@@ -69,6 +70,7 @@ class ServiceMetrics:
 
     def ended(self, req):
         self.ended_.labels(req.state).inc()
+        self.ended_total[req.state] = self.ended_total.get(req.state, 0) + 1
         self._last.pop(req.id, None)
 
     def text(self, requests, kv, spec=None) -> str:

@@ -36,7 +36,9 @@ from socllm.actors.front.cluster import NAME, NAMESPACE  # noqa: F401 (also impo
 from socllm.actors.front.intake import Intake, timings
 
 POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 20 ms
-STATE_KEYS = ("waiting", "prefilling", "decoding", "finished", "cancelled", "failed")
+# status's request counts: these in the table now, the ended ones since start (the table
+# keeps the last KEEP_ENDED; metrics.py counts them all)
+LIVE = ("waiting", "prefilling", "decoding")
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
 # what a processor's status adds where its backend has them: the config's knobs as it applied
@@ -544,7 +546,7 @@ class Service:
                          | {k: d[k] for k in KNOBS_APPLIED if k in d})
         return {**self.describe(), "uptime_s": round(uptime, 1), "processors": procs,
                 "steps_by_program": dict(self.runner.ran),
-                "requests": {s: sum(r.state == s for r in reqs) for s in STATE_KEYS},
+                "requests": {s: sum(r.state == s for r in reqs) for s in LIVE} | self.metrics.ended_total,
                 "queues": self.scheduler.queues(),
                 "kv": {"blocks": self.kv.n_blocks, "blocks_used": self.kv.n_used,
                        "blocks_free": self.kv.n_free, "block_rows": self.kv.block_rows,

@@ -202,11 +202,16 @@ def _compact(value) -> str:
 def parse_reply(text: str) -> tuple:
     """The constrained reply -> (content or None, [OpenAI tool_calls]). A reply cut by
     max_tokens inside its `response` string gives the string so far (the user's words, not the
-    format's); other text that is not the format (a call cut short) is returned as it is."""
+    format's); parallel calls cut short give the calls completed before the cut; other text
+    that is not the format (a single call cut short) is returned as it is."""
     try:
         body = json.loads(text)
     except ValueError:
-        return _cut_response(text), []
+        cut = _cut_calls(text)
+        if cut:
+            body = {"tool_calls": cut}
+        else:
+            return _cut_response(text), []
     if not isinstance(body, dict):
         return text, []
     calls = body.get("tool_calls") or ([body["tool_call"]] if "tool_call" in body else [])
@@ -222,6 +227,24 @@ def parse_reply(text: str) -> tuple:
 
 
 _RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+_CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[\s*')
+
+
+def _cut_calls(text: str) -> list:
+    """'{"tool_calls":[{call},{call},{"na' (parallel calls cut by max_tokens) -> the calls it
+    completed (none: [])."""
+    m = _CALLS.match(text)
+    calls, at, dec = [], m.end() if m else len(text), json.JSONDecoder()
+    while m is not None and at < len(text):
+        try:
+            call, at = dec.raw_decode(text, at)
+        except ValueError:
+            break
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str)):
+            break
+        calls.append(call)
+        at = text.find(",", at) + 1 or len(text)
+    return calls
 
 
 def _cut_response(text: str) -> str:

@@ -135,6 +135,12 @@ def test_auto_allows_a_plain_response_and_none_constrains_nothing():
     # a reply cut inside its response string: the words so far, escapes decoded, half of one dropped
     assert parse_reply('{"response":"Paris, Fra') == ("Paris, Fra", [])
     assert parse_reply('{ "response" : "a \\"b\\" \\u00e9 c\\u00') == ('a "b" \u00e9 c', [])
+    # parallel calls cut short: the calls completed before the cut, not the format as text
+    cut = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_we'
+    content, calls = parse_reply(cut)
+    assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert parse_reply('{"tool_calls":[{"name":"get_we') == ('{"tool_calls":[{"name":"get_we', [])
 
 
 def test_an_agents_second_turn_renders_its_calls_and_results():

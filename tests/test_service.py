@@ -1039,3 +1039,18 @@ def test_a_replys_usage_sums_details_that_only_some_choices_have():
     assert u["prompt_tokens_details"] == {"cached_tokens": 2}
     assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 2, "rejected_prediction_tokens": 1}
     assert "completion_tokens_details" not in _usage([plain, plain], 2)
+
+
+def test_status_counts_every_ended_request_not_only_those_the_table_keeps():
+    """status()["requests"]'s ended states are totals since start (metrics.ended_total), as
+    /metrics' socllm_requests_ended_total; the table keeps only the last KEEP_ENDED."""
+    from types import SimpleNamespace
+
+    from socllm.actors.engine import KEEP_ENDED
+    from socllm.actors.metrics import ServiceMetrics
+    m = ServiceMetrics()
+    for i in range(KEEP_ENDED + 10):
+        m.ended(SimpleNamespace(id=str(i), state="failed" if i % 50 == 0 else "finished"))
+    assert m.ended_total == {"finished": KEEP_ENDED + 4, "cancelled": 0, "failed": 6}
+    assert f'socllm_requests_ended_total{{state="finished"}} {KEEP_ENDED + 4}.0' in m.text([], SimpleNamespace(
+        n_used=0, n_blocks=1, n_cached=0, queries=0, hits=0))

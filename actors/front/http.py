@@ -955,7 +955,7 @@ class OpenAIServer:
 
         def event(i, delta, reason=None, first=False, lps=None, extra=None, matched=None):
             if chat:
-                d = ({"role": "assistant", "content": ""} if first else
+                d = ({"role": "assistant", "content": None if shape["hold"] else ""} if first else
                      delta if isinstance(delta, dict) else
                      {"content": delta} if delta is not None else {})
                 choice = {"index": i, "delta": d, "finish_reason": reason,

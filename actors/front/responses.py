@@ -286,7 +286,7 @@ def response(body: dict, model: str, rid: str, status: str, output: list, usage=
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
             "error": error, "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-            "model": model, "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "model": model, "output": output, "parallel_tool_calls": bool(body.get("parallel_tool_calls")),
             "temperature": body.get("temperature", 0.0), "top_p": body.get("top_p", 1.0),
             "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
             "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
