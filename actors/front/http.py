@@ -231,7 +231,7 @@ def parse(body, chat: bool) -> dict:
         for name in CHAT_ONLY:
             if body.get(name) not in (None, []):
                 raise BadRequest(f"'{name}' is for chat messages only, not a prompt", name,
-                         code="unsupported_parameter")
+                                 code="unsupported_parameter")
         prompt = body.get("prompt")
         batch = prompt if isinstance(prompt, list) and prompt and all(
             isinstance(p, str) or _token_ids(p) for p in prompt) and not _token_ids(prompt) else [prompt]
