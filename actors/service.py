@@ -41,6 +41,12 @@ POLL_COALESCE_S = 0.02       # pieces of a stream are handed out at most every 2
 LIVE = ("waiting", "prefilling", "decoding")
 # the KV cache's elements per precision: f16 halves what attention reads; f32 keeps the oracle's
 KV_DTYPE = {"q8": "f16", "q16": "f16", "f32": "f32"}
+
+
+def _kv_dtype(plan: str, precision: str) -> str:
+    """The KV cache's elements: f16 at q16/q8, but f32 for the tensor plan, whose NPU prefill
+    graphs are contiguous and read f32 K/V (npu/backend.py)."""
+    return "f32" if plan == "tensor" else KV_DTYPE[precision]
 # what a processor's status adds where its backend has them: the config's knobs as it applied
 # them (policies/config.py), and the NPU's compiled graphs
 KNOBS_APPLIED = ("fuse", "whole_graph", "sleep_fraction", "compiled_graphs")
@@ -165,7 +171,7 @@ class Service:
         plan = c.plan if c.plan != "auto" else "gpu" if spans else cached.get("plan") or "auto"
         # the NPU also where auto found it the faster at some decode batch sizes
         procs = set(processors_for(plan)) | ({"npu"} if cached.get("npu_batches") else set())
-        self.pool = e = Pool(c, processors_=tuple(sorted(procs)), kv_dtype=KV_DTYPE[c.precision],
+        self.pool = e = Pool(c, processors_=tuple(sorted(procs)), kv_dtype=_kv_dtype(plan, c.precision),
                              double_rows=c.prefill_chunk if spans else 0)
         self.precision = c.precision
         self.runner, self.placement = self._start_plan(e)

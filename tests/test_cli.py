@@ -45,6 +45,7 @@ def _one_line_error(r, needle):
     (["generate", "hi", "--model", "/no/such/model.gguf"], "not found"),
     (["bogus"], "invalid choice"),
     (["serve", "--context", "9000"], "--context must be in [16, 8192]"),   # before Ray is asked
+    (["generate", "hi", "--context", "9000"], "--context must be in [16, 8192]"),
 ])
 def test_bad_options_exit_2_with_one_line(args, needle):
     _one_line_error(_run(*args), needle)

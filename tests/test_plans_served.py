@@ -57,6 +57,18 @@ def test_every_plan_gives_the_oracles_tokens_through_the_service(ray_session, wa
     assert len(set(wanted)) == len(wanted)
 
 
+def test_the_tensor_plan_runs_at_the_default_precision(ray_session, wanted):
+    """At q16 (the default) the KV cache is f16, but the tensor plan's NPU prefill graphs are
+    contiguous and read f32 K/V: its pool keeps f32 K/V (it failed at start). Its greedy text
+    at q16 keeps f32's first tokens on these prompts (no near-tie among them)."""
+    import socllm
+    with socllm.LLM(context=256, max_seqs=4, kv_mb=16, plan="tensor", policy="fcfs") as llm:
+        assert (llm.describe["precision"], llm.describe["kv_dtype"]) == ("q16", "f32")
+        outs = llm.generate(list(TEXTS), max_tokens=4)
+    assert [o.text for o in outs] == [w[:len(o.text)] for w, o in zip(wanted, outs)] and all(
+        o.text for o in outs)
+
+
 def test_decode_batches_of_a_size_auto_found_faster_on_the_npu_run_there(ray_session, wanted,
                                                                        tmp_path, monkeypatch):
     """auto's choice per decode batch size (issue 28: the processor measured fastest at it), as a

@@ -196,6 +196,18 @@ def _validate(a):
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
     a.config = config_of(a, EngineConfig)        # a bad value fails here, before Ray
+    if a.context != EngineConfig.context:        # asked for: within the model's (~0.2 s to read)
+        check_context(a.model, a.context)
+
+
+def check_context(model: str | None, context: int):
+    """The context against the model's, before any process starts (the engine refuses it too,
+    but only once it has started)."""
+    from socllm.models.gguf_file import model_path, open_gguf
+    from socllm.models.llama import load_config
+    most = load_config(open_gguf(model_path(model))).context_length
+    if context > most:
+        raise ValueError(f"--context must be in [16, {most}] for this model, got {context}")
 
 
 def _generate(a) -> int:

@@ -47,7 +47,7 @@ def serve(a) -> int:
 
     from socllm.policies.config import ServeConfig
     from socllm.actors.front.cluster import ray_env_options
-    from socllm.actors.front.cli import config_of
+    from socllm.actors.front.cli import check_context, config_of
     from socllm.actors.service import Service
     if a.model is not None and not os.path.isfile(a.model):
         raise ValueError(f"model file not found: {a.model}")
@@ -57,7 +57,7 @@ def serve(a) -> int:
     a.model = a.model and os.path.abspath(a.model)
     config = config_of(a, ServeConfig)           # validated, with the environment's knobs
     config = dataclasses.replace(config, threads=config.budget)
-    _check_context(config)
+    check_context(config.model, config.context)
     address = _join(a.address)
     svc = _service()
     if svc is not None:
@@ -132,16 +132,6 @@ def _same_host(serving: str | None, asked: str) -> bool:
     loopback, or Serve on every address."""
     return serving is not None and (serving == asked or serving in ("0.0.0.0", "::")
                                     or serving in _LOCAL and asked in _LOCAL)
-
-
-def _check_context(config):
-    """The context against the model's, before any process starts (the service refuses it too,
-    but only once Serve has started beside it)."""
-    from socllm.models.gguf_file import model_path, open_gguf
-    from socllm.models.llama import load_config
-    most = load_config(open_gguf(model_path(config.model))).context_length
-    if config.context is not None and config.context > most:
-        raise ValueError(f"--context must be in [16, {most}] for this model, got {config.context}")
 
 
 def _check_http(config):
@@ -369,8 +359,9 @@ def generate_private(a, kv_mb: float, chunk: int) -> int:
               # cost more than drafting saves (a cold `generate`: 41 against 119 tok/s)
               prefill_chunk=chunk, speculate=a.speculate or "off",
               # one request; its drafts are more rows of its decode steps (policies/drafting.py)
-              max_seqs=1 if (a.speculate or "off") == "off" else 1 + (a.draft_max or ServeConfig.draft_max),
-              **({"draft_max": a.draft_max} if a.draft_max else {}),
+              max_seqs=1 if (a.speculate or "off") == "off" else 1 + (
+                  ServeConfig.draft_max if a.draft_max is None else a.draft_max),
+              **({"draft_max": a.draft_max} if a.draft_max is not None else {}),
               hcmp_share=c.hcmp_share, cache_dir=c.cache_dir,
               # per-layer NPU graphs, kept on disk, rather than a whole-model graph compiled
               # with its weights at every start (policies/buckets.py whole_graph): for one

@@ -52,7 +52,8 @@ def add_parser(sub):
                    help="--moe: one shape (default: both)")
     s.add_argument("--chunk", type=int, default=256, help="--moe: tokens a prefill chunk")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--plot", default=None, metavar="F.png", help="prefill time of each strategy")
+    s.add_argument("--plot", default=None, metavar="F.png",
+                   help="prefill time of each strategy (needs matplotlib: the [bench] extra)")
 
 
 def run(a) -> int:
@@ -61,6 +62,8 @@ def run(a) -> int:
     from socllm.policies.sim.soc import load_soc
     from socllm.policies.sim.soc_plans import (DECODE, PREFILL, against_published, cut_rows, decode,
                                            planner_for, prefill)
+    if a.plot:
+        _matplotlib()                    # said before the run, not after its output
     a.prompt_len_given = a.prompt_len is not None
     a.prompt_len = 256 if a.prompt_len is None else a.prompt_len
     if a.spec:
@@ -134,8 +137,18 @@ def _print(out):
                   f"{r['published']:10.2f} {r['simulated']:10.2f} {r['ratio']:6.2f}  {r['source']}")
 
 
+def _matplotlib():
+    """matplotlib, or a ValueError that says how to get it (it comes with the bench extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install matplotlib (or the [bench] "
+                         "extra)") from None
+    return matplotlib
+
+
 def _plot(out, path):
-    import matplotlib
+    matplotlib = _matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -274,7 +287,7 @@ def _spec(a) -> int:
 
 def _plot_spec(out, path):
     """Figure 9's layout: per width, a bar a method (simulated), the paper's bars as dots."""
-    import matplotlib
+    matplotlib = _matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     methods = ("sequential", "medusa", "medusa+em", "ghidorah")
