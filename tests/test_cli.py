@@ -46,6 +46,8 @@ def _one_line_error(r, needle):
     (["bogus"], "invalid choice"),
     (["serve", "--context", "9000"], "--context must be in [16, 8192]"),   # before Ray is asked
     (["generate", "hi", "--context", "9000"], "--context must be in [16, 8192]"),
+    (["inspect", os.path.dirname(__file__)], "is a directory"),
+    (["plan", "--prompt-len", "64", "--profile", __file__], "is not an op profile"),
 ])
 def test_bad_options_exit_2_with_one_line(args, needle):
     _one_line_error(_run(*args), needle)

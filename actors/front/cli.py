@@ -250,7 +250,8 @@ def _info(a) -> int:
 def _inspect(a) -> int:
     from socllm.models.inspect import inspect
     if not os.path.isfile(a.file):
-        raise ValueError(f"model file not found: {a.file}")
+        raise ValueError(f"{a.file} is a directory, not a GGUF file" if os.path.isdir(a.file)
+                         else f"model file not found: {a.file}")
     d = inspect(a.file)
     if a.json:
         print(json.dumps(d, indent=2))

@@ -181,8 +181,13 @@ def run(a) -> int:
     bucket = a.prompt_len if a.phase == "prefill" else 1
     tasks = StepProgram.from_bytes(planner.program("gpu", a.phase, bucket)[1]).tasks["gpu"]
     profile = None if a.soc else {"path": path, "measured_now_s": measured_s}
+    try:
+        step = plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention)
+    except KeyError as e:             # an op the profile (the default model's ops) never timed
+        raise ValueError(f"{e.args[0]}: {path} times the default model's ops only, and this "
+                         f"model needs others") from None
     out = {"device": device, "simulated": bool(a.soc), "source": source, "profile": profile,
-           **plan_step(cost, tasks, a.phase, a.prompt_len, sync_s, contention),
+           **step,
            "auto_plans": {} if a.soc else _auto_plans(),
            "moe": _moe(tasks, a.prompt_len, a.plan_model) if cfg.n_experts and not a.soc else None}
     if a.json:

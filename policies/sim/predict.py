@@ -85,8 +85,12 @@ def load_predictor(path: str | None = None) -> Predictor:
     path = path or PROFILE_PATH
     if not os.path.exists(path):
         raise FileNotFoundError(f"no op profile at {path}: run `python -m socllm.scripts.profile_ops`")
-    with open(path) as f:
-        prof = json.load(f)
+    try:
+        with open(path) as f:
+            prof = json.load(f)
+        prof["points"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not an op profile ({type(e).__name__}: {e})") from None
     return Predictor(prof["points"], prof.get("device"), prof.get("sync_s", 0.0),
                      prof.get("contention", 1.0))
 
